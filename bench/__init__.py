@@ -1,0 +1,1 @@
+"""`python -m bench`: the main job, a correctness and speed table for every component."""

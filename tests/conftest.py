@@ -1,0 +1,33 @@
+"""Test-wide settings.
+
+Eight fake CPU devices back every mesh test, and JAX never looks for a GPU: both must be
+set before JAX is imported, which is why they live at the top of this file.
+Hypothesis runs a deterministic profile by default (CI); `HYPOTHESIS_PROFILE=long` runs
+a longer, randomised search on demand.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Keeps Triton 3.9's default (fused multiply-add on) without its deprecation warning.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import hypothesis
+
+hypothesis.settings.register_profile(
+    "ci",
+    max_examples=30,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+hypothesis.settings.register_profile(
+    "long",
+    max_examples=1000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
