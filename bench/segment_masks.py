@@ -1,0 +1,65 @@
+"""Timing of mask -> segment ids on a [4096, 4096] segment mask (goal: < 0.5 s on CPU).
+
+Run alone with `JAX_PLATFORMS=cpu python -m bench.segment_masks`; `python -m bench` calls
+`main()`. The goal is stated for this repo's 2-core CPU machine; the device is whatever JAX
+picks, so set JAX_PLATFORMS to compare like with like.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from jax_bridge.segment_masks import (
+    is_segment_mask,
+    mask_to_segment_ids,
+    segment_ids_to_mask,
+)
+
+MASK_SIZE = 4096
+NUM_SEGMENTS = 64
+REPEATS = 7
+GOAL_SECONDS = 0.5
+
+
+def random_segment_mask(rng: np.random.Generator, size: int) -> np.ndarray:
+    """[size, size] bool segment mask with ~5% padding, rows and columns shuffled apart."""
+    ids = rng.integers(1, NUM_SEGMENTS + 1, size=size)
+    ids[rng.random(size) < 0.05] = 0
+    return np.asarray(segment_ids_to_mask((ids, rng.permutation(ids))))
+
+
+def median_seconds(fn: Callable[[], object]) -> float:
+    """Median wall time of `fn()` over REPEATS runs, after one warm-up (compile) run."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    mask = jax.device_put(random_segment_mask(np.random.default_rng(0), MASK_SIZE))
+    to_ids = jax.jit(mask_to_segment_ids)
+    check = jax.jit(is_segment_mask)
+
+    ids_seconds = median_seconds(lambda: to_ids(mask))
+    check_seconds = median_seconds(lambda: check(mask))
+    rebuilt = np.asarray(segment_ids_to_mask(to_ids(mask)))
+    round_trip_ok = bool(np.array_equal(rebuilt, np.asarray(mask))) and bool(check(mask))
+
+    what = f"[{MASK_SIZE}, {MASK_SIZE}] bool, jitted, {jax.devices()[0].platform}"
+    verdict = "ok" if ids_seconds < GOAL_SECONDS else f"SLOWER than the {GOAL_SECONDS} s goal"
+    print(f"mask_to_segment_ids {what}: median {ids_seconds:.3f} s ({verdict})")
+    print(f"is_segment_mask     {what}: median {check_seconds:.3f} s")
+    print(f"segment mask round trip: {'ok' if round_trip_ok else 'FAILED'}")
+
+
+if __name__ == "__main__":
+    main()
