@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-SECTIONS = ("launcher",)
+SECTIONS = ("host_layer", "segment_masks", "launcher")
 
 
 def _prefer_cpu_without_gpu() -> None:

@@ -1,0 +1,162 @@
+"""Argument checks shared by the packed-sequence layer and the ops built on it.
+
+Every check has two modes, chosen by whether the value is known on the host:
+
+* **concrete** (numpy arrays, Python lists, JAX arrays outside a trace): the check runs
+  now and raises ``ValueError``/``TypeError`` naming the argument and what was expected;
+* **traced** (inside ``jax.jit``, ``vmap``, ``checkify``...): shape, rank and dtype are still
+  known and are checked at trace time; checks on *values* go through
+  ``jax.experimental.checkify.debug_check``. Wrapping a function with
+  ``checkify.checkify`` turns them into a reported error; under plain ``jax.jit`` they are
+  dropped, so every function stays jittable. (``checkify.check`` would instead make every
+  plain ``jax.jit`` caller fail to trace, which is why the debug flavour is used.)
+
+Messages passed to ``debug_check`` are format strings, so they never contain braces.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+
+def is_traced(x: Any) -> bool:
+    """True when ``x`` is an abstract value inside a JAX transformation (no host value)."""
+    return isinstance(x, jax.core.Tracer)
+
+
+def require(predicate: Any, message: str) -> None:
+    """Assert a scalar boolean ``predicate``: raise now if concrete, else checkify-check.
+
+    Args:
+      predicate: a Python/numpy bool (concrete) or a traced boolean scalar.
+      message: the ``ValueError`` text; also the checkify message, so no braces.
+    """
+    if is_traced(predicate):
+        checkify.debug_check(predicate, message)
+    elif not bool(predicate):
+        raise ValueError(message)
+
+
+def require_all(condition: Any, message: str) -> None:
+    """:func:`require` that every element of the boolean array ``condition`` holds."""
+    if is_traced(condition):
+        require(jnp.all(condition), message)
+    else:
+        require(np.all(np.asarray(condition)), message)
+
+
+def _host_or_device(x: Any) -> Any:
+    """``np`` for values we can read on the host, ``jnp`` for traced ones."""
+    return jnp if is_traced(x) else np
+
+
+def check_static_int(value: Any, name: str, *, minimum: int = 0) -> int:
+    """Check that ``value`` is a static Python/numpy integer ``>= minimum`` and return it.
+
+    Sizes that decide an output shape must be static; a traced value is a TypeError that
+    says to pass it as a static argument.
+    """
+    if is_traced(value):
+        raise TypeError(
+            f"{name} decides an output shape, so it must be a static Python int, not a traced "
+            "value; mark it static (e.g. jax.jit(..., static_argnames=...))."
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a Python int, got {type(value).__name__}: {value!r}.")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    return value
+
+
+def check_chunk_size(chunk_size: Any, name: str = "chunk_size") -> int:
+    """Check that a chunk/block size is a static positive int and return it."""
+    return check_static_int(chunk_size, name, minimum=1)
+
+
+def check_integer_dtype(x: jax.Array | np.ndarray, name: str, *, signed: bool = False) -> None:
+    """TypeError unless ``x`` has an integer dtype (signed if ``signed``); bool is rejected."""
+    kind = jnp.signedinteger if signed else jnp.integer
+    if not jnp.issubdtype(x.dtype, kind):
+        expected = "a signed integer dtype (int32/int64)" if signed else "an integer dtype"
+        raise TypeError(f"{name} must have {expected}, got {x.dtype}.")
+
+
+def check_rank(x: jax.Array | np.ndarray, rank: int, name: str, shape_doc: str) -> None:
+    """ValueError unless ``x.ndim == rank``; ``shape_doc`` spells the expected shape."""
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}.")
+
+
+def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> jax.Array:
+    """Validate cumulative sequence lengths and return them as a JAX array.
+
+    ``cu_seqlens: [batch + 1]`` integer offsets into a packed token axis, sequence ``i``
+    occupying tokens ``[cu_seqlens[i], cu_seqlens[i + 1])``. Required:
+
+    * rank 1 with at least one entry (``[0]`` is an empty batch) -> ValueError;
+    * a signed integer dtype (float, bool or unsigned) -> TypeError;
+    * ``cu_seqlens[0] == 0`` -> ValueError. A non-zero start would leave tokens
+      ``[0, cu_seqlens[0])`` owned by no sequence; offset windows should slice the
+      packed array instead;
+    * non-decreasing (every length ``>= 0``; equal neighbours are empty sequences) ->
+      ValueError.
+
+    The value checks (start, monotonicity) raise immediately on concrete input and are
+    ``checkify`` checks when traced (see module docstring).
+    """
+    if is_traced(cu_seqlens):
+        cu = cu_seqlens
+    else:
+        cu = np.asarray(cu_seqlens)
+    check_rank(cu, 1, name, "[batch + 1]")
+    if cu.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one entry (a leading 0), got shape (0,).")
+    # Signed, because derived index arrays use -1 as their fill value.
+    check_integer_dtype(cu, name, signed=True)
+    xp = _host_or_device(cu)
+    require(cu[0] == 0, f"{name} must start at 0.")
+    require(
+        xp.all(cu[1:] >= cu[:-1]),
+        f"{name} must be non-decreasing (every sequence length >= 0).",
+    )
+    return jnp.asarray(cu)
+
+
+def check_token_capacity(cu_seqlens: jax.Array, total_tokens: int, name: str) -> None:
+    """Require that the sequences in ``cu_seqlens`` fit in ``total_tokens`` packed slots."""
+    last = cu_seqlens[-1] if is_traced(cu_seqlens) else np.asarray(cu_seqlens)[-1]
+    require(
+        last <= total_tokens,
+        f"{name}={total_tokens} is smaller than cu_seqlens[-1], the number of real tokens.",
+    )
+
+
+def check_lengths(lengths: Any, name: str = "lengths", max_len: int | None = None) -> jax.Array:
+    """Validate per-sequence lengths ``[batch]``: integer, ``>= 0`` and ``<= max_len``."""
+    arr = lengths if is_traced(lengths) else np.asarray(lengths)
+    check_rank(arr, 1, name, "[batch]")
+    check_integer_dtype(arr, name)
+    xp = _host_or_device(arr)
+    require(xp.all(arr >= 0), f"{name} must be >= 0.")
+    if max_len is not None:
+        require(xp.all(arr <= max_len), f"{name} must be <= {max_len}.")
+    return jnp.asarray(arr)
+
+
+def check_mask(mask: Any, name: str = "mask", shape: tuple[int, int] | None = None) -> jax.Array:
+    """Validate a token mask ``[batch, seq]`` of bool or integer dtype (nonzero = real token)."""
+    arr = mask if is_traced(mask) else np.asarray(mask)
+    check_rank(arr, 2, name, "[batch, seq]")
+    if not (arr.dtype == np.bool_ or jnp.issubdtype(arr.dtype, jnp.integer)):
+        raise TypeError(f"{name} must be bool or integer (1 = real token), got {arr.dtype}.")
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(arr.shape)}.")
+    return jnp.asarray(arr)
