@@ -1,6 +1,8 @@
 """Runs every benchmark section in turn: `python -m bench [section ...]`.
 
-Speed goals are printed as ratios against a baseline measured in the same run. On a
+Each section's `main()` prints its table and returns the names of its failed correctness
+checks; any failure makes the run exit non-zero. Speed goals are printed as ratios
+against a baseline measured in the same run, and reported, not enforced. On a
 machine without a GPU, JAX is kept on the CPU (and the Triton kernels run through
 Triton's interpreter, at small sizes only).
 """
@@ -29,8 +31,13 @@ def main(argv: list[str]) -> None:
     import jax
 
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
+    failures = []
     for name in argv or SECTIONS:
-        importlib.import_module(f"bench.{name}").main()
+        print(f"\n## {name}")
+        failures += importlib.import_module(f"bench.{name}").main()
+    if failures:
+        raise SystemExit("failed checks:\n  " + "\n  ".join(failures))
+    print("\nall bench checks passed")
 
 
 if __name__ == "__main__":

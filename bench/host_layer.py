@@ -10,8 +10,6 @@ Run: ``python -m bench.host_layer`` (``python -m bench`` calls :func:`main`).
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from bench.timing import median_seconds
 from jax_bridge.packing import pack, unpack
 from jax_bridge.sequences import (
     prepare_chunk_indices,
@@ -50,17 +49,6 @@ class BenchCase:
 def random_lengths(rng: np.random.Generator, num_docs: int, total: int) -> np.ndarray:
     """``[num_docs]`` non-negative lengths summing to ``total``, uneven like real documents."""
     return rng.multinomial(total, rng.dirichlet(np.full(num_docs, 2.0))).astype(np.int32)
-
-
-def median_ms(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> tuple[float, Any]:
-    """Median wall time in ms of ``fn(*args)`` after one warm-up (compile) call."""
-    out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times), out
 
 
 def reference_token_indices(lengths: np.ndarray) -> np.ndarray:
@@ -150,18 +138,23 @@ def build_cases(config: HostLayerBenchConfig) -> list[BenchCase]:
     ]
 
 
-def main() -> None:
+def main() -> list[str]:
+    """Prints the table; returns the names of cases whose result differs from the oracle."""
     config = HostLayerBenchConfig()
     print(
         f"host layer: {config.num_docs} docs, {config.total_tokens} tokens, "
         f"backend={jax.default_backend()}, median of {config.repeats} jitted calls"
     )
     print(f"{'name':<30} {'output shape':<18} {'median ms':>10}  check")
+    failures = []
     for case in build_cases(config):
-        ms, out = median_ms(case.fn, case.args, config.repeats)
+        seconds, out = median_seconds(case.fn, *case.args, repeats=config.repeats)
         ok = out.shape == case.expected.shape and np.array_equal(np.asarray(out), case.expected)
         shape = "x".join(map(str, out.shape))
-        print(f"{case.name:<30} {shape:<18} {ms:>10.3f}  {'ok' if ok else 'MISMATCH'}")
+        print(f"{case.name:<30} {shape:<18} {seconds * 1e3:>10.3f}  {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append(f"host layer: {case.name}")
+    return failures
 
 
 if __name__ == "__main__":

@@ -24,14 +24,17 @@ def _softmax(x: jax.Array) -> jax.Array:
     )
 
 
-def main() -> None:
-    print("\n## Triton launcher (fused row softmax)")
+def main() -> list[str]:
+    """Prints what it checked; returns the names of failed checks."""
+    failures = []
     x = jax.random.normal(jax.random.key(0), (64, 1000), jnp.float32)
     softmax = jax.jit(_softmax)
     start = time.perf_counter()
     out = softmax(x).block_until_ready()
     elapsed = time.perf_counter() - start
     error = float(np.max(np.abs(np.asarray(out) - np.asarray(jax.nn.softmax(x)))))
+    if not error < 1e-6:
+        failures.append("launcher: softmax differs from jax.nn.softmax")
     where = "interpreter on CPU" if jax.default_backend() == "cpu" else jax.default_backend()
     print(
         f"softmax [64, 1000] f32 via {where}: {elapsed * 1e3:.1f} ms, "
@@ -49,3 +52,6 @@ def main() -> None:
             compute_capability=cc,
         )
         print(f"sm_{cc}: cuda lowering has triton_kernel_call: {lowered}; {report.summary()}")
+        if not lowered:
+            failures.append(f"launcher: no triton_kernel_call in the sm_{cc} lowering")
+    return failures

@@ -7,13 +7,10 @@ picks, so set JAX_PLATFORMS to compare like with like.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import jax
 import numpy as np
 
+from bench.timing import median_seconds
 from jax_bridge.segment_masks import (
     is_segment_mask,
     mask_to_segment_ids,
@@ -33,24 +30,14 @@ def random_segment_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.asarray(segment_ids_to_mask((ids, rng.permutation(ids))))
 
 
-def median_seconds(fn: Callable[[], object]) -> float:
-    """Median wall time of `fn()` over REPEATS runs, after one warm-up (compile) run."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def main() -> None:
+def main() -> list[str]:
+    """Prints the timings; returns the names of failed correctness checks."""
     mask = jax.device_put(random_segment_mask(np.random.default_rng(0), MASK_SIZE))
     to_ids = jax.jit(mask_to_segment_ids)
     check = jax.jit(is_segment_mask)
 
-    ids_seconds = median_seconds(lambda: to_ids(mask))
-    check_seconds = median_seconds(lambda: check(mask))
+    ids_seconds, _ = median_seconds(to_ids, mask, repeats=REPEATS)
+    check_seconds, _ = median_seconds(check, mask, repeats=REPEATS)
     rebuilt = np.asarray(segment_ids_to_mask(to_ids(mask)))
     round_trip_ok = bool(np.array_equal(rebuilt, np.asarray(mask))) and bool(check(mask))
 
@@ -59,6 +46,7 @@ def main() -> None:
     print(f"mask_to_segment_ids {what}: median {ids_seconds:.3f} s ({verdict})")
     print(f"is_segment_mask     {what}: median {check_seconds:.3f} s")
     print(f"segment mask round trip: {'ok' if round_trip_ok else 'FAILED'}")
+    return [] if round_trip_ok else ["segment mask round trip"]
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ class AttentionSpec:
             raise ValueError(f"softmax_scale must be a finite number, got {self.softmax_scale!r}")
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
                 raise ValueError(
                     f"sliding_window: {name} must be None or an int >= 0, got {value!r}"
                 )
@@ -71,9 +73,11 @@ class AttentionSpec:
         softmax_scale: float | None = None,
     ) -> AttentionSpec:
         """Builds a spec from the public arguments; `softmax_scale` defaults to 1/sqrt(head_dim)."""
-        left, right = (None, None) if sliding_window is None else sliding_window
-        if sliding_window is not None and len(sliding_window) != 2:
+        if sliding_window is not None and (
+            not isinstance(sliding_window, tuple | list) or len(sliding_window) != 2
+        ):
             raise ValueError(f"sliding_window must be (left, right), got {sliding_window!r}")
+        left, right = (None, None) if sliding_window is None else sliding_window
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         cap = None if logits_soft_cap is None else float(logits_soft_cap)
         return cls(scale, bool(causal), left, right, cap)

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +35,7 @@ class KernelReport:
       registers: registers per thread.
       spill_store_bytes, spill_load_bytes: register spills to local memory, per thread.
       stack_bytes: the per-thread stack frame.
-      shared_memory_bytes: static shared memory per program.
+      shared_memory_bytes: shared memory each program requests at launch.
       uses_wgmma: Hopper warpgroup MMA (`wgmma` in PTX, `HGMMA` in SASS) is used.
       uses_mma: any tensor-core MMA is used (`HMMA` or `HGMMA` in SASS).
       sass_opcodes: how often each SASS opcode (without modifiers) appears.
@@ -160,6 +161,6 @@ def static_kernel_report(
         shared_memory_bytes=int(compiled.metadata.shared),
         uses_wgmma="wgmma" in compiled.asm["ptx"] or opcodes["HGMMA"] > 0,
         uses_mma=opcodes["HMMA"] + opcodes["HGMMA"] > 0,
-        sass_opcodes=dict(opcodes),
+        sass_opcodes=types.MappingProxyType(dict(opcodes)),
         **statistics,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -130,29 +130,34 @@ def _identity_dtype_convert_bwd(dtype, _, grad):
 _identity_dtype_convert.defvjp(_identity_dtype_convert_fwd, _identity_dtype_convert_bwd)
 
 
-def identity_dtype_convert(x: jax.Array, dtype: Any) -> jax.Array:
-    """Return ``x`` unchanged; in the backward pass cast its cotangent to ``dtype``.
+def identity_dtype_convert(dtype: Any) -> Callable[[jax.Array], jax.Array]:
+    """A function that returns its input unchanged and casts its cotangent to ``dtype``.
 
     Use it to choose the precision a gradient flows back in, e.g. keep the cotangent of a
     bfloat16 activation in float32, or round a float32 cotangent to bfloat16 to halve
-    the memory of what is saved/communicated. The forward value and dtype are untouched.
+    the memory of what is saved/communicated: ``y = identity_dtype_convert(jnp.float32)(x)``.
+    The forward value and dtype are untouched.
 
     Args:
-      x: floating array ``[...]``.
-      dtype: a floating dtype for the cotangent of ``x``.
+      dtype: a floating dtype for the cotangent.
 
     Returns:
-      ``x`` (same shape, dtype, values). ``jax.grad`` through it yields ``dtype``
-      gradients for ``x`` when nothing downstream of ``x`` (towards the inputs) casts again.
+      ``convert(x)``: ``x: [...]`` floating -> ``x`` (same shape, dtype, values); ``jax.grad``
+      through it yields ``dtype`` gradients for ``x`` when nothing between ``x`` and the
+      differentiated inputs casts again.
     """
-    x = jnp.asarray(x)
     dtype = jnp.dtype(dtype)
-    # JAX accepts a cotangent whose dtype differs from its primal only for inexact types.
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"identity_dtype_convert: x must be floating, got {x.dtype}.")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"identity_dtype_convert: dtype must be a floating dtype, got {dtype}.")
-    return _identity_dtype_convert(x, dtype)
+
+    def convert(x: jax.Array) -> jax.Array:
+        x = jnp.asarray(x)
+        # JAX accepts a cotangent whose dtype differs from its primal only for inexact types.
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"identity_dtype_convert: x must be floating, got {x.dtype}.")
+        return _identity_dtype_convert(x, dtype)
+
+    return convert
 
 
 def chunk_array(x: jax.Array, chunk_size: int, axis: int = 0, *, fill_value: Any = 0) -> jax.Array:

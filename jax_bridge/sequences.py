@@ -84,8 +84,9 @@ def prepare_lens_from_mask(mask: Any) -> jax.Array:
 def prepare_cu_seqlens_from_mask(mask: Any, out_dtype: Any = jnp.int32) -> jax.Array:
     """``cu_seqlens: [batch + 1]`` (leading 0) of the rows of ``mask: [batch, seq]``."""
     out_dtype = jnp.dtype(out_dtype)
-    if not jnp.issubdtype(out_dtype, jnp.integer):
-        raise TypeError(f"out_dtype must be an integer dtype, got {out_dtype}.")
+    # Signed only: every consumer of cu_seqlens fills index tails with -1.
+    if not jnp.issubdtype(out_dtype, jnp.signedinteger):
+        raise TypeError(f"out_dtype must be a signed integer dtype, got {out_dtype}.")
     return _cu_seqlens_from_mask(check_mask(mask), out_dtype)
 
 

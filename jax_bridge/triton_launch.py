@@ -18,7 +18,6 @@ like on a GPU, only `zeroed_outputs` start at zero and aliased outputs start as 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -34,10 +33,10 @@ from jax_bridge.triton_interpreter import run_interpreted
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
 # The compute capability to compile for while lowering for cuda from a machine that may
-# have no GPU; None outside `cuda_lowering`.
-_cuda_target: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "ragged_kernels_cuda_target", default=None
-)
+# have no GPU; None outside `cuda_lowering`. It must be part of jax.jit's cache key:
+# otherwise a function traced for the CPU would be reused when lowering for cuda (and
+# the other way round).
+_cuda_target = jax.make_user_context(None)
 
 
 @contextlib.contextmanager
@@ -50,15 +49,12 @@ def cuda_lowering(compute_capability: int) -> Iterator[None]:
         raise ValueError(
             f"compute_capability must be one of 80, 86, 89, 90, 100, got {compute_capability!r}"
         )
-    token = _cuda_target.set(compute_capability)
-    try:
+    with _cuda_target(compute_capability):
         yield
-    finally:
-        _cuda_target.reset(token)
 
 
 def _uses_gpu_launch() -> tuple[bool, int | None]:
-    target = _cuda_target.get()
+    target = _cuda_target.value
     if target is not None:
         return True, target
     return backend.default_platform() in ("cuda", "rocm", "gpu"), None
@@ -122,6 +118,10 @@ def triton_call(
       zeroed_outputs: indices of outputs that start at zero.
       name: a label for the kernel call in the lowered program.
       **constexprs: values of the kernel's `tl.constexpr` parameters.
+
+    A kernel call has no derivative of its own (neither `jax_triton`'s primitive nor
+    `pure_callback` can be differentiated): ops make it differentiable with a
+    `jax.custom_vjp` whose backward launches the backward kernels.
     """
     single = not isinstance(out_shape, Sequence)
     out_shapes = tuple(

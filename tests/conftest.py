@@ -9,7 +9,10 @@ a longer, randomised search on demand.
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Appended, not defaulted: a CI that sets XLA_FLAGS for other reasons must still get 8 devices.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 # Keeps Triton 3.9's default (fused multiply-add on) without its deprecation warning.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 

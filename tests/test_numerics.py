@@ -193,12 +193,12 @@ def test_identity_dtype_convert_forward_is_identity_and_grad_has_requested_dtype
     rng = np.random.default_rng(9)
     x = jnp.asarray(rng.standard_normal((3, 4)), x_dtype)
     weights = jnp.asarray(rng.standard_normal((3, 4)), x_dtype)
-    out = identity_dtype_convert(x, grad_dtype)
+    out = identity_dtype_convert(grad_dtype)(x)
     assert out.dtype == x_dtype
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(x, np.float32))
 
     def loss(x):
-        return jnp.sum(weights * identity_dtype_convert(x, grad_dtype))
+        return jnp.sum(weights * identity_dtype_convert(grad_dtype)(x))
 
     grad = jax.jit(jax.grad(loss))(x)
     assert grad.dtype == grad_dtype
@@ -208,9 +208,9 @@ def test_identity_dtype_convert_forward_is_identity_and_grad_has_requested_dtype
 
 def test_identity_dtype_convert_bad_input():
     with pytest.raises(TypeError, match="dtype must be a floating dtype"):
-        identity_dtype_convert(jnp.ones(3), jnp.int32)
+        identity_dtype_convert(jnp.int32)
     with pytest.raises(TypeError, match="x must be floating"):
-        identity_dtype_convert(jnp.arange(3), jnp.float32)
+        identity_dtype_convert(jnp.float32)(jnp.arange(3))
 
 
 # ---------------------------------------------------------------- chunk / unchunk

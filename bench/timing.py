@@ -1,0 +1,24 @@
+"""Wall-clock timing shared by the bench sections."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> tuple[float, Any]:
+    """Median wall time of `fn(*args)` over `repeats` calls after one warm-up (compile) call.
+
+    Returns the median in seconds and the warm-up call's output (for correctness checks).
+    """
+    out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
