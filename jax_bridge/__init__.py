@@ -12,6 +12,7 @@ from jax_bridge.context_parallel import (
     reorder_sequence,
 )
 from jax_bridge.cuda_lowering import lower_for_cuda
+from jax_bridge.grouped_matmul import grouped_matmul, transposed_grouped_matmul
 from jax_bridge.kernel_report import KernelReport, static_kernel_report
 from jax_bridge.numerics import (
     cdiv,
@@ -51,6 +52,7 @@ __all__ = [
     "chunk_array",
     "cuda_lowering",
     "get_corrected_named_sharding",
+    "grouped_matmul",
     "identity_dtype_convert",
     "inverse_load_balanced_positions",
     "is_segment_mask",
@@ -72,6 +74,7 @@ __all__ = [
     "safe_divide",
     "segment_ids_to_mask",
     "static_kernel_report",
+    "transposed_grouped_matmul",
     "triton_call",
     "unchunk_array",
     "unpack",

@@ -53,7 +53,9 @@ def cuda_lowering(compute_capability: int) -> Iterator[None]:
         yield
 
 
-def _uses_gpu_launch() -> tuple[bool, int | None]:
+def gpu_launch_target() -> tuple[bool, int | None]:
+    """Where `triton_call` launches now: (True, cc) for the GPU, cc None when the device
+    decides, or (False, None) for Triton's interpreter on the CPU."""
     target = _cuda_target.value
     if target is not None:
         return True, target
@@ -137,7 +139,7 @@ def triton_call(
                 f"but output {out_index} has shape {out_shapes[out_index].shape}"
             )
 
-    on_gpu, compute_capability = _uses_gpu_launch()
+    on_gpu, compute_capability = gpu_launch_target()
     if on_gpu:
         import jax_triton
 

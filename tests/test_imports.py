@@ -6,13 +6,14 @@ import textwrap
 
 
 def _run(code: str) -> str:
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        check=True,
         env={"JAX_PLATFORMS": "cpu", "PATH": ""},
-    ).stdout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def test_triton_kernels_imports_no_jax():
