@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 
-SECTIONS = ("host_layer", "segment_masks", "launcher", "grouped_matmul")
+SECTIONS = ("host_layer", "segment_masks", "launcher", "attention", "grouped_matmul")
 
 
 def _prefer_cpu_without_gpu() -> None:

@@ -4,6 +4,8 @@ Ops pick their implementation in one place (`jax_bridge.backend`): Triton on GPU
 on TPUs, XLA elsewhere. Importing this package never imports `jax_triton`.
 """
 
+from jax_bridge.attention import varlen_attention
+from jax_bridge.attention_padded import flash_attention
 from jax_bridge.attention_spec import AttentionSpec
 from jax_bridge.backend import resolve_implementation
 from jax_bridge.context_parallel import (
@@ -51,6 +53,7 @@ __all__ = [
     "cdiv",
     "chunk_array",
     "cuda_lowering",
+    "flash_attention",
     "get_corrected_named_sharding",
     "grouped_matmul",
     "identity_dtype_convert",
@@ -78,4 +81,5 @@ __all__ = [
     "triton_call",
     "unchunk_array",
     "unpack",
+    "varlen_attention",
 ]

@@ -35,7 +35,8 @@ def allowed_mask(
     len_k_of_q = np.diff(np.asarray(cu_seqlens_k, np.int64))[seq_q]
     diag = pos_q + len_k_of_q - len_q  # key position aligned with each query
     offset = pos_k[None, :] - diag[:, None]  # j - diag(i)
-    allowed = seq_q[:, None] == seq_k[None, :]
+    # Tokens past cu_seqlens[-1] belong to no sequence: they attend and are attended by nothing.
+    allowed = (seq_q[:, None] == seq_k[None, :]) & (seq_q < len(cu_seqlens_q) - 1)[:, None]
     if spec.window_left is not None:
         allowed &= offset >= -spec.window_left
     if spec.window_right is not None:

@@ -1,0 +1,158 @@
+"""Launch configurations for the varlen flash attention kernels.
+
+Pure Python (no JAX). One function, `default_attention_config`, maps (head_dim, dtype,
+compute capability, kernel kind) to block sizes, warps and pipeline stages; callers may
+pass their own `AttentionKernelConfig` instead. `compute_capability=None` means Triton's
+CPU interpreter, where small blocks keep tests fast and still cross block boundaries.
+
+The GPU defaults were chosen with `jax_bridge.kernel_report.static_kernel_report`: at
+bf16/fp16 and head_dim <= 128 none of the kernels spills registers, and on sm_90 every
+kernel's matmuls compile to wgmma (Hopper warpgroup MMA). float32 inputs use tf32 tensor
+cores on a GPU by default and exact fp32 products on the interpreter (see
+`AttentionKernelConfig.fp32_dot_precision`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+
+KINDS = ("forward", "backward_dkdv", "backward_dq")
+"""The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
+
+DOT_PRECISIONS = ("ieee", "tf32")
+
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 256
+# tl.dot needs every block dimension to be at least 16.
+_MIN_BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernelConfig:
+    """One launch configuration of one attention kernel.
+
+    Attributes:
+      block_m: query rows per tile. The forward and dQ kernels own one such tile per
+        program; the dK/dV kernel steps through query tiles of this size.
+      block_n: key rows per tile. The dK/dV kernel owns one such tile per program; the
+        forward and dQ kernels step through key tiles of this size.
+      num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
+      fp32_dot_precision: how float32 inputs are multiplied: "ieee" (true fp32 products:
+        matches a float32 oracle to ~1e-5; what the interpreter does) or "tf32" (tensor
+        cores, ~1e-3 relative; what `default_attention_config` picks on a GPU, like XLA's
+        default precision for float32 matmuls there). Ignored for float16/bfloat16 inputs.
+        "ieee" on a GPU runs on CUDA cores and wants small tiles (e.g. 32x16).
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+    fp32_dot_precision: str = "ieee"
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            size = getattr(self, name)
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"AttentionKernelConfig.{name} must be an int, got {size!r}")
+            if size < _MIN_BLOCK or size & (size - 1):
+                raise ValueError(
+                    f"AttentionKernelConfig.{name} must be a power of two >= {_MIN_BLOCK} "
+                    f"(a Triton block), got {size}"
+                )
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1, got {self.num_stages!r}")
+        if self.fp32_dot_precision not in DOT_PRECISIONS:
+            raise ValueError(
+                f"fp32_dot_precision must be one of {DOT_PRECISIONS}, "
+                f"got {self.fp32_dot_precision!r}"
+            )
+
+
+def block_d(head_dim: int) -> int:
+    """The head-dim tile: the next power of two (>= 16); the kernel masks the padding."""
+    return max(_MIN_BLOCK, triton.next_power_of_2(head_dim))
+
+
+def preprocess_block_t(head_dim: int) -> int:
+    """Tokens per program of the backward preprocess (delta = rowsum(dO * O)).
+
+    About 4096 elements per operand tile: 32 fp32 registers per operand at 4 warps.
+    """
+    return max(_MIN_BLOCK, 4096 // block_d(head_dim))
+
+
+# (block_m, block_n, num_warps, num_stages) by kind and head-dim tile (64 covers head
+# dims up to 64, 128 up to 128, 256 up to 256), for 2-byte inputs. Chosen with
+# `static_kernel_report` at bf16: none spills at head_dim <= 128 (causal, and with every
+# option on), and on sm_90 every matmul is a wgmma.
+# Forward: a 128-row query tile is two Hopper warpgroups of m64 at 8 warps; K and V tiles
+# are streamed through `num_stages` shared-memory buffers.
+# dK/dV: the key tile is stationary (K, V, dK, dV live in registers all program long), so
+# it is the large one (m64 per warpgroup on sm_90); the query tile it streams is small.
+# dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed).
+_Table = dict[str, dict[int, tuple[int, int, int, int]]]
+_HOPPER_16BIT: _Table = {
+    "forward": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (128, 32, 8, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (16, 128, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+}
+# sm_80..89: mma.sync tiles hold more per thread, so the head-dim-128 tiles are halved.
+_AMPERE_16BIT: _Table = {
+    "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (32, 64, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+}
+# sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
+_SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
+    "backward_dkdv": {256: (16, 32, 4, 2)},
+    "backward_dq": {256: (64, 16, 4, 2)},
+}
+# float32 inputs (tf32 tensor cores): 4-byte tiles, so roughly half the tile area.
+_FLOAT32: _Table = {
+    "forward": {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 1)},
+    "backward_dkdv": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 4, 1)},
+    "backward_dq": {64: (64, 16, 4, 2), 128: (64, 16, 4, 2), 256: (32, 16, 4, 1)},
+}
+
+# Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
+# query and key blocks, so every loop phase (masked edges, unmasked middle) runs.
+_INTERPRETER_CONFIG = AttentionKernelConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def default_attention_config(
+    head_dim: int,
+    dtype_name: str,
+    compute_capability: int | None,
+    kind: str,
+) -> AttentionKernelConfig:
+    """The launch configuration of one attention kernel.
+
+    Args:
+      head_dim: the head dimension (16..256; need not be a power of two).
+      dtype_name: "float16", "bfloat16" or "float32".
+      compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
+      kind: one of `KINDS`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if dtype_name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype_name!r}")
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}")
+    if compute_capability is None:
+        return _INTERPRETER_CONFIG
+    tile_d = max(64, block_d(head_dim))
+    if dtype_name == "float32":
+        # tf32 on a GPU, like XLA's default precision for float32 matmuls there; IEEE fp32
+        # products (fp32_dot_precision="ieee") run on CUDA cores and need smaller tiles.
+        return AttentionKernelConfig(*_FLOAT32[kind][tile_d], fp32_dot_precision="tf32")
+    table = _HOPPER_16BIT if compute_capability >= 90 else _AMPERE_16BIT
+    config = table[kind][tile_d]
+    if compute_capability in (86, 89):
+        config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
+    return AttentionKernelConfig(*config)
