@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.validation import check_static_int
+
 __all__ = [
     "inverse_load_balanced_positions",
     "load_balanced_positions",
@@ -27,13 +29,8 @@ __all__ = [
 
 
 def _check_sizes(seq_len: int, cp_size: int, seq_len_name: str = "seq_len") -> None:
-    for name, value in ((seq_len_name, seq_len), ("cp_size", cp_size)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if cp_size < 1:
-        raise ValueError(f"cp_size must be >= 1, got {cp_size}")
-    if seq_len < 0:
-        raise ValueError(f"{seq_len_name} must be >= 0, got {seq_len}")
+    cp_size = check_static_int(cp_size, "cp_size", minimum=1)
+    seq_len = check_static_int(seq_len, seq_len_name)
     if seq_len % (2 * cp_size) != 0:
         raise ValueError(
             f"{seq_len_name} (the sequence length) = {seq_len} must be divisible by "

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.sequences import prepare_token_indices
+from jax_bridge.sequences import prepare_cu_seqlens_from_mask, prepare_token_indices
 from jax_bridge.validation import (
     check_cu_seqlens,
     check_lengths,
@@ -35,11 +35,6 @@ def _cu_seqlens_of_lengths(lengths: jax.Array) -> jax.Array:
     """``[batch] -> [batch + 1]`` int32 offsets with a leading 0."""
     lengths = lengths.astype(jnp.int32)
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths, dtype=jnp.int32)])
-
-
-@jax.jit
-def _cu_seqlens_of_mask(mask: jax.Array) -> jax.Array:
-    return _cu_seqlens_of_lengths(jnp.sum(mask != 0, axis=1, dtype=jnp.int32))
 
 
 def _gather_rows(rows: jax.Array, source: jax.Array, real: jax.Array, fill_value: Any) -> jax.Array:
@@ -127,7 +122,7 @@ def pack(
         cu_seqlens = _cu_seqlens_of_lengths(lengths)
     elif ndim == 2:
         mask = check_mask(lengths_or_mask, "lengths_or_mask", shape=(batch, seq))
-        cu_seqlens = _cu_seqlens_of_mask(mask)
+        cu_seqlens = prepare_cu_seqlens_from_mask(mask)
     else:
         raise ValueError(
             f"lengths_or_mask must be lengths [batch] or a mask [batch, seq], got rank {ndim}."

@@ -15,11 +15,20 @@ from jax_bridge.attention_spec import AttentionSpec
 
 
 def _positions(cu_seqlens: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sequence id, position in sequence, sequence length) of every packed token."""
+    """(sequence id, position in sequence, sequence length) of every packed token.
+
+    Tokens past cu_seqlens[-1] get sequence id `batch` (no sequence), position 0, length 0.
+    """
     cu = np.asarray(cu_seqlens, dtype=np.int64)
+    batch = len(cu) - 1
     token = np.arange(total)
     seq = np.searchsorted(cu, token, side="right") - 1
-    return seq, token - cu[seq], (cu[1:] - cu[:-1])[seq]
+    inside = seq < batch
+    seq_in = np.minimum(seq, max(batch - 1, 0))
+    lengths = np.diff(cu)
+    if batch == 0:
+        return seq, np.zeros(total, np.int64), np.zeros(total, np.int64)
+    return seq, np.where(inside, token - cu[seq_in], 0), np.where(inside, lengths[seq_in], 0)
 
 
 def allowed_mask(
@@ -32,7 +41,7 @@ def allowed_mask(
     """bool [total_q, total_k]: which key each query may attend (bottom-right aligned)."""
     seq_q, pos_q, len_q = _positions(cu_seqlens_q, total_q)
     seq_k, pos_k, _ = _positions(cu_seqlens_k, total_k)
-    len_k_of_q = np.diff(np.asarray(cu_seqlens_k, np.int64))[seq_q]
+    len_k_of_q = np.append(np.diff(np.asarray(cu_seqlens_k, np.int64)), 0)[seq_q]
     diag = pos_q + len_k_of_q - len_q  # key position aligned with each query
     offset = pos_k[None, :] - diag[:, None]  # j - diag(i)
     # Tokens past cu_seqlens[-1] belong to no sequence: they attend and are attended by nothing.
@@ -50,7 +59,7 @@ def alibi_distance(
     """float [total_q, total_k]: |diag(i) - j| (meaningful only within a sequence)."""
     seq_q, pos_q, len_q = _positions(cu_seqlens_q, total_q)
     _, pos_k, _ = _positions(cu_seqlens_k, total_k)
-    diag = pos_q + np.diff(np.asarray(cu_seqlens_k, np.int64))[seq_q] - len_q
+    diag = pos_q + np.append(np.diff(np.asarray(cu_seqlens_k, np.int64)), 0)[seq_q] - len_q
     return np.abs(diag[:, None] - pos_k[None, :]).astype(np.float32)
 
 
