@@ -37,12 +37,14 @@ _FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.
 
 @dataclasses.dataclass(frozen=True)
 class _Static:
-    """Hashable, non-differentiable configuration of one call (custom_vjp nondiff arg)."""
+    """Hashable, non-differentiable configuration of one call (custom_vjp nondiff arg).
+
+    The max_seqlen hints are deliberately absent: no implementation uses them, so calls
+    differing only in the hints share one trace.
+    """
 
     spec: AttentionSpec
     implementation: str  # "triton" or "xla", already resolved
-    max_seqlen_q: int | None
-    max_seqlen_k: int | None
 
 
 def varlen_attention(
@@ -85,13 +87,18 @@ def varlen_attention(
       k, v: [total_k, num_kv_heads, head_dim]; num_q_heads % num_kv_heads == 0
         (GQA; num_kv_heads == 1 is MQA). Query head h reads kv head h // group.
         float16, bfloat16 or float32, all the same; MIN_HEAD_DIM (16) <= head_dim <=
-        MAX_HEAD_DIM (256), any value in between (e.g. 80, 96, 192).
+        MAX_HEAD_DIM (256), any value in between (e.g. 80, 96, 192). Both
+        implementations accumulate in float32; float32 inputs are computed with exact
+        float32 products by default (no TF32 or bfloat16 passes on GPUs: the XLA path
+        uses `Precision.HIGHEST`).
       cu_seqlens_q, cu_seqlens_k: int32 [batch + 1], starting at 0, non-decreasing, with
         `cu_seqlens_q[-1] <= total_q` and `cu_seqlens_k[-1] <= total_k`. May be traced
         (under jit the value checks are `checkify` checks).
-      max_seqlen_q, max_seqlen_k: static upper bounds on the sequence lengths. The Triton
-        launch grid is sized by them (defaults: exact when cu_seqlens are concrete, else
-        total_q / total_k); the XLA implementation does not need them.
+      max_seqlen_q, max_seqlen_k: optional static upper bounds on the sequence lengths,
+        accepted for FlashAttention API compatibility. They are validated (a Python int,
+        at least the longest sequence: a `checkify` check under jit) and otherwise unused:
+        neither implementation needs them (the Triton grids are sized by the token
+        totals), so different values do not cause recompilation.
       causal: keys right of the (bottom-right aligned) diagonal are masked.
       sliding_window: (left, right): keys with diag(i) - left <= j <= diag(i) + right
         are attended; None on a side is unbounded. With `causal`, right is 0.
@@ -117,6 +124,11 @@ def varlen_attention(
     since the Triton kernels take only the output's cotangent. Forward mode is not
     supported (custom_vjp).
 
+    Batching: `jax.vmap` over varlen_attention works with the XLA implementation (so on
+    CPU, where "auto" picks it), but not with the Triton implementation on a GPU
+    (`jax_triton` kernels have no batching rule). Fold a batch into the packed token axis
+    instead: concatenate the batch's tokens and offset its cu_seqlens, one call in all.
+
     Raises:
       TypeError / ValueError naming the offending argument.
     """
@@ -137,12 +149,9 @@ def varlen_attention(
     if alibi_slopes is not None:
         # Documented as a constant; stop_gradient also keeps JVP-style tracers out.
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes)
-    static = _Static(
-        spec,
-        impl,
-        _max_seqlen(max_seqlen_q, cu_q, total_q, "max_seqlen_q"),
-        _max_seqlen(max_seqlen_k, cu_k, total_k, "max_seqlen_k"),
-    )
+    _check_max_seqlen(max_seqlen_q, cu_q, "max_seqlen_q")
+    _check_max_seqlen(max_seqlen_k, cu_k, "max_seqlen_k")
+    static = _Static(spec, impl)
     out, lse = _attention(static, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
     return (out, lse) if return_lse else out
 
@@ -258,18 +267,15 @@ def _check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
     return x
 
 
-def _max_seqlen(hint: Any, cu: jax.Array, total: int, name: str) -> int | None:
-    """The static bound on sequence lengths: the hint (checked), else exact when concrete."""
-    if hint is not None:
-        hint = check_static_int(hint, name)
-        require(
-            jnp.max(cu[1:] - cu[:-1], initial=0) <= hint,
-            f"{_OP}: {name}={hint} is smaller than the longest sequence.",
-        )
-        return hint
-    if is_traced(cu):
-        return None  # the kernel wrapper falls back to the total
-    return int(np.max(np.diff(np.asarray(cu)), initial=0))
+def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
+    """Validates an (otherwise unused) max_seqlen hint: a static int >= every length."""
+    if hint is None:
+        return
+    hint = check_static_int(hint, name)
+    require(
+        jnp.max(cu[1:] - cu[:-1], initial=0) <= hint,
+        f"{_OP}: {name}={hint} is smaller than the longest sequence.",
+    )
 
 
 # ------------------------------------------------------------------- custom_vjp wiring
@@ -294,7 +300,6 @@ def _forward(static: _Static, q, k, v, cu_q, cu_k, sinks, alibi):
             cu_q,
             cu_k,
             static.spec,
-            max_seqlen_q=static.max_seqlen_q,
             sinks=sinks,
             alibi_slopes=alibi,
         )
@@ -347,8 +352,6 @@ def _attention_bwd(static: _Static, residuals, cotangents):
             cu_q,
             cu_k,
             static.spec,
-            max_seqlen_q=static.max_seqlen_q,
-            max_seqlen_k=static.max_seqlen_k,
             sinks=sinks,
             alibi_slopes=alibi,
         )

@@ -16,6 +16,12 @@ From segment ids to sequences (per batch row, all vectorised, static sizes):
   "gap" slot followed by the paired slot, and each row ends with one more gap slot:
   `batch * (2 * q_seq + 1)` sequences in all, most of them empty.
 
+Cost of the empty sequences: the Triton kernels size their grids as
+`cdiv(total, BLOCK) + num_sequences`, so segment ids add up to `batch * (2 * q_seq + 1)`
+programs per head to each launch. They exit at once (no loads), but for long rows they
+can outnumber the real tiles; the XLA implementation walks fixed query tiles and is not
+affected. Without segment ids each row is exactly one sequence.
+
 This requires every document to be one contiguous run in each row (an id must not
 reappear after a different id) and the documents to appear in the same order in the
 query and the key rows. Both are checked: a ValueError on concrete segment ids; under
@@ -117,8 +123,6 @@ def flash_attention(
         v.reshape(batch * kv_seq, *v.shape[2:]),
         cu_q,
         cu_k,
-        max_seqlen_q=q_seq,
-        max_seqlen_k=kv_seq,
         causal=causal,
         sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap,

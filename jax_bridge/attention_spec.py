@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,12 @@ class AttentionSpec:
       window_left: keys further than this left of the diagonal are masked (None: unbounded).
       window_right: keys further than this right of the diagonal are masked (None:
         unbounded). `causal=True` makes it 0.
-      logits_soft_cap: cap * tanh(s / cap) on the scaled scores (None: off).
+      logits_soft_cap: cap * tanh(s / cap) on the scaled scores (None: off); a finite
+        number > 0 (an infinite cap would compute inf * tanh(s / inf) = NaN: pass None).
+
+    Raises ValueError naming the argument for a non-finite (or bool) scale, a window bound
+    that is not None or an int >= 0, or a cap that is not None or a finite number > 0.
+    Frozen, hence hashable: usable as a static (jit) argument.
     """
 
     softmax_scale: float
@@ -46,7 +52,7 @@ class AttentionSpec:
     logits_soft_cap: float | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.softmax_scale, int | float) and math.isfinite(self.softmax_scale)):
+        if not _is_finite_real(self.softmax_scale):
             raise ValueError(f"softmax_scale must be a finite number, got {self.softmax_scale!r}")
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
@@ -56,8 +62,9 @@ class AttentionSpec:
                 raise ValueError(
                     f"sliding_window: {name} must be None or an int >= 0, got {value!r}"
                 )
-        if self.logits_soft_cap is not None and not self.logits_soft_cap > 0:
-            raise ValueError(f"logits_soft_cap must be > 0 or None, got {self.logits_soft_cap!r}")
+        cap = self.logits_soft_cap
+        if cap is not None and not (_is_finite_real(cap) and cap > 0):
+            raise ValueError(f"logits_soft_cap must be a finite number > 0 or None, got {cap!r}")
         if self.causal:
             right = 0 if self.window_right is None else min(self.window_right, 0)
             object.__setattr__(self, "window_right", right)
@@ -78,6 +85,17 @@ class AttentionSpec:
         ):
             raise ValueError(f"sliding_window must be (left, right), got {sliding_window!r}")
         left, right = (None, None) if sliding_window is None else sliding_window
-        scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-        cap = None if logits_soft_cap is None else float(logits_soft_cap)
+        scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+        cap = logits_soft_cap
+        # Plain floats (e.g. from numpy scalars) keep specs equal and hashes stable; the
+        # checks in __post_init__ see the original value's type.
+        if _is_finite_real(scale):
+            scale = float(scale)
+        if _is_finite_real(cap):
+            cap = float(cap)
         return cls(scale, bool(causal), left, right, cap)
+
+
+def _is_finite_real(value: object) -> bool:
+    """A finite real number that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

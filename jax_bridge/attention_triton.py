@@ -72,9 +72,14 @@ def _with_tail_sequences(
     cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, total_q: int, total_k: int
 ) -> tuple[jax.Array, jax.Array]:
     """cu_seqlens of batch + 2 sequences: the given ones, the query tail (no keys) and
-    the key tail (no queries). Every packed row then belongs to exactly one sequence."""
-    cu_q = jnp.asarray(cu_seqlens_q, jnp.int32)
-    cu_k = jnp.asarray(cu_seqlens_k, jnp.int32)
+    the key tail (no queries). Every packed row then belongs to exactly one sequence.
+
+    The public op checks cu_seqlens only under checkify. Here they are made non-decreasing
+    and clipped to [0, total] first, so that invalid ones (decreasing, negative, past the
+    end) under plain jit give garbage results but never out-of-bounds reads or writes.
+    """
+    cu_q = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_q, jnp.int32)), 0, total_q)
+    cu_k = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_k, jnp.int32)), 0, total_k)
     cu_q = jnp.concatenate([cu_q, jnp.full((2,), total_q, jnp.int32)])
     cu_k = jnp.concatenate([cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
     return cu_q, cu_k
@@ -131,8 +136,9 @@ def attention_forward_triton(
         float32; 16 <= D <= 256, any D).
       cu_seqlens_q, cu_seqlens_k: int32 [B + 1].
       spec: the attention options.
-      max_seqlen_q: optional static hint; unused: the grid is already sized by the query
-        tiles (`cdiv(total_q, block_m) + B + 2`, surplus programs exit at once).
+      max_seqlen_q: accepted for API symmetry and ignored by the Triton path: the grid is
+        sized by the query tiles (`cdiv(total_q, block_m) + B + 2`, surplus programs exit
+        at once), not by the longest sequence.
       sinks, alibi_slopes: float32 [Hq] or None.
       config: the forward kernel's launch configuration (default: by head dim, dtype and
         target).
@@ -220,7 +226,8 @@ def attention_backward_triton(
       q, k, v, cu_seqlens_q, cu_seqlens_k, spec, sinks, alibi_slopes: as the forward.
       out: [total_q, Hq, D], lse: float32 [Hq, total_q]: the forward's results.
       d_out: [total_q, Hq, D]: the cotangent of `out` (the lse gets none).
-      max_seqlen_q, max_seqlen_k: optional static hints; unused (grids are sized by tiles).
+      max_seqlen_q, max_seqlen_k: accepted for API symmetry and ignored by the Triton
+        path (grids are sized by tiles, as in the forward).
       config: one AttentionKernelConfig for both the dK/dV and the dQ kernel, a pair
         (dkdv_config, dq_config), or None for the defaults.
 
@@ -304,7 +311,9 @@ def attention_backward_triton(
     d_sinks = None
     if sinks is not None:
         # The sink's probability in row t is exp(sink - lse[t]); its gradient is
-        # -P_sink * delta (the sink carries no value). lse >= sink, so this is finite.
+        # -P_sink * delta (the sink carries no value). lse >= sink, and lse = -inf only
+        # where the sink is -inf too and nothing is allowed: P_sink = 0 there, not NaN.
         sinks = jnp.asarray(sinks, jnp.float32)
-        d_sinks = -jnp.sum(jnp.exp(sinks[:, None] - lse) * delta, axis=1)
+        safe_lse = jnp.where(jnp.isneginf(lse), jnp.inf, lse)
+        d_sinks = -jnp.sum(jnp.exp(sinks[:, None] - safe_lse) * delta, axis=1)
     return dq, dk, dv, d_sinks

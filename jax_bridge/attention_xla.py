@@ -45,7 +45,8 @@ class _Rows(NamedTuple):
     """Per packed query row (all [rows]): attended key interval and ALiBi anchor.
 
     lo, hi: int32 packed key indices; the row attends keys lo <= j < hi (lo == hi: none).
-    diag:   float32 packed key index aligned with the row (bottom-right), for ALiBi.
+    diag:   int32 packed key index aligned with the row (bottom-right), for ALiBi. Kept
+            integer (float32 is exact only up to 2^24): only |diag - j| becomes float.
     """
 
     lo: jax.Array
@@ -80,7 +81,7 @@ def _query_rows(cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: Attention
     """Key interval of every query slot in `[0, num_rows)` (slots past the data: empty)."""
     if cu_q.shape[0] == 1:  # no sequences: nothing attends anything
         zeros = jnp.zeros((num_rows,), jnp.int32)
-        return _Rows(zeros, zeros, zeros.astype(_F32))
+        return _Rows(zeros, zeros, zeros)
     token, seq, real = _sequence_of(cu_q, num_rows)
     len_q = cu_q[seq + 1] - cu_q[seq]
     len_k = cu_k[seq + 1] - cu_k[seq]
@@ -93,7 +94,7 @@ def _query_rows(cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: Attention
     end = cu_k[-1]
     lo = jnp.where(real, cu_k[seq] + lo, end).astype(jnp.int32)
     hi = jnp.where(real, cu_k[seq] + hi, end).astype(jnp.int32)
-    return _Rows(lo, hi, (cu_k[seq] + diag).astype(_F32))
+    return _Rows(lo, hi, (cu_k[seq] + diag).astype(jnp.int32))
 
 
 def _key_rows(
@@ -179,7 +180,8 @@ def _scores(
         s = spec.logits_soft_cap * t
         tanh_sq = t * t
     if slopes is not None:
-        distance = jnp.abs(rows.diag[:, None] - key_index[None, :].astype(_F32))
+        # Integer difference first: packed indices past 2^24 are not exact in float32.
+        distance = jnp.abs(rows.diag[:, None] - key_index[None, :]).astype(_F32)
         s = s - slopes[:, None, None] * distance[None]
     mask = (key_index[None, :] >= rows.lo[:, None]) & (key_index[None, :] < rows.hi[:, None])
     s = jnp.where(mask[None], s, -jnp.inf)
@@ -267,11 +269,16 @@ def attention_forward_xla(
         if sinks is not None:
             # The sink joins the denominator with logit sinks[h] and no value.
             sink = sinks.astype(_F32)[:, None]
-            m_all = jnp.maximum(m, sink)  # finite
+            m_all = jnp.maximum(m, sink)
+            # A sink of -inf on a row with no key leaves m_all = -inf: shift by 0 instead
+            # (as in the loop), so the exps are exact zeros rather than NaN.
+            m_all = jnp.where(jnp.isfinite(m_all), m_all, 0.0)
             scale_old = jnp.exp(m - m_all)
             l_all = l * scale_old + jnp.exp(sink - m_all)
-            out = acc * (scale_old / l_all)[..., None]
-            lse = m_all + jnp.log(l_all)
+            has_mass = l_all > 0
+            l_safe = jnp.where(has_mass, l_all, 1.0)
+            out = acc * (scale_old / l_safe)[..., None]
+            lse = jnp.where(has_mass, m_all + jnp.log(l_safe), -jnp.inf)
         else:
             has_keys = l > 0
             out = acc / jnp.where(has_keys, l, 1.0)[..., None]
@@ -440,6 +447,11 @@ def _sink_grad(sinks: jax.Array, lse: jax.Array, delta: jax.Array) -> jax.Array:
     """d sinks[h] = -sum_i P_sink(h, i) * delta_i with P_sink = exp(sinks[h] - lse_i).
 
     (Every output row is scaled by 1 - P_sink, and lse_i moves by P_sink per unit of sink.)
+    lse_i = -inf only when the row has no key and the sink is -inf: P_sink is then 0, not
+    exp(-inf + inf) = NaN.
     """
-    p_sink = jnp.exp(sinks.astype(_F32)[:, None] - lse)  # lse >= sink: p_sink <= 1
+    sink = sinks.astype(_F32)[:, None]
+    finite = jnp.isfinite(lse)
+    # lse >= sink: p_sink <= 1.
+    p_sink = jnp.where(finite, jnp.exp(sink - jnp.where(finite, lse, 0.0)), 0.0)
     return -jnp.sum(p_sink * delta, axis=1)

@@ -5,6 +5,11 @@ layout, and `jax.nn.dot_product_attention` with a dense segment mask for the pad
 Every case draws fresh random inputs from its own seed. Shapes stay small (a few hundred
 tokens) but span several 128-row tiles so that tiles straddle sequence boundaries; one
 test drives the XLA implementation with 16-row blocks to exercise many blocks per tile.
+
+Tolerances are the issue's, for outputs and gradients alike: float32 1e-5 and float16
+2e-3, relative to each array's scale (`assert_close`). Both implementations multiply
+float32 exactly by default (XLA: Precision.HIGHEST; Triton: "ieee" dots), so no test
+needs a TF32 allowance.
 """
 
 from __future__ import annotations
@@ -178,6 +183,9 @@ def test_xla_forward_and_gradients_match_reference(case):
     assert_grads_close(grads, ref_grads, 1e-5)
 
 
+# float16 to 2e-3 as the issue asks (bfloat16: two ulps of its 8-bit mantissa). Gradients
+# meet the same bound: they accumulate in float32 and are rounded to the input dtype once;
+# the oracle sees the same rounded inputs. (Observed: at most ~0.16 of the bound.)
 @pytest.mark.parametrize("dtype, tol", [(jnp.float16, 2e-3), (jnp.bfloat16, 1.6e-2)])
 def test_xla_half_precision(dtype, tol):
     rng, q, k, v, cu_q, cu_k, sinks, _ = make_inputs(11, LENGTHS, 4, 2, 64, dtype)
@@ -199,7 +207,7 @@ def test_xla_half_precision(dtype, tol):
     assert out.dtype == dtype and all(g.dtype == dtype for g in grads[:3])
     assert_close(out, ref_out, tol, "out")
     assert_lse_close(lse, ref_lse, 1e-3)
-    assert_grads_close(grads, ref_grads, 4 * tol)
+    assert_grads_close(grads, ref_grads, tol)
 
 
 def test_xla_small_blocks_many_blocks_per_tile():
@@ -271,20 +279,31 @@ def test_xla_memory_is_linear_in_tokens():
     assert shapes and max(int(np.prod(shape)) for shape in shapes) <= 4 * total * 64
 
 
-@pytest.mark.parametrize("use_sinks", [False, True])
-def test_fully_masked_rows(use_sinks):
+@pytest.mark.parametrize("sinks_kind", [None, "finite", "minus_inf"])
+def test_fully_masked_rows(sinks_kind):
     """Causal with len_q > len_k, an empty key side and trailing padding rows: output 0,
-    lse -inf (the sink's logit with sinks), and finite gradients everywhere."""
+    lse -inf (the sink's logit with sinks; a sink of -inf joins nothing, so -inf again),
+    and finite gradients equal to the oracle's everywhere."""
     lengths = [(6, 2), (3, 0), (4, 4)]
-    _, q, k, v, cu_q, cu_k, sinks, _ = make_inputs(3, lengths, 2, 1, 32)
+    rng, q, k, v, cu_q, cu_k, sinks, _ = make_inputs(3, lengths, 2, 1, 32)
     # Three trailing query rows past cu_seqlens_q[-1] (padding) and two key rows.
     q = jnp.concatenate([q, jnp.ones((3, 2, 32))])
     k = jnp.concatenate([k, jnp.ones((2, 1, 32))])
     v = jnp.concatenate([v, jnp.ones((2, 1, 32))])
-    sinks = sinks if use_sinks else None
-    out, lse = varlen_attention(
-        q, k, v, cu_q, cu_k, causal=True, sinks=sinks, return_lse=True, implementation="xla"
-    )
+    sinks = {None: None, "finite": sinks, "minus_inf": sinks.at[0].set(-jnp.inf)}[sinks_kind]
+    spec = _spec(32, {"causal": True})
+    d_out = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    d_lse = jnp.asarray(rng.standard_normal((2, q.shape[0])), jnp.float32)
+
+    def ours(q, k, v, s):
+        return varlen_attention(
+            q, k, v, cu_q, cu_k, causal=True, sinks=s, return_lse=True, implementation="xla"
+        )
+
+    def dense(q, k, v, s):
+        return reference_attention(q, k, v, cu_q, cu_k, spec, s)
+
+    out, lse, grads = _loss_and_grads(ours, q, k, v, sinks, d_out, d_lse, True)
     masked = np.zeros(q.shape[0], bool)
     masked[[0, 1, 2, 3, 6, 7, 8, 13, 14, 15]] = True  # 6 - 2 unseen; empty keys; padding
     np.testing.assert_array_equal(np.asarray(out)[masked], 0.0)
@@ -292,18 +311,61 @@ def test_fully_masked_rows(use_sinks):
     expected = -np.inf if sinks is None else np.asarray(sinks)[:, None]
     np.testing.assert_array_equal(np.asarray(lse)[:, masked], np.broadcast_to(expected, (2, 10)))
     assert np.all(np.isfinite(np.asarray(lse)[:, ~masked]))
-
-    def loss(q, k, v, s):
-        o, l = varlen_attention(
-            q, k, v, cu_q, cu_k, causal=True, sinks=s, return_lse=True, implementation="xla"
-        )
-        return jnp.sum(o**2) + jnp.sum(jnp.where(jnp.isfinite(l), l, 0.0))
-
-    grads = jax.grad(loss, argnums=(0, 1, 2) if sinks is None else (0, 1, 2, 3))(q, k, v, sinks)
-    for g in grads:
-        assert np.all(np.isfinite(np.asarray(g)))
     np.testing.assert_array_equal(np.asarray(grads[0])[masked], 0.0)
     np.testing.assert_array_equal(np.asarray(grads[1])[-2:], 0.0)  # padding keys
+    if sinks_kind == "minus_inf":
+        assert float(grads[3][0]) == 0.0
+
+    ref_out, ref_lse, ref_grads = _loss_and_grads(dense, q, k, v, sinks, d_out, d_lse, True)
+    assert_close(out, ref_out, 1e-5, "out")
+    assert_lse_close(lse, ref_lse, 1e-5)
+    assert_grads_close(grads, ref_grads, 1e-5)  # also checks that they are finite
+
+
+def test_alibi_distance_is_exact_past_float32_integers():
+    """Packed indices above 2^24 (not all representable in float32): |diag - j| is taken
+    in int32, so neighbouring keys differ by exactly one slope."""
+    from jax_bridge.attention_xla import _Rows, _scores
+
+    base = 2**24 + 1  # odd: float32(base) would round to 2^24
+    keys = base + jnp.arange(8, dtype=jnp.int32)
+    rows = _Rows(
+        lo=jnp.zeros((2,), jnp.int32),
+        hi=jnp.full((2,), 2**30, jnp.int32),
+        diag=jnp.array([base, base + 2], jnp.int32),
+    )
+    zeros_q, zeros_k = jnp.zeros((1, 2, 16)), jnp.zeros((1, 8, 16))
+    s, _, _ = _scores(zeros_q, zeros_k, rows, keys, AttentionSpec(1.0), jnp.ones((1,)))
+    expected = -np.abs(np.array([[0], [2]]) - np.arange(8)[None, :]).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(s[0]), expected)
+
+
+def test_max_seqlen_hints_are_validated_but_unused():
+    _, q, k, v, cu_q, cu_k, _, _ = make_inputs(8, LENGTHS[:4], 2, 2, 32)
+    plain = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="xla")
+    for hint in (90, 1000):
+        hinted = varlen_attention(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            max_seqlen_q=hint,
+            max_seqlen_k=hint,
+            causal=True,
+            implementation="xla",
+        )
+        np.testing.assert_array_equal(np.asarray(hinted), np.asarray(plain))
+
+
+def test_vmap_over_a_batch_with_xla():
+    """vmap works with the XLA implementation (not with Triton on a GPU: no batching rule)."""
+    _, q, k, v, cu_q, cu_k, _, _ = make_inputs(9, LENGTHS[:4], 2, 1, 32)
+    qs, ks, vs = (jnp.stack([x, 2 * x]) for x in (q, k, v))
+    fn = lambda q, k, v: varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="xla")
+    batched = jax.vmap(fn)(qs, ks, vs)
+    for b in range(2):
+        assert_close(batched[b], fn(qs[b], ks[b], vs[b]), 1e-6, f"batch {b}")
 
 
 def test_jit_with_traced_cu_seqlens_matches_reference():
@@ -322,14 +384,11 @@ def test_jit_with_traced_cu_seqlens_matches_reference():
     other_k = np.concatenate([other_k, np.full(4, other_k[-1], np.int32)])
     for a, b in ((cu_q, cu_k), (other_q, other_k)):
         out, lse = fn(q, k, v, jnp.asarray(a), jnp.asarray(b), sinks)
-        nq, nk = a[-1], b[-1]
-        ref_out, ref_lse = reference_attention(q[:nq], k[:nk], v[:nk], a, b, spec, sinks)
-        assert_close(out[:nq], ref_out, 1e-5, "out")
-        assert_lse_close(lse[:, :nq], ref_lse, 1e-5)
-        np.testing.assert_array_equal(np.asarray(out[nq:]), 0.0)
-        np.testing.assert_array_equal(
-            np.asarray(lse[:, nq:]), np.asarray(sinks)[:, None] + 0 * lse[:, nq:]
-        )
+        # The oracle gives padding rows (past a[-1]) output 0 and lse = the sink.
+        ref_out, ref_lse = reference_attention(q, k, v, a, b, spec, sinks)
+        assert_close(out, ref_out, 1e-5, "out")
+        assert_lse_close(lse, ref_lse, 1e-5)
+        np.testing.assert_array_equal(np.asarray(out[a[-1] :]), 0.0)
     assert fn._cache_size() == 1
 
 
@@ -442,6 +501,7 @@ BAD_CALLS = {
     "window_float": ({"sliding_window": (2.5, None)}, ValueError, "sliding_window"),
     "window_scalar": ({"sliding_window": 4}, ValueError, "sliding_window"),
     "soft_cap": ({"logits_soft_cap": 0.0}, ValueError, "logits_soft_cap"),
+    "soft_cap_inf": ({"logits_soft_cap": float("inf")}, ValueError, "logits_soft_cap"),
     "softmax_scale": ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
     "max_seqlen_small": ({"max_seqlen_q": 3}, ValueError, "max_seqlen_q=3"),
     "max_seqlen_type": ({"max_seqlen_k": 2.0}, TypeError, "max_seqlen_k"),
@@ -550,7 +610,7 @@ def test_flash_attention_segment_ids_with_padding(causal):
     )
     assert_close(out, ref, 1e-5)
     np.testing.assert_array_equal(np.asarray(out)[SELF_IDS <= 0], 0.0)
-    assert_grads_close(grads, ref_grads, 1e-4)
+    assert_grads_close(grads, ref_grads, 1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -751,7 +811,7 @@ def test_triton_forward_and_gradients_match_reference(triton_available, options)
     ref_out, ref_lse, ref_grads = _loss_and_grads(dense, q, k, v, sinks, d_out, None, False)
     assert_close(out, ref_out, 1e-5, "out")
     assert_lse_close(lse, ref_lse, 1e-5)
-    assert_grads_close(grads, ref_grads, 1e-4)
+    assert_grads_close(grads, ref_grads, 1e-5)
 
 
 def test_triton_lse_cotangent_uses_xla_backward(triton_available):
@@ -771,7 +831,7 @@ def test_triton_lse_cotangent_uses_xla_backward(triton_available):
 
     _, _, grads = _loss_and_grads(ours, q, k, v, None, d_out, d_lse, True)
     _, _, ref_grads = _loss_and_grads(dense, q, k, v, None, d_out, d_lse, True)
-    assert_grads_close(grads, ref_grads, 1e-4)
+    assert_grads_close(grads, ref_grads, 1e-5)
 
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float16, 2e-3), (jnp.bfloat16, 1.6e-2)])

@@ -3,8 +3,9 @@
 * Lowering: `lower_for_cuda` runs jax_triton's real lowering (Triton compiles every kernel
   for the given compute capability) and the module must hold the kernel calls.
 * Static report: the kernels compiled offline at their default launch configurations
-  (bf16, causal) must not spill registers for head_dim <= 128 and must use Hopper's
-  warpgroup MMA (wgmma) on sm_90.
+  (causal) must not spill registers: bf16 for head_dim <= 128, where they must also use
+  tensor cores, and Hopper's warpgroup MMA (wgmma) on sm_90; float32 (exact "ieee"
+  products, on CUDA cores) at head_dim 64 and 128.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def test_lowers_for_cuda(compute_capability, dtype, head_dim):
     [(90, jnp.bfloat16, 80), (80, jnp.float16, 192), (90, jnp.float32, 96)],
 )
 def test_lowers_with_every_option(compute_capability, dtype, head_dim):
-    """Every constexpr branch (windows, soft cap, sinks, ALiBi, padded head dim, tf32)
-    compiles for the GPU, not only under the interpreter."""
+    """Every constexpr branch (windows, soft cap, sinks, ALiBi, padded head dim, exact
+    fp32 products) compiles for the GPU, not only under the interpreter."""
     spec = AttentionSpec(0.1, causal=True, window_left=64, logits_soft_cap=30.0)
     per_head = ("sinks", "alibi_slopes")
     forward = _lower_forward(spec, dtype, head_dim, compute_capability, per_head)
@@ -143,9 +144,16 @@ def _signature(kernel, element: str) -> dict[str, str]:
     return signature
 
 
-def attention_kernel_report(kind: str, head_dim: int, compute_capability: int):
-    """The static report of one kernel at its default configuration (bf16, causal, GQA)."""
-    config = default_attention_config(head_dim, "bfloat16", compute_capability, kind)
+_TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def attention_kernel_report(
+    kind: str, head_dim: int, compute_capability: int, dtype_name: str = "bfloat16", config=None
+):
+    """The static report of one kernel (causal, GQA) at its default configuration for
+    `dtype_name`, or at `config`."""
+    if config is None:
+        config = default_attention_config(head_dim, dtype_name, compute_capability, kind)
     kernel = _KERNELS[kind]
     constexprs = dict(
         NUM_Q_HEADS=Q_HEADS,
@@ -158,13 +166,13 @@ def attention_kernel_report(kind: str, head_dim: int, compute_capability: int):
         HAS_WINDOW_RIGHT=True,
         HAS_SOFT_CAP=False,
         HAS_ALIBI=False,
-        DOT_PRECISION="ieee",
+        DOT_PRECISION=config.fp32_dot_precision if dtype_name == "float32" else "ieee",
     )
     if kind == "forward":
         constexprs["HAS_SINKS"] = False
     return static_kernel_report(
         kernel,
-        _signature(kernel, "bf16"),
+        _signature(kernel, _TRITON_TYPES[dtype_name]),
         constexprs,
         compute_capability=compute_capability,
         num_warps=config.num_warps,
@@ -184,6 +192,18 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind):
         assert not report.spills, report.summary()
     if compute_capability >= 90:
         assert report.uses_wgmma, report.summary()
+
+
+@pytest.mark.parametrize("kind", list(_KERNELS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_static_report_float32(head_dim, kind):
+    """float32 defaults to exact products, which run on CUDA cores (no mma for "ieee"
+    fp32): the small default tiles must still not spill."""
+    config = default_attention_config(head_dim, "float32", 90, kind)
+    assert config.fp32_dot_precision == "ieee"
+    report = attention_kernel_report(kind, head_dim, 90, "float32")
+    print(report.summary())
+    assert not report.spills, report.summary()
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

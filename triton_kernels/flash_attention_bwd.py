@@ -21,9 +21,12 @@ import triton.language as tl
 
 from triton_kernels.flash_attention_fwd import (
     LOG2E,
+    _alibi_slope_log2,
+    _chunk_bounds,
     _column_phases,
     _dot,
     _load_rows,
+    _score_constants,
     _scores_log2,
     _tile_ptrs,
 )
@@ -191,11 +194,9 @@ def attention_backward_dkdv_kernel(
     seq = tl.load(chunk_indices_ptr + 2 * chunk)
     if seq < 0:  # surplus program of the static grid bound
         return
-    tile_index = tl.load(chunk_indices_ptr + 2 * chunk + 1)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    len_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    k_start = tl.load(cu_seqlens_k_ptr + seq)
-    len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
@@ -215,12 +216,9 @@ def attention_backward_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    qk_scale_log2 = softmax_scale * LOG2E
-    scale_over_cap = softmax_scale
-    cap_log2 = LOG2E
-    if HAS_SOFT_CAP:
-        scale_over_cap = softmax_scale / logits_soft_cap
-        cap_log2 = logits_soft_cap * LOG2E
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
 
     # Key j is seen by queries i with j - window_right <= diag(i) <= j + window_left.
     shift = len_q - len_k
@@ -235,10 +233,9 @@ def attention_backward_dkdv_kernel(
         do_seq_ptr = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
         lse_seq_ptr = lse_ptr + head.to(tl.int64) * total_q + q_start
         delta_seq_ptr = delta_ptr + head.to(tl.int64) * total_q + q_start
-        slope_log2 = 0.0
-        if HAS_ALIBI:
-            slope_log2 = tl.load(alibi_slopes_ptr + head).to(tl.float32) * LOG2E
-        if HAS_WINDOW_RIGHT:  # without a right window, start == full_start == 0
+        slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+        # Without a right window start == 0 and full_start == min(0, end) <= 0.
+        if HAS_WINDOW_RIGHT:
             dk, dv = _dkdv_query_tiles(
                 dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
                 start, full_start, keys, shift, len_q, window_left, window_right,
@@ -371,11 +368,9 @@ def attention_backward_dq_kernel(
     seq = tl.load(chunk_indices_ptr + 2 * chunk)
     if seq < 0:  # surplus program of the static grid bound
         return
-    tile_index = tl.load(chunk_indices_ptr + 2 * chunk + 1)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    len_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    k_start = tl.load(cu_seqlens_k_ptr + seq)
-    len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
     kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
@@ -397,15 +392,10 @@ def attention_backward_dq_kernel(
         lse_ptr + stats_row + offs_m, delta_ptr + stats_row + offs_m, row_ok, True
     )
 
-    qk_scale_log2 = softmax_scale * LOG2E
-    scale_over_cap = softmax_scale
-    cap_log2 = LOG2E
-    if HAS_SOFT_CAP:
-        scale_over_cap = softmax_scale / logits_soft_cap
-        cap_log2 = logits_soft_cap * LOG2E
-    slope_log2 = 0.0
-    if HAS_ALIBI:
-        slope_log2 = tl.load(alibi_slopes_ptr + head).to(tl.float32) * LOG2E
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     shift = len_k - len_q
@@ -416,7 +406,8 @@ def attention_backward_dq_kernel(
     )  # fmt: skip
     k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
     v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    if HAS_WINDOW_LEFT:  # without a left window, start == full_start == 0
+    # Without a left window start == 0 and full_start == min(0, end) <= 0: no first phase.
+    if HAS_WINDOW_LEFT:
         dq = _dq_key_tiles(
             dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,

@@ -5,11 +5,18 @@ compute capability, kernel kind) to block sizes, warps and pipeline stages; call
 pass their own `AttentionKernelConfig` instead. `compute_capability=None` means Triton's
 CPU interpreter, where small blocks keep tests fast and still cross block boundaries.
 
-The GPU defaults were chosen with `jax_bridge.kernel_report.static_kernel_report`: at
-bf16/fp16 and head_dim <= 128 none of the kernels spills registers, and on sm_90 every
-kernel's matmuls compile to wgmma (Hopper warpgroup MMA). float32 inputs use tf32 tensor
-cores on a GPU by default and exact fp32 products on the interpreter (see
-`AttentionKernelConfig.fp32_dot_precision`).
+The GPU defaults were chosen with `jax_bridge.kernel_report.static_kernel_report`
+(causal):
+
+* bf16/fp16: at head_dim <= 128 none of the kernels spills registers, and on sm_90 each
+  kernel emits wgmma (Hopper warpgroup MMA); the report checks that a kernel uses it,
+  not that every one of its matmuls does.
+* float32: exact ("ieee") fp32 products by default, on a GPU as on the interpreter, so
+  the Triton path matches the XLA implementation (which multiplies float32 at HIGHEST
+  precision) to ~1e-5. Those products run on CUDA cores (FMA; neither mma nor wgmma
+  exists for exact fp32), so the float32 tables use small tiles spread over 8 warps: none
+  of them spills at head_dim 64, 128 or 256. tf32 tensor cores are an explicit opt-in
+  (`AttentionKernelConfig.fp32_dot_precision`).
 """
 
 from __future__ import annotations
@@ -39,11 +46,15 @@ class AttentionKernelConfig:
       block_n: key rows per tile. The dK/dV kernel owns one such tile per program; the
         forward and dQ kernels step through key tiles of this size.
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
-      fp32_dot_precision: how float32 inputs are multiplied: "ieee" (true fp32 products:
-        matches a float32 oracle to ~1e-5; what the interpreter does) or "tf32" (tensor
-        cores, ~1e-3 relative; what `default_attention_config` picks on a GPU, like XLA's
-        default precision for float32 matmuls there). Ignored for float16/bfloat16 inputs.
-        "ieee" on a GPU runs on CUDA cores and wants small tiles (e.g. 32x16).
+      fp32_dot_precision: how float32 inputs are multiplied. Ignored for float16/bfloat16
+        inputs (and by the interpreter, which always multiplies exactly).
+        "ieee" (the default, and what `default_attention_config` picks): true fp32
+        products, matching a float32 oracle and the XLA implementation to ~1e-5. On a GPU
+        they run on CUDA cores (FMA), much slower than tensor cores, and want small tiles
+        over many warps (e.g. 32x16 at 8 warps) to stay out of register spills.
+        "tf32": tensor cores, much faster but with 10-bit mantissas, so results are only
+        ~1e-3 relative to a float32 oracle. Opt in by passing a config, e.g.
+        `AttentionKernelConfig(64, 32, 4, 2, fp32_dot_precision="tf32")`.
     """
 
     block_m: int
@@ -89,7 +100,7 @@ def preprocess_block_t(head_dim: int) -> int:
 # (block_m, block_n, num_warps, num_stages) by kind and head-dim tile (64 covers head
 # dims up to 64, 128 up to 128, 256 up to 256), for 2-byte inputs. Chosen with
 # `static_kernel_report` at bf16: none spills at head_dim <= 128 (causal, and with every
-# option on), and on sm_90 every matmul is a wgmma.
+# option on), and on sm_90 each kernel uses wgmma.
 # Forward: a 128-row query tile is two Hopper warpgroups of m64 at 8 warps; K and V tiles
 # are streamed through `num_stages` shared-memory buffers.
 # dK/dV: the key tile is stationary (K, V, dK, dV live in registers all program long), so
@@ -112,11 +123,15 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
     "backward_dkdv": {256: (16, 32, 4, 2)},
     "backward_dq": {256: (64, 16, 4, 2)},
 }
-# float32 inputs (tf32 tensor cores): 4-byte tiles, so roughly half the tile area.
+# float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
+# registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
+# 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
+# and sm_90): none spills at head dims 64/128/256, and every tile's shared memory fits
+# the 99 KiB of sm_86/89 too.
 _FLOAT32: _Table = {
-    "forward": {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 1)},
-    "backward_dkdv": {64: (16, 64, 4, 2), 128: (16, 64, 4, 2), 256: (16, 32, 4, 1)},
-    "backward_dq": {64: (64, 16, 4, 2), 128: (64, 16, 4, 2), 256: (32, 16, 4, 1)},
+    "forward": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (32, 16, 8, 2)},
+    "backward_dkdv": {64: (16, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 1)},
+    "backward_dq": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (16, 16, 8, 1)},
 }
 
 # Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
@@ -148,9 +163,9 @@ def default_attention_config(
         return _INTERPRETER_CONFIG
     tile_d = max(64, block_d(head_dim))
     if dtype_name == "float32":
-        # tf32 on a GPU, like XLA's default precision for float32 matmuls there; IEEE fp32
-        # products (fp32_dot_precision="ieee") run on CUDA cores and need smaller tiles.
-        return AttentionKernelConfig(*_FLOAT32[kind][tile_d], fp32_dot_precision="tf32")
+        # Exact products, like the XLA implementation (HIGHEST precision); tf32 is an
+        # opt-in through a caller's AttentionKernelConfig.
+        return AttentionKernelConfig(*_FLOAT32[kind][tile_d], fp32_dot_precision="ieee")
     table = _HOPPER_16BIT if compute_capability >= 90 else _AMPERE_16BIT
     config = table[kind][tile_d]
     if compute_capability in (86, 89):

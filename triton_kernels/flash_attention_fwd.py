@@ -78,6 +78,39 @@ def _column_phases(
 
 
 @triton.jit
+def _chunk_bounds(chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq):
+    """(tile index, q_start, len_q, k_start, len_k) of program `chunk`, whose sequence
+    `seq` (chunk_indices[chunk, 0]) the caller has checked to be >= 0."""
+    tile_index = tl.load(chunk_indices_ptr + 2 * chunk + 1)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    len_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    k_start = tl.load(cu_seqlens_k_ptr + seq)
+    len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    return tile_index, q_start, len_q, k_start, len_k
+
+
+@triton.jit
+def _score_constants(softmax_scale, logits_soft_cap, HAS_SOFT_CAP: tl.constexpr):
+    """(qk_scale_log2, scale_over_cap, cap_log2): the scale arguments of `_scores_log2`."""
+    qk_scale_log2 = softmax_scale * LOG2E
+    scale_over_cap = softmax_scale
+    cap_log2 = LOG2E
+    if HAS_SOFT_CAP:
+        scale_over_cap = softmax_scale / logits_soft_cap
+        cap_log2 = logits_soft_cap * LOG2E
+    return qk_scale_log2, scale_over_cap, cap_log2
+
+
+@triton.jit
+def _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI: tl.constexpr):
+    """log2(e) * the ALiBi slope of query head `head` (0 without ALiBi)."""
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(alibi_slopes_ptr + head).to(tl.float32) * LOG2E
+    return slope_log2
+
+
+@triton.jit
 def _scores_log2(
     qk,
     rows,
@@ -225,12 +258,12 @@ def _forward_key_tiles(
             APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
         )  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(s2, 1))
-        if APPLY_MASK and not HAS_SINKS:
-            # A row with nothing allowed so far keeps m = -inf; shift by 0, not -inf,
-            # so that exp2 gives 0 instead of NaN.
+        if APPLY_MASK:
+            # A row with nothing allowed so far (and no sink, or a sink of -inf) keeps
+            # m = -inf; shift by 0, not -inf, so that exp2 gives 0 instead of NaN.
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_shift = m_new  # finite: this tile, or the sink, gave every row a score
+            m_shift = m_new  # finite: every row of an unmasked tile has allowed keys
         p = tl.exp2(s2 - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -291,11 +324,9 @@ def attention_forward_kernel(
     seq = tl.load(chunk_indices_ptr + 2 * chunk)
     if seq < 0:  # surplus program of the static grid bound
         return
-    tile_index = tl.load(chunk_indices_ptr + 2 * chunk + 1)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    len_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    k_start = tl.load(cu_seqlens_k_ptr + seq)
-    len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
     kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
@@ -312,23 +343,19 @@ def attention_forward_kernel(
     q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
 
-    qk_scale_log2 = softmax_scale * LOG2E
-    scale_over_cap = softmax_scale
-    cap_log2 = LOG2E
-    if HAS_SOFT_CAP:
-        scale_over_cap = softmax_scale / logits_soft_cap
-        cap_log2 = logits_soft_cap * LOG2E
-    slope_log2 = 0.0
-    if HAS_ALIBI:
-        slope_log2 = tl.load(alibi_slopes_ptr + head).to(tl.float32) * LOG2E
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if HAS_SINKS:
         # The sink is one more logit of every row, with no value: start the running
-        # softmax at it (m = sink, l = exp2(sink - m) = 1, acc = 0).
+        # softmax at it (m = sink, l = exp2(sink - m) = 1, acc = 0). A sink of -inf is
+        # no sink: m = -inf, l = 0.
         sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
     else:
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -341,7 +368,9 @@ def attention_forward_kernel(
     )  # fmt: skip
     k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
     v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    if HAS_WINDOW_LEFT:  # without a left window, start == full_start == 0
+    # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
+    # no key is allowed), so the first phase is empty.
+    if HAS_WINDOW_LEFT:
         acc, m_i, l_i = _forward_key_tiles(
             acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
@@ -361,7 +390,8 @@ def attention_forward_kernel(
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, DOT_PRECISION,
     )  # fmt: skip
 
-    # A row with no allowed key (and no sink) has l = 0: output 0, lse -inf.
+    # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: output 0,
+    # lse -inf.
     has_mass = l_i > 0.0
     l_safe = tl.where(has_mass, l_i, 1.0)
     out = acc / l_safe[:, None]
