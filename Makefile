@@ -22,7 +22,7 @@ bench: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n auto
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

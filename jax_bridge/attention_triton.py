@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.attention_sinks import sink_gradient
 from jax_bridge.attention_spec import AttentionSpec
 from jax_bridge.numerics import cdiv
 from jax_bridge.sequences import prepare_chunk_indices
@@ -308,12 +309,5 @@ def attention_backward_triton(
         **constexprs,
     )
 
-    d_sinks = None
-    if sinks is not None:
-        # The sink's probability in row t is exp(sink - lse[t]); its gradient is
-        # -P_sink * delta (the sink carries no value). lse >= sink, and lse = -inf only
-        # where the sink is -inf too and nothing is allowed: P_sink = 0 there, not NaN.
-        sinks = jnp.asarray(sinks, jnp.float32)
-        safe_lse = jnp.where(jnp.isneginf(lse), jnp.inf, lse)
-        d_sinks = -jnp.sum(jnp.exp(sinks[:, None] - safe_lse) * delta, axis=1)
+    d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
     return dq, dk, dv, d_sinks

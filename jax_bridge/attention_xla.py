@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_bridge.attention_sinks import sink_gradient
 from jax_bridge.attention_spec import AttentionSpec
 
 DEFAULT_BLOCK_Q = 128
@@ -329,7 +330,7 @@ def attention_backward_xla(
         # Without queries or keys every probability is 0: only the sinks could carry
         # gradient, and with no query rows there is none either.
         if sinks is not None and total_q > 0:
-            d_sinks = _sink_grad(sinks, lse, _delta(out, d_out, d_lse)).astype(sinks.dtype)
+            d_sinks = sink_gradient(sinks, lse, _delta(out, d_out, d_lse)).astype(sinks.dtype)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
     bq = _block_size(block_q, total_q)
     bk = _block_size(block_k, total_k)
@@ -433,7 +434,7 @@ def attention_backward_xla(
     dv = dv.transpose(0, 2, 1, 3).reshape(rows_k, num_kv, dim)[:total_k]
 
     if sinks is not None:
-        d_sinks = _sink_grad(sinks, lse, delta).astype(sinks.dtype)
+        d_sinks = sink_gradient(sinks, lse, delta).astype(sinks.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_sinks
 
 
@@ -441,17 +442,3 @@ def _delta(out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None) -> jax.Arr
     """float32 [Hq, total_q]: rowsum(dO * O) - d_lse."""
     delta = jnp.sum(d_out.astype(_F32) * out.astype(_F32), axis=-1).T
     return delta if d_lse is None else delta - d_lse.astype(_F32)
-
-
-def _sink_grad(sinks: jax.Array, lse: jax.Array, delta: jax.Array) -> jax.Array:
-    """d sinks[h] = -sum_i P_sink(h, i) * delta_i with P_sink = exp(sinks[h] - lse_i).
-
-    (Every output row is scaled by 1 - P_sink, and lse_i moves by P_sink per unit of sink.)
-    lse_i = -inf only when the row has no key and the sink is -inf: P_sink is then 0, not
-    exp(-inf + inf) = NaN.
-    """
-    sink = sinks.astype(_F32)[:, None]
-    finite = jnp.isfinite(lse)
-    # lse >= sink: p_sink <= 1.
-    p_sink = jnp.where(finite, jnp.exp(sink - jnp.where(finite, lse, 0.0)), 0.0)
-    return -jnp.sum(p_sink * delta, axis=1)
