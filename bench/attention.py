@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.timing import median_seconds
-from jax_bridge.attention import varlen_attention
+from jax_bridge.attention.api import varlen_attention
 
 NUM_DOCS = 16
 DOC_LEN = 512

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.grouped_matmul import grouped_matmul
+from jax_bridge.grouped_matmul.api import grouped_matmul
 
 M, K, N, GROUPS = 8192, 2048, 1408, 64
 CPU_K, CPU_N = 512, 352

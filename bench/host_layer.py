@@ -18,14 +18,14 @@ import jax
 import numpy as np
 
 from bench.timing import median_seconds
-from jax_bridge.packing import pack, unpack
-from jax_bridge.sequences import (
+from jax_bridge.host.cu_seqlens import (
     prepare_chunk_indices,
     prepare_chunk_offsets,
     prepare_position_ids,
     prepare_sequence_ids,
     prepare_token_indices,
 )
+from jax_bridge.host.packing import pack, unpack
 
 
 @dataclass(frozen=True)

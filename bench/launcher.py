@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from examples.softmax import softmax_block_cols, softmax_rows_kernel
 from jax_bridge import lower_for_cuda, static_kernel_report, triton_call
-from triton_kernels.softmax import softmax_block_cols, softmax_rows_kernel
 
 
 def _softmax(x: jax.Array) -> jax.Array:

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from bench.timing import median_seconds
-from jax_bridge.segment_masks import (
+from jax_bridge.host.segment_ids import (
     is_segment_mask,
     mask_to_segment_ids,
     segment_ids_to_mask,

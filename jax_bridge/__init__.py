@@ -1,22 +1,17 @@
-"""ragged-kernels' public JAX API.
+"""ragged-kernels' public JAX API: this module only re-exports.
 
-Ops pick their implementation in one place (`jax_bridge.backend`): Triton on GPUs, Pallas
-on TPUs, XLA elsewhere. Importing this package never imports `jax_triton`.
+Each op lives in its own package (`attention`, `grouped_matmul`) and picks its backend
+from a table (`jax_bridge.core.backend`): Triton on GPUs, XLA elsewhere. The host-side
+sequence layer is `host`, the Triton launcher `launch`. Importing this package never
+imports `jax_triton`.
 """
 
-from jax_bridge.attention import varlen_attention
-from jax_bridge.attention_padded import flash_attention
-from jax_bridge.attention_spec import AttentionSpec
-from jax_bridge.backend import resolve_implementation
-from jax_bridge.context_parallel import (
-    inverse_load_balanced_positions,
-    load_balanced_positions,
-    reorder_sequence,
-)
-from jax_bridge.cuda_lowering import lower_for_cuda
-from jax_bridge.grouped_matmul import grouped_matmul, transposed_grouped_matmul
-from jax_bridge.kernel_report import KernelReport, static_kernel_report
-from jax_bridge.numerics import (
+from jax_bridge.attention.api import varlen_attention
+from jax_bridge.attention.padded import flash_attention
+from jax_bridge.attention.reference import attention_reference
+from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.core.backend import resolve_implementation
+from jax_bridge.core.numerics import (
     cdiv,
     chunk_array,
     identity_dtype_convert,
@@ -24,14 +19,18 @@ from jax_bridge.numerics import (
     safe_divide,
     unchunk_array,
 )
-from jax_bridge.packing import pack, unpack
-from jax_bridge.segment_masks import (
-    SegmentMasks,
-    is_segment_mask,
-    mask_to_segment_ids,
-    segment_ids_to_mask,
+from jax_bridge.core.precision import DEFAULT_PRECISION
+from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
+from jax_bridge.grouped_matmul.reference import (
+    grouped_matmul_reference,
+    transposed_grouped_matmul_reference,
 )
-from jax_bridge.sequences import (
+from jax_bridge.host.context_parallel import (
+    inverse_load_balanced_positions,
+    load_balanced_positions,
+    reorder_sequence,
+)
+from jax_bridge.host.cu_seqlens import (
     FILL_INDEX,
     prepare_chunk_indices,
     prepare_chunk_offsets,
@@ -42,20 +41,40 @@ from jax_bridge.sequences import (
     prepare_sequence_ids,
     prepare_token_indices,
 )
-from jax_bridge.sharding import get_corrected_named_sharding
-from jax_bridge.triton_launch import cuda_lowering, triton_call
+from jax_bridge.host.packing import pack, unpack
+from jax_bridge.host.segment_ids import (
+    SegmentMasks,
+    is_segment_mask,
+    mask_to_segment_ids,
+    segment_ids_to_mask,
+)
+from jax_bridge.host.sharding import get_corrected_named_sharding
+from jax_bridge.launch.lowering import lower_for_cuda
+from jax_bridge.launch.report import KernelReport, static_kernel_report
+from jax_bridge.launch.target import cuda_lowering
+from jax_bridge.launch.triton_call import triton_call
+from triton_kernels.config import KernelConfig
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 __all__ = [
+    "DEFAULT_PRECISION",
     "FILL_INDEX",
+    "AttentionConfigs",
+    "AttentionKernelConfig",
     "AttentionSpec",
+    "GroupedMatmulConfig",
+    "KernelConfig",
     "KernelReport",
     "SegmentMasks",
+    "attention_reference",
     "cdiv",
     "chunk_array",
     "cuda_lowering",
     "flash_attention",
     "get_corrected_named_sharding",
     "grouped_matmul",
+    "grouped_matmul_reference",
     "identity_dtype_convert",
     "inverse_load_balanced_positions",
     "is_segment_mask",
@@ -78,6 +97,7 @@ __all__ = [
     "segment_ids_to_mask",
     "static_kernel_report",
     "transposed_grouped_matmul",
+    "transposed_grouped_matmul_reference",
     "triton_call",
     "unchunk_array",
     "unpack",

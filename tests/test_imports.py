@@ -1,27 +1,112 @@
-"""Import rules: the layers form a DAG and the CPU-only path never needs jax_triton."""
+"""Import rules: the layers form a DAG and the CPU-only path never needs jax_triton.
 
+Static rules (read from each module's import statements):
+  jax_bridge.core     imports nothing else of the package;
+  jax_bridge.host     imports only core;
+  jax_bridge.launch   imports only core (jax_triton lazily: checked at run time below);
+  an op package       imports core, host, launch, triton_kernels, pallas_tpu and its own
+                      modules, never another op's; only its api.py imports its backends;
+  triton_kernels      never imports jax; pallas_tpu never imports jax_bridge.
+"""
+
+import ast
+import pathlib
 import subprocess
 import sys
 import textwrap
 
+import pytest
 
-def _run(code: str) -> str:
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OPS = ("attention", "grouped_matmul")
+BACKENDS = ("xla", "triton", "pallas")
+ALLOWED = {
+    "core": {"jax_bridge.core"},
+    "host": {"jax_bridge.core", "jax_bridge.host"},
+    "launch": {"jax_bridge.core", "jax_bridge.launch"},
+}
+
+
+def _run(code: str, cwd: pathlib.Path = ROOT) -> str:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+        cwd=cwd,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module an import statement in `path` names (`from a import b` gives a and a.b)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _first_party(names: set[str]) -> set[str]:
+    return {n for n in names if n.split(".")[0] in ("jax_bridge", "triton_kernels", "pallas_tpu")}
+
+
+def _within(name: str, prefixes: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _modules(package: str) -> list[pathlib.Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_lower_layers_import_only_what_they_may(layer):
+    for path in _modules(f"jax_bridge/{layer}"):
+        for name in _first_party(_imported_modules(path)):
+            assert _within(name, ALLOWED[layer]), f"{path.relative_to(ROOT)} imports {name}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_op_packages_import_lower_layers_own_modules_and_kernels(op):
+    allowed = {f"jax_bridge.{p}" for p in ("core", "host", "launch", op)}
+    allowed |= {"triton_kernels", "pallas_tpu"}
+    for path in _modules(f"jax_bridge/{op}"):
+        for name in _first_party(_imported_modules(path)):
+            where = f"{path.relative_to(ROOT)} imports {name}"
+            assert _within(name, allowed), where
+            parts = name.split(".")
+            if parts[:2] == ["jax_bridge", op] and parts[2:3] and parts[2] in BACKENDS:
+                assert path.name == "api.py", f"only api.py may import a backend: {where}"
+
+
+def test_every_op_has_one_backend_table_in_its_api():
+    for op in OPS:
+        source = (ROOT / "jax_bridge" / op / "api.py").read_text()
+        assert source.count("BackendTable(") == 1, op
+
+
+def test_public_names_are_reexported_from_jax_bridge():
+    out = _run(
+        """
+        import jax_bridge
+        missing = [n for n in jax_bridge.__all__ if not hasattr(jax_bridge, n)]
+        print(missing, len(jax_bridge.__all__))
+        """
+    )
+    missing, count = out.rsplit(" ", 1)
+    assert missing == "[]" and int(count) >= 40
 
 
 def test_triton_kernels_imports_no_jax():
     out = _run(
         """
         import sys, pkgutil, importlib, triton_kernels
-        for m in pkgutil.iter_modules(triton_kernels.__path__):
-            importlib.import_module(f"triton_kernels.{m.name}")
+        for m in pkgutil.walk_packages(triton_kernels.__path__, "triton_kernels."):
+            importlib.import_module(m.name)
         print(sorted(n for n in sys.modules if n == "jax" or n.startswith(("jax.", "jax_"))))
         """
     )
@@ -32,8 +117,8 @@ def test_pallas_tpu_imports_no_jax_bridge():
     out = _run(
         """
         import sys, pkgutil, importlib, pallas_tpu
-        for m in pkgutil.iter_modules(pallas_tpu.__path__):
-            importlib.import_module(f"pallas_tpu.{m.name}")
+        for m in pkgutil.walk_packages(pallas_tpu.__path__, "pallas_tpu."):
+            importlib.import_module(m.name)
         print("jax_bridge" in sys.modules)
         """
     )
@@ -44,9 +129,23 @@ def test_jax_bridge_imports_without_jax_triton():
     out = _run(
         """
         import sys, pkgutil, importlib, jax_bridge
-        for m in pkgutil.iter_modules(jax_bridge.__path__):
-            importlib.import_module(f"jax_bridge.{m.name}")
-        print("jax_triton" in sys.modules)
+        names = [m.name for m in pkgutil.walk_packages(jax_bridge.__path__, "jax_bridge.")]
+        for name in names:
+            importlib.import_module(name)
+        print("jax_triton" in sys.modules, len(names))
         """
     )
-    assert out.strip() == "False"
+    loaded, count = out.split()
+    assert loaded == "False" and int(count) >= 30
+
+
+def test_only_the_library_packages_are_installed(tmp_path):
+    # Outside the checkout only installed packages import: bench and examples must not.
+    out = _run(
+        """
+        import importlib.util as u
+        print([u.find_spec(n) is not None for n in ("jax_bridge", "triton_kernels", "bench")])
+        """,
+        cwd=tmp_path,
+    )
+    assert out.strip() == "[True, True, False]"

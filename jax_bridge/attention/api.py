@@ -1,0 +1,351 @@
+"""Varlen (packed) attention: argument checks, the backend table and the custom_vjp.
+
+The math lives elsewhere: `spec` states the semantics, `reference` is the dense oracle,
+and each backend (`xla`: blockwise plain JAX; `triton`: the Triton kernels, on a GPU or
+through Triton's interpreter) is one module with the contract stated above `_attention`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from jax_bridge.attention import triton, xla
+from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.core.backend import BackendTable
+from jax_bridge.core.options import OpOptions
+from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.validation import (
+    check_cu_seqlens,
+    check_static_int,
+    is_traced,
+    require,
+)
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+
+__all__ = ["AttentionOptions", "varlen_attention"]
+
+_OP = "varlen_attention"
+_FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+_BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionOptions(OpOptions):
+    """The static half of one varlen_attention call (see `OpOptions`).
+
+    `config` is an `AttentionConfigs` or None. The max_seqlen hints are deliberately
+    absent: no backend uses them, so calls differing only in the hints share one trace.
+    """
+
+    spec: AttentionSpec
+
+
+def varlen_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    sliding_window: tuple[int | None, int | None] | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_scale: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    return_lse: bool = False,
+    precision: Any = None,
+    config: AttentionConfigs | AttentionKernelConfig | None = None,
+    implementation: str = "auto",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention over packed variable-length sequences (FlashAttention varlen layout).
+
+    Sequence b owns query rows `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and key/value rows
+    `[cu_seqlens_k[b], cu_seqlens_k[b+1])`; tokens never attend across sequences. Rows at
+    or past `cu_seqlens_q[-1]` (trailing padding) attend nothing.
+
+    Masks are aligned at the bottom-right corner when a sequence's query and key lengths
+    differ (FlashAttention >= 2.1): query i sits at key position
+    `diag(i) = i + len_k - len_q`. Causal, len_q = 2, len_k = 5 (x = attended):
+
+        keys:     0 1 2 3 4
+        query 0:  x x x x .      diag(0) = 3
+        query 1:  x x x x x      diag(1) = 4
+
+    With len_q > len_k the first len_q - len_k queries see no key under `causal`: their
+    output is 0 and their log-sum-exp -inf (or the sink's logit, with sinks).
+
+    Args:
+      q: [total_q, num_q_heads, head_dim].
+      k, v: [total_k, num_kv_heads, head_dim]; num_q_heads % num_kv_heads == 0
+        (GQA; num_kv_heads == 1 is MQA). Query head h reads kv head h // group.
+        float16, bfloat16 or float32, all the same. head_dim: any value the backend runs
+        (`jax_bridge.attention.triton.HEAD_DIMS` = 16..256, e.g. 80, 96 or 192; the XLA
+        backend takes any head_dim >= 1). Every backend accumulates in float32.
+      cu_seqlens_q, cu_seqlens_k: int32 [batch + 1], starting at 0, non-decreasing, with
+        `cu_seqlens_q[-1] <= total_q` and `cu_seqlens_k[-1] <= total_k`. May be traced
+        (under jit the value checks are `checkify` checks).
+      max_seqlen_q, max_seqlen_k: optional static upper bounds on the sequence lengths,
+        accepted for FlashAttention API compatibility. They are validated (a Python int,
+        at least the longest sequence: a `checkify` check under jit) and otherwise unused:
+        neither implementation needs them (the Triton grids are sized by the token
+        totals), so different values do not cause recompilation.
+      causal: keys right of the (bottom-right aligned) diagonal are masked.
+      sliding_window: (left, right): keys with diag(i) - left <= j <= diag(i) + right
+        are attended; None on a side is unbounded. With `causal`, right is 0.
+      logits_soft_cap: scores become cap * tanh(s / cap) (before ALiBi and masking).
+      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim).
+      sinks: [num_q_heads] learnable logits, one per head, that join every row's softmax
+        denominator and carry no value. They receive a gradient.
+      alibi_slopes: [num_q_heads]; adds -slope[h] * |diag(i) - j| to the scores. Treated
+        as a constant: its gradient is zero.
+      return_lse: also return the log-sum-exp.
+      precision: how float32 inputs are multiplied, as in `jax.lax.dot`; None (the
+        default) is `Precision.HIGHEST`, exact float32 products on every backend. DEFAULT
+        allows TF32 on NVIDIA GPUs, HIGH three TF32 passes (`jax_bridge.core.precision`).
+      config: the Triton kernels' launch configuration: an `AttentionConfigs` (one
+        `AttentionKernelConfig` per kernel, None fields keep their defaults), or one
+        `AttentionKernelConfig` for all three kernels. None: chosen by head_dim, dtype
+        and GPU. Ignored by the XLA backend.
+      implementation: "auto" (Triton on GPUs, XLA elsewhere), "triton" (on a CPU it runs
+        through Triton's interpreter: slow) or "xla".
+
+    Returns:
+      out: [total_q, num_q_heads, head_dim] in q's dtype; with `return_lse`, also
+      lse: float32 [num_q_heads, total_q], the natural-log log-sum-exp of each row's
+      scaled, capped, biased, masked scores (and sink).
+
+    Differentiation: reverse mode (`jax.grad`/`jax.vjp`) for q, k, v and sinks; the
+    cu_seqlens get no (float0) cotangent and alibi_slopes a zero one. The lse output is
+    differentiable too (its cotangent flows into q, k and sinks); with the Triton
+    implementation a nonzero lse cotangent makes the backward run the XLA implementation,
+    since the Triton kernels take only the output's cotangent. Forward mode is not
+    supported (custom_vjp).
+
+    Batching: `jax.vmap` over varlen_attention works with the XLA implementation (so on
+    CPU, where "auto" picks it), but not with the Triton implementation on a GPU
+    (`jax_triton` kernels have no batching rule). Fold a batch into the packed token axis
+    instead: concatenate the batch's tokens and offset its cu_seqlens, one call in all.
+
+    Raises:
+      TypeError / ValueError naming the offending argument.
+    """
+    impl = _BACKENDS.resolve(implementation)
+    _check_qkv(q, k, v, impl)
+    total_q, num_q_heads, head_dim = q.shape
+    total_k = k.shape[0]
+    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
+    cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(
+            f"{_OP}: cu_seqlens_q and cu_seqlens_k must describe the same batch, got shapes "
+            f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}."
+        )
+    spec = _make_spec(head_dim, causal, sliding_window, logits_soft_cap, softmax_scale)
+    sinks = _check_per_head(sinks, "sinks", num_q_heads)
+    alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_q_heads)
+    if alibi_slopes is not None:
+        # Documented as a constant; stop_gradient also keeps JVP-style tracers out.
+        alibi_slopes = jax.lax.stop_gradient(alibi_slopes)
+    _check_max_seqlen(max_seqlen_q, cu_q, "max_seqlen_q")
+    _check_max_seqlen(max_seqlen_k, cu_k, "max_seqlen_k")
+    options = AttentionOptions(
+        implementation=impl,
+        precision=canonicalize_precision(precision, _OP),
+        config=_check_config(config),
+        spec=spec,
+    )
+    out, lse = _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def _check_qkv(q: Any, k: Any, v: Any, implementation: str) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{_OP}: {name} must be an array, got {type(x).__name__}.")
+        if x.ndim != 3:
+            raise ValueError(
+                f"{_OP}: {name} must have shape [tokens, heads, head_dim], got {tuple(x.shape)}."
+            )
+        if jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
+            raise TypeError(f"{_OP}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(
+                f"{_OP}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{_OP}: v must have the shape of k [total_k, num_kv_heads, head_dim], got "
+            f"k {tuple(k.shape)} and v {tuple(v.shape)}."
+        )
+    head_dim = q.shape[2]
+    if k.shape[2] != head_dim:
+        raise ValueError(
+            f"{_OP}: k's head_dim ({k.shape[2]}) must equal q's head_dim ({head_dim})."
+        )
+    smallest, largest = _BACKENDS[implementation].HEAD_DIMS
+    if not smallest <= head_dim <= largest:
+        raise ValueError(
+            f"{_OP}: q's head_dim must be in [{smallest}, {largest}] for "
+            f"implementation={implementation!r}, got {head_dim}."
+        )
+    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"{_OP}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
+            f"({num_kv_heads})."
+        )
+
+
+def _check_cu_seqlens(cu: Any, name: str, total: int, array_name: str) -> jax.Array:
+    arr = cu if is_traced(cu) else np.asarray(cu)
+    if arr.ndim != 1:
+        raise ValueError(f"{_OP}: {name} must have shape [batch + 1], got {tuple(arr.shape)}.")
+    if arr.dtype != np.int32:
+        raise TypeError(
+            f"{_OP}: {name} must be int32, got {arr.dtype}; cast it with "
+            f"jnp.asarray({name}, jnp.int32)."
+        )
+    cu = check_cu_seqlens(cu, name)  # non-empty, starts at 0, non-decreasing
+    require(
+        cu[-1] <= total,
+        f"{_OP}: {name}[-1] (the number of real tokens) exceeds {array_name}.shape[0] = {total}.",
+    )
+    return cu
+
+
+def _make_spec(
+    head_dim: int,
+    causal: Any,
+    sliding_window: Any,
+    logits_soft_cap: Any,
+    softmax_scale: Any,
+) -> AttentionSpec:
+    if not isinstance(causal, bool | np.bool_):
+        raise TypeError(f"{_OP}: causal must be a bool, got {causal!r}.")
+    if sliding_window is not None:
+        if not isinstance(sliding_window, tuple | list) or len(sliding_window) != 2:
+            raise ValueError(
+                f"{_OP}: sliding_window must be a pair (left, right) of ints >= 0 or None, "
+                f"got {sliding_window!r}."
+            )
+        for side in sliding_window:
+            if side is not None and (
+                isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < 0
+            ):
+                raise ValueError(
+                    f"{_OP}: sliding_window entries must be ints >= 0 or None, "
+                    f"got {sliding_window!r}."
+                )
+        sliding_window = tuple(None if s is None else int(s) for s in sliding_window)
+    for name, value in (("logits_soft_cap", logits_soft_cap), ("softmax_scale", softmax_scale)):
+        if value is not None and (
+            is_traced(value) or isinstance(value, bool) or not isinstance(value, numbers.Real)
+        ):
+            raise TypeError(f"{_OP}: {name} must be a static Python float or None, got {value!r}.")
+    try:
+        return AttentionSpec.create(
+            head_dim,
+            causal=bool(causal),
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            softmax_scale=softmax_scale,
+        )
+    except ValueError as err:  # the spec's messages name the argument already
+        raise ValueError(f"{_OP}: {err}") from None
+
+
+def _check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
+    if x is None:
+        return None
+    x = x if is_traced(x) else jnp.asarray(x)
+    if x.shape != (num_q_heads,):
+        raise ValueError(
+            f"{_OP}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{_OP}: {name} must have a float dtype, got {x.dtype}.")
+    return x
+
+
+def _check_config(config: Any) -> AttentionConfigs | None:
+    if config is None or isinstance(config, AttentionConfigs):
+        return config
+    if isinstance(config, AttentionKernelConfig):
+        return AttentionConfigs(config, config, config)
+    raise TypeError(
+        f"{_OP}: config must be an AttentionConfigs, an AttentionKernelConfig or None, "
+        f"got {type(config).__name__}."
+    )
+
+
+def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
+    """Validates an (otherwise unused) max_seqlen hint: a static int >= every length."""
+    if hint is None:
+        return
+    hint = check_static_int(hint, name)
+    require(
+        jnp.max(cu[1:] - cu[:-1], initial=0) <= hint,
+        f"{_OP}: {name}={hint} is smaller than the longest sequence.",
+    )
+
+
+# ------------------------------------------------------------------- custom_vjp wiring
+#
+# Backend contract: every module in `_BACKENDS` exports
+#   HEAD_DIMS: (smallest, largest) head_dim it runs;
+#   forward(q, k, v, cu_q, cu_k, sinks, alibi, options) -> (out, lse);
+#   backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options)
+#     -> (dq, dk, dv, d_sinks), with d_lse None for a zero lse cotangent.
+# Arrays are as documented on `varlen_attention`, already validated.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
+    """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
+    return _BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+
+
+def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
+    # symbolic_zeros=True: every leaf arrives wrapped as CustomVJPPrimal(value, perturbed).
+    q, k, v, cu_q, cu_k = (x.value for x in (q, k, v, cu_q, cu_k))
+    sinks = None if sinks is None else sinks.value
+    alibi = None if alibi is None else alibi.value
+    backend = _BACKENDS[options.implementation]
+    out, lse = backend.forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    return (out, lse), (q, k, v, out, lse, cu_q, cu_k, sinks, alibi)
+
+
+def _attention_bwd(options: AttentionOptions, residuals, cotangents):
+    q, k, v, out, lse, cu_q, cu_k, sinks, alibi = residuals
+    d_out, d_lse = cotangents
+    # A symbolic zero means "this output does not reach the loss": the common case for lse.
+    if isinstance(d_out, SymbolicZero):
+        d_out = jnp.zeros_like(out)
+    d_lse = None if isinstance(d_lse, SymbolicZero) else d_lse
+    backend = _BACKENDS[options.implementation]
+    dq, dk, dv, d_sinks = backend.backward(
+        q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options
+    )
+    if sinks is not None:
+        d_sinks = d_sinks.astype(sinks.dtype)
+    # cu_seqlens are integers (no cotangent: None) and ALiBi slopes are constants (None
+    # is a zero cotangent).
+    return dq, dk, dv, None, None, d_sinks, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)

@@ -1,0 +1,304 @@
+"""The Triton backend of varlen attention: the FlashAttention-2 kernels of
+`triton_kernels.flash_attention`, launched through `triton_call` (on a GPU, or on a CPU
+through Triton's interpreter).
+
+Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`, `backward`.
+
+Packed rows that belong to no sequence (past `cu_seqlens[-1]`) are covered too: the
+kernels see two extra sequences, the query tail with no keys and the key tail with no
+queries, so such query rows get output 0 and lse -inf (or the sink), such key rows get
+zero gradients, and every output element is written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bridge.attention.sinks import sink_gradient
+from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.core.numerics import cdiv
+from jax_bridge.core.precision import triton_input_precision
+from jax_bridge.host.cu_seqlens import prepare_chunk_indices
+from jax_bridge.launch.target import interpreting, launch_target
+from jax_bridge.launch.triton_call import triton_call
+from triton_kernels.flash_attention.backward import (
+    attention_backward_dkdv_kernel,
+    attention_backward_dq_kernel,
+    attention_backward_preprocess_kernel,
+)
+from triton_kernels.flash_attention.config import (
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    AttentionKernelConfig,
+    block_d,
+    default_attention_config,
+    preprocess_block_t,
+)
+from triton_kernels.flash_attention.forward import attention_forward_kernel
+
+if TYPE_CHECKING:
+    from jax_bridge.attention.api import AttentionOptions
+
+HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
+
+
+def _config(options: AttentionOptions, head_dim: int, dtype: jnp.dtype, kind: str):
+    """The launch configuration of kernel `kind`: the caller's, or the default."""
+    config = None if options.config is None else getattr(options.config, kind)
+    if config is not None:
+        return config
+    capability = launch_target().compute_capability
+    return default_attention_config(head_dim, jnp.dtype(dtype).name, capability, kind)
+
+
+def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
+    """tl.dot's input precision (it matters for float32 operands only)."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return "ieee"
+    return triton_input_precision(options.precision)
+
+
+def _with_tail_sequences(
+    cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, total_q: int, total_k: int
+) -> tuple[jax.Array, jax.Array]:
+    """cu_seqlens of batch + 2 sequences: the given ones, the query tail (no keys) and
+    the key tail (no queries). Every packed row then belongs to exactly one sequence.
+
+    The public op checks cu_seqlens only under checkify. Here they are made non-decreasing
+    and clipped to [0, total] first, so that invalid ones (decreasing, negative, past the
+    end) under plain jit give garbage results but never out-of-bounds reads or writes.
+    """
+    cu_q = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_q, jnp.int32)), 0, total_q)
+    cu_k = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_k, jnp.int32)), 0, total_k)
+    cu_q = jnp.concatenate([cu_q, jnp.full((2,), total_q, jnp.int32)])
+    cu_k = jnp.concatenate([cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
+    return cu_q, cu_k
+
+
+def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
+    """int32 [cdiv(total, block) + batch, 2]: the (sequence, chunk) work items; -1 past them."""
+    return prepare_chunk_indices(cu_seqlens, block, total_tokens=total).astype(jnp.int32)
+
+
+def _per_head(x: jax.Array | None) -> jax.Array:
+    # Kernels read optional per-head vectors only behind a constexpr flag; absent ones
+    # are a 1-element placeholder.
+    return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
+
+
+# Windows wider than any sequence mask nothing more; clamping keeps them int32 scalars.
+_WIDEST_WINDOW = 2**30
+
+
+def _spec_arguments(spec: AttentionSpec) -> tuple[tuple, dict]:
+    """The kernels' runtime scalars (scale, cap, windows) and their constexpr flags."""
+    scalars = (
+        np.float32(spec.softmax_scale),
+        np.float32(spec.logits_soft_cap or 1.0),
+        min(spec.window_left or 0, _WIDEST_WINDOW),
+        min(spec.window_right or 0, _WIDEST_WINDOW),
+    )
+    flags = dict(
+        HAS_WINDOW_LEFT=spec.window_left is not None,
+        HAS_WINDOW_RIGHT=spec.window_right is not None,
+        HAS_SOFT_CAP=spec.logits_soft_cap is not None,
+    )
+    return scalars, flags
+
+
+def forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    sinks: jax.Array | None,
+    alibi_slopes: jax.Array | None,
+    options: AttentionOptions,
+) -> tuple[jax.Array, jax.Array]:
+    """Varlen attention forward with the Triton kernel.
+
+    Args:
+      q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] (Hq % Hkv == 0; float16, bfloat16 or
+        float32; 16 <= D <= 256, any D).
+      cu_seqlens_q, cu_seqlens_k: int32 [B + 1].
+      sinks, alibi_slopes: [Hq] or None.
+      options: the call's static options (spec, precision, launch configs).
+
+    Returns:
+      out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q] (natural log; -inf for
+      rows with nothing allowed and no sink).
+
+    The grid is `cdiv(total_q, block_m) + B + 2` query tiles (surplus programs exit at
+    once), never sized by the longest sequence.
+    """
+    total_q, num_q_heads, head_dim = q.shape
+    total_k, num_kv_heads, _ = k.shape
+    if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
+        return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
+    with interpreting(options.interpret):
+        config = _config(options, head_dim, q.dtype, "forward")
+        cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+        tiles = _chunk_indices(cu_q, total_q, config.block_m)
+        scalars, flags = _spec_arguments(options.spec)
+        return triton_call(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            tiles,
+            _per_head(sinks),
+            _per_head(alibi_slopes),
+            total_q,
+            *scalars,
+            kernel=attention_forward_kernel,
+            out_shape=(
+                jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
+            ),
+            grid=(tiles.shape[0], num_q_heads),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            name="varlen_attention_fwd",
+            NUM_Q_HEADS=num_q_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            BLOCK_D=block_d(head_dim),
+            HAS_SINKS=sinks is not None,
+            HAS_ALIBI=alibi_slopes is not None,
+            INPUT_PRECISION=_input_precision(options, q.dtype),
+            **flags,
+        )
+
+
+def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -> jax.Array:
+    """float32 [Hq, total_q]: the log-sum-exp of rows with no key (the sink, or -inf)."""
+    row = jnp.full((num_q_heads,), -jnp.inf, jnp.float32) if sinks is None else sinks
+    return jnp.broadcast_to(row.astype(jnp.float32)[:, None], (num_q_heads, total_q))
+
+
+def _delta(
+    out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None, options: AttentionOptions
+) -> jax.Array:
+    """float32 [Hq, total_q]: rowsum(dO * O) by the preprocess kernel, minus d_lse.
+
+    d lse_i / d s_ij = p_ij, so an lse cotangent enters the backward exactly as a shift
+    of delta: the dK/dV and dQ kernels need no other change.
+    """
+    total_q, num_q_heads, head_dim = out.shape
+    block_t = preprocess_block_t(head_dim)
+    delta = triton_call(
+        out,
+        d_out,
+        total_q,
+        kernel=attention_backward_preprocess_kernel,
+        out_shape=jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
+        grid=(cdiv(total_q, block_t), num_q_heads),
+        num_warps=4,
+        num_stages=1,
+        name="varlen_attention_bwd_preprocess",
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
+        BLOCK_T=block_t,
+    )
+    return delta if d_lse is None else delta - d_lse.astype(jnp.float32)
+
+
+def backward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    out: jax.Array,
+    lse: jax.Array,
+    d_out: jax.Array,
+    d_lse: jax.Array | None,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    sinks: jax.Array | None,
+    alibi_slopes: jax.Array | None,
+    options: AttentionOptions,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """Gradients of `forward` with respect to q, k, v and the sinks.
+
+    Args:
+      q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes, options: as the forward.
+      out: [total_q, Hq, D], lse: float32 [Hq, total_q]: the forward's results.
+      d_out: [total_q, Hq, D]; d_lse: float32 [Hq, total_q] or None: the cotangents.
+
+    Returns:
+      dq: [total_q, Hq, D] in q's dtype; dk, dv: [total_k, Hkv, D] in k's/v's dtype;
+      d_sinks: float32 [Hq], or None without sinks. ALiBi slopes get no gradient.
+    """
+    total_q, num_q_heads, head_dim = q.shape
+    total_k, num_kv_heads, _ = k.shape
+    if total_q == 0 or total_k == 0:  # every probability is 0: only sinks have a gradient
+        delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T
+        delta = delta if d_lse is None else delta - d_lse.astype(jnp.float32)
+        d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
+    with interpreting(options.interpret):
+        delta = _delta(out, d_out, d_lse, options)
+        cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+        scalars, flags = _spec_arguments(options.spec)
+        inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
+        constexprs = dict(
+            NUM_Q_HEADS=num_q_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d(head_dim),
+            HAS_ALIBI=alibi_slopes is not None,
+            INPUT_PRECISION=_input_precision(options, q.dtype),
+            **flags,
+        )
+        config = _config(options, head_dim, q.dtype, "backward_dkdv")
+        key_tiles = _chunk_indices(cu_k, total_k, config.block_n)
+        dk, dv = triton_call(
+            *inputs,
+            key_tiles,
+            _per_head(alibi_slopes),
+            total_q,
+            *scalars,
+            kernel=attention_backward_dkdv_kernel,
+            out_shape=(
+                jax.ShapeDtypeStruct(k.shape, k.dtype),
+                jax.ShapeDtypeStruct(v.shape, v.dtype),
+            ),
+            grid=(key_tiles.shape[0], num_kv_heads),
+            **_launch(config, "varlen_attention_bwd_dkdv"),
+            **constexprs,
+        )
+        config = _config(options, head_dim, q.dtype, "backward_dq")
+        query_tiles = _chunk_indices(cu_q, total_q, config.block_m)
+        dq = triton_call(
+            *inputs,
+            query_tiles,
+            _per_head(alibi_slopes),
+            total_q,
+            *scalars,
+            kernel=attention_backward_dq_kernel,
+            out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+            grid=(query_tiles.shape[0], num_q_heads),
+            **_launch(config, "varlen_attention_bwd_dq"),
+            **constexprs,
+        )
+    d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
+    return dq, dk, dv, d_sinks
+
+
+def _launch(config: AttentionKernelConfig, name: str) -> dict:
+    """The launch keywords of one kernel under `config`."""
+    return dict(
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        name=name,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+    )

@@ -1,0 +1,2 @@
+"""The package's foundation: backend choice, validation and numerics (imports nothing else
+of the package)."""

@@ -1,0 +1,310 @@
+"""Grouped matmul (`gmm`) and its transpose (`tgmm`) for mixture-of-experts layers:
+the public ops, their `custom_vjp` wiring and the choice of implementation.
+
+Rows (tokens) are sorted by group (expert): group `i` owns rows
+`[sum(group_sizes[:i]), sum(group_sizes[:i + 1]))`. The backends share the semantics
+exactly: `triton` (the Triton kernels, on a GPU or through Triton's interpreter on a CPU)
+and `xla` (XLA's `ragged_dot_general`). `reference` is the dense oracle.
+
+Backend contract (every module in `_BACKENDS`):
+  gmm(lhs, rhs, group_sizes, group_offset, existing_out, options) -> [m, n]
+  tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
+    -> [num_groups, k, n]
+with the arrays of `grouped_matmul` / `transposed_grouped_matmul`, validated, and
+`group_offset` None or an int32 scalar.
+
+Gradients (with `t = transpose_rhs`):
+  d_lhs = gmm(d_out, rhs, transpose_rhs=not t)
+  d_rhs = tgmm(lhs.T, d_out)        (tgmm(d_out.T, lhs), i.e. transposed, when t)
+  d_existing_out = d_out
+The cotangent is cast to the inputs' dtype first (what the tensor cores multiply); the
+tgmm kernel reads `lhs` in its `[m, k]` layout, so no transpose is materialised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bridge.core.backend import BackendTable
+from jax_bridge.core.options import OpOptions
+from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.grouped_matmul import checks, triton, xla
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+
+_BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatmulOptions(OpOptions):
+    """The static half of one gmm or tgmm call (see `OpOptions`).
+
+    `config` is a `GroupedMatmulConfig` or None. `tiling` is the caller's tuple,
+    callable or None, resolved per call against the call's own sizes, so the backward
+    matmuls get tilings for their shapes. `lhs_token_major` is used by tgmm only: its
+    lhs is `[m, k]` instead of `[k, m]`.
+    """
+
+    preferred_element_type: np.dtype
+    tiling: checks.TilingArg = None
+    transpose_rhs: bool = False
+    lhs_token_major: bool = False
+
+
+def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):
+    """Validated `MatmulOptions` of one public call."""
+    checks.check_tiling_arg(tiling)
+    if config is not None and not isinstance(config, GroupedMatmulConfig):
+        raise TypeError(
+            f"{op}: config must be a GroupedMatmulConfig or None, got {type(config).__name__}."
+        )
+    return MatmulOptions(
+        implementation=_BACKENDS.resolve(implementation, interpret=bool(interpret)),
+        precision=canonicalize_precision(precision, op),
+        config=config,
+        interpret=bool(interpret),
+        preferred_element_type=out_dtype,
+        tiling=tuple(tiling) if isinstance(tiling, list) else tiling,
+        **kw,
+    )
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    preferred_element_type: Any = jnp.float32,
+    tiling: checks.TilingArg = (128, 128, 128),
+    group_offset: jax.Array | int | None = None,
+    existing_out: jax.Array | None = None,
+    transpose_rhs: bool = False,
+    interpret: bool = False,
+    precision: Any = None,
+    implementation: str = "auto",
+    config: GroupedMatmulConfig | None = None,
+) -> jax.Array:
+    """Grouped matmul: `out[rows of group i] = lhs[rows of group i] @ rhs[i]`.
+
+    Args:
+      lhs: [m, k], rows sorted by group.
+      rhs: [num_groups, k, n], or [num_groups, n, k] with `transpose_rhs=True`.
+      group_sizes: int32 [num_groups_total], rows per group; `sum <= m`. Rows past the
+        sum belong to no group. Without `group_offset`, `num_groups_total == num_groups`.
+      preferred_element_type: dtype of the result; products accumulate in float32.
+      tiling: `(tm, tk, tn)` block sizes of the Triton kernel (powers of two >= 16, shrunk
+        to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or None to let
+        the launch configuration choose. `m` need not be a multiple of `tm`.
+      group_offset: int or int32 scalar (may be traced): `rhs` holds groups
+        `[group_offset, group_offset + num_groups)` of those described by `group_sizes`
+        (expert parallelism). Only their rows are computed.
+      existing_out: [m, n] of `preferred_element_type`: the result is added to it.
+      transpose_rhs: `rhs` is stored `[num_groups, n, k]`.
+      interpret: run the Triton kernels through Triton's interpreter (on the host, even
+        where a GPU exists), as the API this op follows (megablox) runs its kernel in
+        interpret mode. Selects implementation "triton".
+      precision: how float32 inputs are multiplied, as in `jax.lax.dot`; None (the
+        default) is `Precision.HIGHEST`, exact float32 products on every backend.
+        DEFAULT allows TF32 on NVIDIA GPUs, HIGH three TF32 passes (see
+        `jax_bridge.core.precision`). 16-bit inputs always multiply exactly with
+        float32 accumulation.
+      implementation: "auto" (Triton on GPUs, else XLA), "triton" or "xla".
+      config: the Triton kernels' full launch configuration (block sizes, warps,
+        stages), used as given for this call and its gradient's matmuls; it replaces
+        `tiling`. None: `tiling` and the shape decide.
+
+    Returns:
+      [m, n] of `preferred_element_type`. Rows of groups outside the local range, and
+      rows past `sum(group_sizes)`, are `existing_out`'s, or zero when it is None.
+
+    Raises:
+      TypeError / ValueError naming the argument for bad dtypes, shapes, tilings, and
+      (when concrete) `group_sizes` summing past `m` or an out-of-range `group_offset`.
+    """
+    checks.check_operands(lhs, rhs, lhs_doc="[m, k]", rhs_doc="[num_groups, k, n]")
+    m, k = lhs.shape
+    num_groups = rhs.shape[0]
+    if num_groups < 1:
+        raise ValueError(
+            f"grouped_matmul: rhs must hold at least one group, got shape {tuple(rhs.shape)}."
+        )
+    rhs_k = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    layout = "[num_groups, n, k] (transpose_rhs=True)" if transpose_rhs else "[num_groups, k, n]"
+    checks.check_dimension("rhs", rhs_k, k, f"k of rhs {layout} vs lhs [m, k]")
+    out_dtype = checks.check_preferred_element_type(preferred_element_type)
+    checks.check_existing_out(existing_out, shape=(m, n), dtype=out_dtype)
+    group_sizes = checks.check_group_sizes(
+        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+    )
+    group_offset = checks.check_group_offset(
+        group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+    )
+    options = _options(
+        "grouped_matmul",
+        implementation,
+        interpret,
+        precision,
+        config,
+        tiling,
+        out_dtype,
+        transpose_rhs=bool(transpose_rhs),
+    )
+    return _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)
+
+
+def transposed_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    preferred_element_type: Any = jnp.float32,
+    tiling: checks.TilingArg = (128, 128, 128),
+    group_offset: jax.Array | int | None = None,
+    num_groups: int | None = None,
+    existing_out: jax.Array | None = None,
+    interpret: bool = False,
+    precision: Any = None,
+    implementation: str = "auto",
+    config: GroupedMatmulConfig | None = None,
+) -> jax.Array:
+    """Transposed grouped matmul (gmm's weight gradient): `out[i] = lhs[:, rows of i] @
+    rhs[rows of i]`.
+
+    Args:
+      lhs: [k, m], columns sorted by group.
+      rhs: [m, n], rows sorted by group.
+      group_sizes: int32 [num_groups_total]; `sum <= m`; rows past the sum are ignored.
+      preferred_element_type: dtype of the result; products accumulate in float32.
+      tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None; here
+        `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
+      group_offset: int or int32 scalar (may be traced): compute groups
+        `[group_offset, group_offset + num_groups)` only.
+      num_groups: groups in the result; defaults to `len(group_sizes)` and must be
+        given with `group_offset`.
+      existing_out: [num_groups, k, n] of `preferred_element_type`: added to the result.
+      interpret, precision, implementation, config: as in `grouped_matmul`.
+
+    Returns:
+      [num_groups, k, n] of `preferred_element_type`; an empty group gives zeros (or its
+      `existing_out`).
+    """
+    checks.check_operands(lhs, rhs, lhs_doc="[k, m]", rhs_doc="[m, n]")
+    k, m = lhs.shape
+    n = rhs.shape[1]
+    checks.check_dimension("rhs", rhs.shape[0], m, "m of rhs [m, n] vs lhs [k, m]")
+    if num_groups is None:
+        if group_offset is not None:
+            raise ValueError("num_groups must be given with group_offset.")
+        num_groups = np.shape(group_sizes)[0] if np.ndim(group_sizes) == 1 else 1
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
+    out_dtype = checks.check_preferred_element_type(preferred_element_type)
+    checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
+    group_sizes = checks.check_group_sizes(
+        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+    )
+    group_offset = checks.check_group_offset(
+        group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+    )
+    options = _options(
+        "transposed_grouped_matmul", implementation, interpret, precision, config, tiling, out_dtype
+    )
+    return _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
+
+
+# --- gmm: implementation dispatch and custom_vjp -------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
+    return _BACKENDS[options.implementation].gmm(
+        lhs, rhs, group_sizes, group_offset, existing_out, options
+    )
+
+
+def _gmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
+    out = _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)
+    return out, (lhs, rhs, group_sizes, group_offset, existing_out is not None)
+
+
+def _gmm_bwd(options: MatmulOptions, residuals, d_out):
+    lhs, rhs, group_sizes, group_offset, accumulated = residuals
+    grad = d_out.astype(lhs.dtype)
+    d_lhs = _gmm(
+        grad,
+        rhs,
+        group_sizes,
+        group_offset,
+        None,
+        dataclasses.replace(
+            options,
+            preferred_element_type=np.dtype(lhs.dtype),
+            transpose_rhs=not options.transpose_rhs,
+        ),
+    )
+    weight_options = dataclasses.replace(
+        options, preferred_element_type=np.dtype(rhs.dtype), lhs_token_major=True
+    )
+    num_groups = rhs.shape[0]
+    if options.transpose_rhs:  # rhs: [g, n, k]; d_rhs[g] = d_out[rows].T @ lhs[rows]
+        d_rhs = _tgmm(grad, lhs, group_sizes, group_offset, None, num_groups, weight_options)
+    else:  # rhs: [g, k, n]; d_rhs[g] = lhs[rows].T @ d_out[rows]
+        d_rhs = _tgmm(lhs, grad, group_sizes, group_offset, None, num_groups, weight_options)
+    return d_lhs, d_rhs, None, None, d_out if accumulated else None
+
+
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+# --- tgmm: implementation dispatch and custom_vjp ------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups: int, options):
+    return _BACKENDS[options.implementation].tgmm(
+        lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options
+    )
+
+
+def _tgmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options):
+    out = _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
+    return out, (lhs, rhs, group_sizes, group_offset, existing_out is not None)
+
+
+def _tgmm_bwd(num_groups: int, options: MatmulOptions, residuals, d_out):
+    # out[g] = L[:, rows] @ R[rows] with L = lhs ([k, m]) or lhs.T (token major).
+    lhs, rhs, group_sizes, group_offset, accumulated = residuals
+    grad = d_out.astype(lhs.dtype)  # [g, k, n]
+    lhs_rows = lhs if options.lhs_token_major else lhs.T  # [m, k]
+    gmm_options = dataclasses.replace(options, lhs_token_major=False)
+    # d_L.T[rows of g] = R[rows] @ d_out[g].T: gmm with d_out read as [g, n_out=k, k_in=n].
+    d_lhs_rows = _gmm(
+        rhs,
+        grad,
+        group_sizes,
+        group_offset,
+        None,
+        dataclasses.replace(
+            gmm_options, preferred_element_type=np.dtype(lhs.dtype), transpose_rhs=True
+        ),
+    )
+    # d_R[rows of g] = L[:, rows].T @ d_out[g] = L.T[rows] @ d_out[g].
+    d_rhs = _gmm(
+        lhs_rows,
+        grad,
+        group_sizes,
+        group_offset,
+        None,
+        dataclasses.replace(
+            gmm_options, preferred_element_type=np.dtype(rhs.dtype), transpose_rhs=False
+        ),
+    )
+    d_lhs = d_lhs_rows if options.lhs_token_major else d_lhs_rows.T
+    return d_lhs, d_rhs, None, None, d_out if accumulated else None
+
+
+_tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)

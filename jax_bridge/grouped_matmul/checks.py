@@ -1,0 +1,134 @@
+"""Argument checks for `grouped_matmul` and `transposed_grouped_matmul`.
+
+Shapes, ranks and dtypes are checked at trace time. Values (`group_sizes`,
+`group_offset`) are checked now when they are concrete; when traced they become
+`checkify` checks (see `jax_bridge.core.validation`), dropped under a plain `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bridge.core.validation import is_traced, require, require_all
+from triton_kernels.grouped_matmul.config import check_tiling
+
+TilingArg = tuple[int, int, int] | Callable[[int, int, int], tuple[int, int, int] | None] | None
+
+
+def check_operands(lhs: Any, rhs: Any, *, lhs_doc: str, rhs_doc: str) -> None:
+    """Ranks from the shape docs (e.g. "[m, k]"), floating dtypes, and one dtype for both."""
+    for name, x, doc in (("lhs", lhs, lhs_doc), ("rhs", rhs, rhs_doc)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array of shape {doc}, got {type(x).__name__}.")
+        if x.ndim != doc.count(",") + 1:
+            raise ValueError(f"{name} must have shape {doc}, got shape {tuple(x.shape)}.")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must have a floating dtype, got {x.dtype}.")
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(
+            f"lhs and rhs must have the same dtype, got lhs {lhs.dtype} and rhs {rhs.dtype}; "
+            "cast one of them."
+        )
+
+
+def check_dimension(name: str, actual: int, expected: int, what: str) -> None:
+    if actual != expected:
+        raise ValueError(f"{name}: {what} is {actual}, but must be {expected}.")
+
+
+def check_preferred_element_type(dtype: Any) -> np.dtype:
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"preferred_element_type must be a dtype, got {dtype!r}.") from e
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"preferred_element_type must be a floating dtype, got {dtype}.")
+    return dtype
+
+
+def check_group_offset(
+    group_offset: Any, *, num_groups: int, num_groups_total: int
+) -> jax.Array | None:
+    """None, or the offset as an int32 scalar; `0 <= offset <= total - num_groups`.
+
+    Accepts a Python int or an integer array of shape () or (1,), possibly traced.
+    """
+    if group_offset is None:
+        return None
+    if isinstance(group_offset, bool):
+        raise TypeError("group_offset must be an int or an int32 scalar array, got a bool.")
+    if isinstance(group_offset, numbers.Integral):
+        offset = np.int32(group_offset)
+    else:
+        offset = group_offset if is_traced(group_offset) else np.asarray(group_offset)
+        if not jnp.issubdtype(offset.dtype, jnp.integer):
+            raise TypeError(f"group_offset must have an integer dtype, got {offset.dtype}.")
+        if offset.shape not in ((), (1,)):
+            raise ValueError(f"group_offset must be a scalar or shape (1,), got {offset.shape}.")
+        offset = offset.reshape(())
+    limit = num_groups_total - num_groups
+    require(
+        (offset >= 0) & (offset <= limit),
+        f"group_offset must lie in [0, {limit}] (len(group_sizes) - num_groups).",
+    )
+    return jnp.asarray(offset, jnp.int32)
+
+
+def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: bool) -> jax.Array:
+    """int32 [num_groups_total] (== num_groups without an offset), >= 0, sum <= m."""
+    sizes = group_sizes if is_traced(group_sizes) else np.asarray(group_sizes)
+    if sizes.ndim != 1:
+        raise ValueError(
+            f"group_sizes must have shape [num_groups_total], got shape {tuple(sizes.shape)}."
+        )
+    if sizes.dtype != np.int32:
+        raise TypeError(f"group_sizes must have dtype int32, got {sizes.dtype}.")
+    if has_offset:
+        if sizes.shape[0] < num_groups:
+            raise ValueError(
+                f"group_sizes has {sizes.shape[0]} groups, fewer than the {num_groups} "
+                "groups of rhs."
+            )
+    elif sizes.shape[0] != num_groups:
+        raise ValueError(
+            f"group_sizes must have one entry per group ({num_groups}), got {sizes.shape[0]} "
+            "(pass group_offset when rhs holds a slice of the groups)."
+        )
+    require_all(sizes >= 0, "group_sizes must be non-negative.")
+    xp = jnp if is_traced(sizes) else np
+    require(xp.sum(sizes) <= m, f"group_sizes must sum to at most {m}, the rows of lhs.")
+    return jnp.asarray(sizes)
+
+
+def check_existing_out(existing_out: Any, *, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if existing_out is None:
+        return
+    if tuple(existing_out.shape) != tuple(shape):
+        raise ValueError(
+            f"existing_out must have shape {tuple(shape)}, got {tuple(existing_out.shape)}."
+        )
+    if existing_out.dtype != dtype:
+        raise TypeError(
+            f"existing_out must have dtype preferred_element_type ({dtype}), "
+            f"got {existing_out.dtype}."
+        )
+
+
+def check_tiling_arg(tiling: Any) -> None:
+    """A tuple is checked now; a callable when it is called (`resolve_tiling`)."""
+    if tiling is None or callable(tiling):
+        return
+    check_tiling(tiling)
+
+
+def resolve_tiling(tiling: TilingArg, m: int, k: int, n: int) -> tuple[int, int, int] | None:
+    """The tiling to use for sizes (m, k, n); None lets the launch configuration choose."""
+    if callable(tiling):
+        tiling = tiling(m, k, n)
+    return None if tiling is None else check_tiling(tiling)

@@ -1,0 +1,142 @@
+"""Where each group's rows lie, and the chunk indices (work items) the gmm kernel visits.
+
+All sizes are static (they depend on shapes only), all values are computed by
+vectorised jnp, so the metadata works under `jax.jit` with traced `group_sizes` and a
+traced `group_offset` (expert parallelism inside `shard_map`).
+
+Rows are sorted by group: of the `len(group_sizes)` groups, group `i` owns rows
+`[sum(group_sizes[:i]), sum(group_sizes[:i + 1]))`. A device holding experts
+`[offset, offset + num_groups)` ("local" groups) computes only those groups' rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_bridge.core.numerics import cdiv
+
+
+class GroupMetadata(NamedTuple):
+    """The group bounds and chunk indices of one gmm launch (a pytree of int32 arrays).
+
+    "Chunk indices" is the package's one name for a list of (owner, chunk) work items,
+    one per kernel program: `prepare_chunk_indices` gives (sequence, chunk) pairs for
+    attention; here the owner is a local group and the chunk a row block of `tm` rows.
+
+    Attributes:
+      group_starts, group_ends: [num_groups], the rows `[start, end)` of each local
+        group, clipped to `[0, m]`.
+      chunk_group: [num_slots], the local group of each tile slot.
+      chunk_row_block: [num_slots], the row block (rows `[b * tm, (b + 1) * tm)`) of each
+        tile slot.
+      num_chunks: [1], how many leading slots are real chunks; the rest are surplus.
+
+    Invariants (for slots `s < num_chunks`):
+      * `chunk_group` is non-decreasing and, within a group, `chunk_row_block` increases by
+        one per slot: a group's tiles are consecutive row blocks;
+      * every (local group, row block) pair that shares at least one row appears exactly
+        once, so each row of a local group is computed exactly once, by a tile of its own
+        group; empty groups have no tiles;
+      * `num_chunks <= num_slots = cdiv(m, tm) + num_groups - 1`.
+    Surplus slots hold in-range values (group `num_groups - 1`, a valid row block) so that
+    reading them is safe, but must not be computed.
+    """
+
+    group_starts: jax.Array
+    group_ends: jax.Array
+    chunk_group: jax.Array
+    chunk_row_block: jax.Array
+    num_chunks: jax.Array
+
+
+def num_chunk_slots(m: int, block_m: int, num_groups: int) -> int:
+    """Static length of the chunk list: `cdiv(m, block_m) + num_groups - 1`.
+
+    Why it is enough: the nonempty local groups cover disjoint, increasing row ranges,
+    so the last row block of one can be the first of the next but no block is shared
+    otherwise. Summing blocks per group therefore counts each of the `cdiv(m, block_m)`
+    blocks once, plus at most one repeat per boundary between consecutive nonempty
+    groups, of which there are at most `num_groups - 1`.
+    """
+    return max(cdiv(m, block_m) + num_groups - 1, 1)
+
+
+def local_group_bounds(
+    group_sizes: jax.Array,
+    *,
+    m: int,
+    group_offset: jax.Array | int,
+    num_groups: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Rows `[starts[i], ends[i])` of local group `i` (global group `group_offset + i`).
+
+    Args:
+      group_sizes: int32 [num_groups_total], rows per group, in row order.
+      m: number of rows.
+      group_offset: first local group (int or int32 scalar, may be traced).
+      num_groups: number of local groups (static).
+
+    Returns:
+      starts, ends: int32 [num_groups], non-decreasing, clipped to `[0, m]` so that a
+      traced `sum(group_sizes) > m` can never address rows past `m`.
+    """
+    sizes = group_sizes.astype(jnp.int32)
+    ends = jnp.cumsum(sizes)
+    starts = ends - sizes
+    offset = jnp.asarray(group_offset, jnp.int32).reshape(())
+    starts = jax.lax.dynamic_slice_in_dim(starts, offset, num_groups)
+    ends = jax.lax.dynamic_slice_in_dim(ends, offset, num_groups)
+    return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
+
+
+def make_group_metadata(
+    group_sizes: jax.Array,
+    *,
+    m: int,
+    block_m: int,
+    group_offset: jax.Array | int,
+    num_groups: int,
+) -> GroupMetadata:
+    """The chunk indices for rows of `num_groups` local groups starting at `group_offset`.
+
+    Args:
+      group_sizes: int32 [num_groups_total].
+      m: number of rows of lhs.
+      block_m: rows per tile.
+      group_offset: first local group (int or int32 scalar, may be traced).
+      num_groups: number of local groups (static, >= 1).
+    """
+    starts, ends = local_group_bounds(
+        group_sizes, m=m, group_offset=group_offset, num_groups=num_groups
+    )
+    num_slots = num_chunk_slots(m, block_m, num_groups)
+
+    # Row blocks touched by each group: [first_block, end_block). An empty group (also
+    # one clipped away past m) touches none, wherever its empty range sits.
+    first_block = starts // block_m
+    end_block = (ends + block_m - 1) // block_m
+    tiles_per_group = jnp.where(ends > starts, end_block - first_block, 0)
+
+    # Slots are handed out group after group: group i owns slots
+    # [slot_ends[i] - tiles_per_group[i], slot_ends[i]).
+    slot_ends = jnp.cumsum(tiles_per_group)
+    slot_starts = slot_ends - tiles_per_group
+    slots = jnp.arange(num_slots, dtype=jnp.int32)
+    # The owner of slot s is the first group whose slots end after s: the number of
+    # groups ending at or before s. Empty groups end where they start, so they are
+    # skipped. Surplus slots (s >= num_chunks) would get num_groups: clip into range.
+    chunk_group = jnp.searchsorted(slot_ends, slots, side="right").astype(jnp.int32)
+    chunk_group = jnp.minimum(chunk_group, num_groups - 1)
+    chunk_row_block = first_block[chunk_group] + (slots - slot_starts[chunk_group])
+    chunk_row_block = jnp.clip(chunk_row_block, 0, max(cdiv(m, block_m) - 1, 0))
+
+    return GroupMetadata(
+        group_starts=starts,
+        group_ends=ends,
+        chunk_group=chunk_group,
+        chunk_row_block=chunk_row_block.astype(jnp.int32),
+        num_chunks=slot_ends[-1:].astype(jnp.int32),
+    )

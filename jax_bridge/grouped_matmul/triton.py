@@ -1,0 +1,195 @@
+"""The Triton backend of grouped matmul: `gmm_kernel` and `tgmm_kernel` launched through
+`triton_call` (on a GPU, or on a CPU through Triton's interpreter).
+
+Backend contract (see `jax_bridge.grouped_matmul.api`): `gmm`, `tgmm`. Arguments arrive
+validated. Group metadata is computed here in jnp and travels to the kernel as int32
+arrays, so group sizes and the group offset may be traced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bridge.core.precision import triton_input_precision
+from jax_bridge.grouped_matmul import checks
+from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
+from jax_bridge.launch.target import interpreting, launch_target
+from jax_bridge.launch.triton_call import triton_call
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
+
+if TYPE_CHECKING:
+    from jax_bridge.grouped_matmul.api import MatmulOptions
+
+
+def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> GroupedMatmulConfig:
+    """The caller's config, else `make` (gmm_config or tgmm_config) from the tiling."""
+    if options.config is not None:
+        return options.config
+    return make(
+        m,
+        k,
+        n,
+        element_bytes=np.dtype(dtype).itemsize,
+        compute_capability=launch_target().compute_capability,
+        tiling=checks.resolve_tiling(options.tiling, m, k, n),
+    )
+
+
+def _input_precision(options: MatmulOptions, dtype) -> str:
+    """tl.dot's input precision (it matters for float32 operands only)."""
+    if np.dtype(dtype) != np.float32:
+        return "ieee"
+    return triton_input_precision(options.precision)
+
+
+def _init_only(existing_out: jax.Array | None, out_shape: jax.ShapeDtypeStruct) -> jax.Array:
+    if existing_out is not None:
+        return existing_out
+    return jnp.zeros(out_shape.shape, out_shape.dtype)
+
+
+def _placeholder(dtype: jnp.dtype) -> jax.Array:
+    # Stands in for `init_ptr` when the kernel does not accumulate (it is never read).
+    return jnp.zeros((1,), dtype)
+
+
+def gmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None,
+    existing_out: jax.Array | None,
+    options: MatmulOptions,
+) -> jax.Array:
+    """`out[rows of g] = lhs[rows of g] @ rhs[g]` for local groups g, via `gmm_kernel`.
+
+    lhs: [m, k]; rhs: [num_groups, k, n] ([num_groups, n, k] if `transpose_rhs`);
+    group_sizes: int32 [num_groups_total]; existing_out: [m, n] or None.
+    Returns [m, n] of `preferred_element_type`; rows of no local group are
+    `existing_out`'s (or zero).
+    """
+    m, k = lhs.shape
+    n = rhs.shape[1] if options.transpose_rhs else rhs.shape[2]
+    out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
+    if m == 0 or n == 0 or k == 0:  # nothing to multiply: every row keeps its init
+        return _init_only(existing_out, out_shape)
+    with interpreting(options.interpret):
+        config = _config(options, m, k, n, lhs.dtype, gmm_config)
+        return _launch_gmm(lhs, rhs, group_sizes, group_offset, existing_out, options, config)
+
+
+def _launch_gmm(lhs, rhs, group_sizes, group_offset, existing_out, options, config):
+    m, k = lhs.shape
+    num_groups = rhs.shape[0]
+    transpose_rhs = options.transpose_rhs
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
+    meta = make_group_metadata(
+        group_sizes,
+        m=m,
+        block_m=config.block_m,
+        group_offset=0 if group_offset is None else group_offset,
+        num_groups=num_groups,
+    )
+    accumulate = existing_out is not None
+    # Rows that no tile writes (other experts, rows past sum(group_sizes), masked rows of
+    # straddling tiles) must still hold init: alias existing_out, or zero the output.
+    init = existing_out if accumulate else _placeholder(out_shape.dtype)
+    return triton_call(
+        lhs,
+        rhs,
+        init,
+        meta.group_starts,
+        meta.group_ends,
+        meta.chunk_group,
+        meta.chunk_row_block,
+        meta.num_chunks,
+        kernel=gmm_kernel,
+        out_shape=out_shape,
+        grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        input_output_aliases={2: 0} if accumulate else None,
+        zeroed_outputs=() if accumulate else (0,),
+        name="grouped_matmul",
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=config.block_m,
+        BLOCK_K=config.block_k,
+        BLOCK_N=config.block_n,
+        TRANSPOSE_RHS=transpose_rhs,
+        ACCUMULATE=accumulate,
+        INPUT_PRECISION=_input_precision(options, lhs.dtype),
+    )
+
+
+def tgmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None,
+    existing_out: jax.Array | None,
+    num_groups: int,
+    options: MatmulOptions,
+) -> jax.Array:
+    """`out[g] = lhs[:, rows of g] @ rhs[rows of g]` for local groups g, via `tgmm_kernel`.
+
+    lhs: [k, m] ([m, k] if `lhs_token_major`); rhs: [m, n]; group_sizes: int32
+    [num_groups_total]; existing_out: [num_groups, k, n] or None.
+    Returns [num_groups, k, n] of `preferred_element_type`; empty groups give zeros
+    (or `existing_out`).
+    """
+    m, k = lhs.shape if options.lhs_token_major else lhs.shape[::-1]
+    n = rhs.shape[1]
+    out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
+    if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
+        return _init_only(existing_out, out_shape)
+    with interpreting(options.interpret):
+        config = _config(options, m, k, n, lhs.dtype, tgmm_config)
+        return _launch_tgmm(
+            lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options, config
+        )
+
+
+def _launch_tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options, config):
+    m, k = lhs.shape if options.lhs_token_major else lhs.shape[::-1]
+    n = rhs.shape[1]
+    out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
+    starts, ends = local_group_bounds(
+        group_sizes,
+        m=m,
+        group_offset=0 if group_offset is None else group_offset,
+        num_groups=num_groups,
+    )
+    accumulate = existing_out is not None
+    # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
+    init = existing_out if accumulate else _placeholder(out_shape.dtype)
+    return triton_call(
+        lhs,
+        rhs,
+        init,
+        starts,
+        ends,
+        kernel=tgmm_kernel,
+        out_shape=out_shape,
+        grid=tgmm_grid(num_groups, k, n, config.block_k, config.block_n),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        input_output_aliases={2: 0} if accumulate else None,
+        name="transposed_grouped_matmul",
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=config.block_m,
+        BLOCK_K=config.block_k,
+        BLOCK_N=config.block_n,
+        LHS_TOKEN_MAJOR=options.lhs_token_major,
+        ACCUMULATE=accumulate,
+        INPUT_PRECISION=_input_precision(options, lhs.dtype),
+    )

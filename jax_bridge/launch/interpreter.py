@@ -1,0 +1,232 @@
+"""Runs a `@triton.jit` kernel on host numpy arrays through Triton's interpreter.
+
+Triton's interpreter expects torch-like tensors. `HostTensor` is the smallest adapter
+over a numpy array that satisfies it: the data already lives on the host, so the
+device<->host staging calls are no-ops and the kernel reads and writes the numpy buffer
+in place through `data_ptr()`.
+
+bfloat16 arithmetic is made to match a GPU here, in one place, for every kernel: the
+interpreter stores bfloat16 as raw uint16 bits, so its `tl.dot` multiplies bit patterns,
+and it truncates float32 -> bfloat16 casts where the GPU rounds to nearest even
+(`cvt.rn.bf16.f32`). During a launch `tl.dot` sees bfloat16 operands as the float32
+values they hold (exact: a float32 product of two bfloat16 values is exact, which is
+what the tensor cores compute) and the casts round to nearest even.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import triton
+import triton.experimental.gluon
+import triton.language as tl
+from triton.runtime import interpreter as triton_interpreter
+from triton.runtime.interpreter import InterpretedFunction
+
+# Triton imports gluon lazily the first time it specialises a tensor argument, and gluon
+# asserts at import that `tl`'s helpers are JITFunctions; importing it above, before any
+# swap below, keeps that assertion true.
+
+# numpy dtype name -> Triton element type of the pointer the kernel sees.
+_TRITON_DTYPES: dict[str, tl.dtype] = {
+    "float16": tl.float16,
+    "bfloat16": tl.bfloat16,
+    "float32": tl.float32,
+    "float64": tl.float64,
+    "int8": tl.int8,
+    "int16": tl.int16,
+    "int32": tl.int32,
+    "int64": tl.int64,
+    "uint8": tl.uint8,
+    "uint16": tl.uint16,
+    "uint32": tl.uint32,
+    "uint64": tl.uint64,
+    "bool": tl.int1,
+}
+
+
+def triton_dtype(dtype: Any) -> tl.dtype:
+    """The Triton element type for a numpy/JAX dtype."""
+    name = np.dtype(dtype).name
+    if name not in _TRITON_DTYPES:
+        raise TypeError(f"no Triton element type for dtype {name}")
+    return _TRITON_DTYPES[name]
+
+
+class HostTensor:
+    """A numpy array dressed as the tensor Triton's interpreter launches on."""
+
+    def __init__(self, array: np.ndarray):
+        if not array.flags.c_contiguous:
+            raise ValueError("HostTensor needs a C-contiguous array")
+        self.array = array
+        self.dtype = triton_dtype(array.dtype)
+
+    def data_ptr(self) -> int:
+        return self.array.ctypes.data
+
+    def untyped_storage(self) -> HostTensor:
+        return self
+
+    def cpu(self) -> HostTensor:
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self.array.itemsize for s in self.array.strides)
+
+    def new_empty(self, *_args, **_kwargs) -> HostTensor:
+        return self
+
+    def set_(self, *_args) -> HostTensor:
+        return self
+
+    def copy_(self, _other) -> HostTensor:
+        return self
+
+
+# Keyed by the Python function: hashing a JITFunction walks its dependencies, which
+# fails while some of them are swapped for interpretable copies.
+_interpreted: dict[Callable[..., Any], InterpretedFunction] = {}
+# The interpreter keeps global state (grid index, patched language): one launch at a time.
+_launch_lock = threading.Lock()
+
+
+def interpreted(kernel: triton.JITFunction) -> InterpretedFunction:
+    """An interpretable copy of `kernel`, cached per kernel."""
+    if kernel.fn not in _interpreted:
+        _interpreted[kernel.fn] = InterpretedFunction(kernel.fn)
+    return _interpreted[kernel.fn]
+
+
+@contextlib.contextmanager
+def _device_functions_interpreted(kernel: triton.JITFunction) -> Iterator[None]:
+    """Swaps every `@triton.jit` function the kernel can reach for an interpretable copy.
+
+    Without `TRITON_INTERPRET=1` at import time, helper functions (a project's own and
+    Triton's `tl.max`, `tl.sum`, ...) stay compiled-only `JITFunction`s, which refuse to be
+    called from interpreted code. The swap covers the namespaces (module dicts) of the
+    kernel, of every reachable helper and of `triton.language`, and is undone on exit so
+    the same kernels still compile for a GPU in this process.
+    """
+    # An interpreted *device* function patches `triton.language` for the interpreter and
+    # never undoes it, which would break later GPU compilation in this process: every
+    # language namespace is snapshotted here and restored on exit.
+    language = [tl, tl.core, tl.math, tl.standard, tl.core.tensor, tl.core.dtype]
+    language += [
+        getattr(tl.core, n) for n in ("condition", "tensor_descriptor_base") if hasattr(tl.core, n)
+    ]
+    snapshots = [(obj, dict(vars(obj))) for obj in language]
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    seen: set[int] = set()
+    pending = [kernel.fn.__globals__, vars(tl), vars(tl.standard), vars(tl.math)]
+    while pending:
+        namespace = pending.pop()
+        if id(namespace) in seen:
+            continue
+        seen.add(id(namespace))
+        for name, value in list(namespace.items()):
+            if isinstance(value, triton.JITFunction):
+                swapped.append((namespace, name, value))
+                namespace[name] = interpreted(value)
+                pending.append(value.fn.__globals__)
+    try:
+        yield
+    finally:
+        for namespace, name, value in reversed(swapped):
+            namespace[name] = value
+        for obj, saved in snapshots:
+            _restore_attributes(obj, saved)
+
+
+def _restore_attributes(obj: Any, saved: dict[str, Any]) -> None:
+    # Names the interpreter added stay: its cached rewritten functions look them up.
+    current = vars(obj)
+    for name, value in saved.items():
+        if current.get(name) is not value:
+            setattr(obj, name, value)
+
+
+def _as_float32(handle: Any) -> np.ndarray:
+    """The values of an interpreter tensor, bfloat16 bit patterns decoded to float32."""
+    if handle.dtype.scalar == tl.bfloat16:
+        return handle.data.view(ml_dtypes.bfloat16).astype(np.float32)
+    return handle.data
+
+
+def _exact_bfloat16_dot(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        product = np.matmul(_as_float32(a), _as_float32(b), dtype=d.data.dtype)
+        return triton_interpreter.TensorHandle(product + d.data, d.dtype.scalar)
+
+    return create_dot
+
+
+def _round_to_bfloat16(original: Callable[..., Any]) -> Callable[..., Any]:
+    def cast(self, src, dst_type, *rest):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = src.data.astype(ml_dtypes.bfloat16).view(np.uint16)  # nearest even
+            return triton_interpreter.TensorHandle(bits, tl.bfloat16)
+        return original(self, src, dst_type, *rest)
+
+    return cast
+
+
+@contextlib.contextmanager
+def _gpu_bfloat16_arithmetic() -> Iterator[None]:
+    """Within: the interpreter's bfloat16 dot and float32 -> bfloat16 casts act like a GPU's."""
+    builder = triton_interpreter.InterpreterBuilder
+    patches = {
+        "create_dot": _exact_bfloat16_dot(builder.create_dot),
+        "cast_impl": _round_to_bfloat16(builder.cast_impl),
+        "create_fp_to_fp": _round_to_bfloat16(builder.create_fp_to_fp),
+    }
+    saved = {name: vars(builder)[name] for name in patches}
+    # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
+    for name, patched in patches.items():
+        setattr(builder, name, patched)
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(builder, name, original)
+
+
+def run_interpreted(
+    kernel: triton.JITFunction,
+    grid: tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]],
+    args: Sequence[np.ndarray | int | float | bool],
+    outputs: Sequence[np.ndarray],
+    constexprs: dict[str, Any],
+) -> None:
+    """Runs `kernel[grid](*args, *outputs, **constexprs)` on the CPU, writing `outputs` in place.
+
+    Args:
+      kernel: a `@triton.jit` function whose parameters are the inputs, then the outputs,
+        then the constexprs.
+      grid: launch grid, or a function of the constexprs returning it.
+      args: host arrays (C-contiguous) and Python scalars, in parameter order.
+      outputs: preallocated host arrays the kernel writes.
+      constexprs: values of the kernel's `tl.constexpr` parameters.
+    """
+    if callable(grid):
+        grid = grid(constexprs)
+    grid = tuple(int(g) for g in (grid if isinstance(grid, tuple | list) else (grid,)))
+    if any(g == 0 for g in grid):
+        return
+    wrap = lambda a: HostTensor(a) if isinstance(a, np.ndarray) else a
+    launch_args = [wrap(a) for a in args] + [HostTensor(o) for o in outputs]
+    with _launch_lock, _device_functions_interpreted(kernel), _gpu_bfloat16_arithmetic():
+        interpreted(kernel)[grid](*launch_args, **constexprs)

@@ -1,0 +1,153 @@
+"""The one function through which every op launches a Triton kernel from JAX.
+
+`triton_call` follows `jax_triton.triton_call`: the kernel's parameters are the array and
+scalar inputs in call order, then one pointer per output, then the constexprs. Where it
+runs is `jax_bridge.launch.target.launch_target()`'s decision:
+
+* on a GPU (or while lowering for cuda from any machine) it calls `jax_triton`, through
+  `jax_triton_compat` (jax_triton 0.3 and 0.4 differ), imported lazily because
+  `jax_triton` does not import against a CPU-only jaxlib;
+* otherwise it runs the same kernel through Triton's interpreter inside
+  `jax.pure_callback`, so ops work under `jax.jit` and `jax.grad` on a CPU.
+
+On the interpreter path, outputs start as NaN (floating) or the dtype's minimum
+(integer), never zero, so that a kernel which forgets to write an element shows it;
+like on a GPU, only `zeroed_outputs` start at zero and aliased outputs start as their input.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+
+from jax_bridge.launch.interpreter import run_interpreted
+from jax_bridge.launch.target import launch_target
+
+Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
+
+
+def _initial_output(shape: jax.ShapeDtypeStruct) -> np.ndarray:
+    dtype = np.dtype(shape.dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):  # jnp knows bfloat16 is floating; np does not
+        return np.full(shape.shape, np.nan, dtype)
+    if dtype == np.bool_:
+        return np.ones(shape.shape, dtype)
+    return np.full(shape.shape, np.iinfo(dtype).min, dtype)
+
+
+def _host_launch(
+    *arrays: np.ndarray,
+    kernel: triton.JITFunction,
+    slots: tuple[int | None, ...],
+    scalars: tuple[Any, ...],
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...],
+    grid: Grid,
+    zeroed_outputs: tuple[int, ...],
+    input_output_aliases: tuple[tuple[int, int], ...],
+    constexprs: dict[str, Any],
+) -> tuple[np.ndarray, ...]:
+    host_arrays = [np.ascontiguousarray(a) for a in arrays]
+    args = [host_arrays[s] if s is not None else v for s, v in zip(slots, scalars, strict=True)]
+    outputs = [_initial_output(s) for s in out_shapes]
+    for i in zeroed_outputs:
+        outputs[i][...] = 0
+    for arg_index, out_index in input_output_aliases:
+        outputs[out_index][...] = args[arg_index]
+    run_interpreted(kernel, grid, args, outputs, constexprs)
+    return tuple(outputs)
+
+
+def triton_call(
+    *args: jax.Array | int | float | bool,
+    kernel: triton.JITFunction,
+    out_shape: jax.ShapeDtypeStruct | Sequence[jax.ShapeDtypeStruct],
+    grid: Grid,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    input_output_aliases: dict[int, int] | None = None,
+    zeroed_outputs: Sequence[int] = (),
+    name: str = "",
+    **constexprs: Any,
+) -> Any:
+    """Launches `kernel` on `args`, returning its outputs as JAX arrays.
+
+    Args:
+      *args: the kernel's inputs in parameter order: JAX arrays (any shape; the kernel
+        sees a pointer to their row-major data) and Python `int`/`float`/`bool` scalars.
+      kernel: a `@triton.jit` function taking inputs, then output pointers, then constexprs.
+      out_shape: one `jax.ShapeDtypeStruct` (the result is then one array) or a sequence
+        of them (the result is then a tuple).
+      grid: launch grid: an int, up to three ints, or a function of the constexprs.
+      num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
+      input_output_aliases: {input index: output index}: the output starts as that input
+        (on the GPU it shares its buffer); indices count `args` positions.
+      zeroed_outputs: indices of outputs that start at zero.
+      name: a label for the kernel call in the lowered program.
+      **constexprs: values of the kernel's `tl.constexpr` parameters.
+
+    A kernel call has no derivative of its own (neither `jax_triton`'s primitive nor
+    `pure_callback` can be differentiated): ops make it differentiable with a
+    `jax.custom_vjp` whose backward launches the backward kernels.
+    """
+    single = not isinstance(out_shape, Sequence)
+    out_shapes = tuple(
+        jax.ShapeDtypeStruct(s.shape, s.dtype) for s in ((out_shape,) if single else out_shape)
+    )
+    aliases = dict(input_output_aliases or {})
+    for arg_index, out_index in aliases.items():
+        if not isinstance(args[arg_index], jax.Array | np.ndarray):
+            raise TypeError(f"input_output_aliases: argument {arg_index} is not an array")
+        if args[arg_index].shape != out_shapes[out_index].shape:
+            raise ValueError(
+                f"input_output_aliases: argument {arg_index} has shape {args[arg_index].shape} "
+                f"but output {out_index} has shape {out_shapes[out_index].shape}"
+            )
+
+    target = launch_target()
+    if target.on_gpu:
+        from jax_bridge.launch.jax_triton_compat import call_jax_triton
+
+        outs = call_jax_triton(
+            *args,
+            kernel=kernel,
+            out_shapes=out_shapes,
+            grid=grid,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            compute_capability=target.compute_capability,
+            input_output_aliases=aliases,
+            zeroed_outputs=tuple(zeroed_outputs),
+            name=name or kernel.__name__,
+            **constexprs,
+        )
+        return outs[0] if single else tuple(outs)
+
+    # Arrays travel through the callback; scalars are baked into it.
+    arrays, slots, scalars = [], [], []
+    for a in args:
+        if isinstance(a, bool | int | float | np.floating | np.integer):
+            slots.append(None)
+            scalars.append(a.item() if isinstance(a, np.generic) else a)
+        else:
+            slots.append(len(arrays))
+            scalars.append(None)
+            arrays.append(a)
+    callback = functools.partial(
+        _host_launch,
+        kernel=kernel,
+        slots=tuple(slots),
+        scalars=tuple(scalars),
+        out_shapes=out_shapes,
+        grid=grid,
+        zeroed_outputs=tuple(zeroed_outputs),
+        input_output_aliases=tuple(aliases.items()),
+        constexprs=constexprs,
+    )
+    outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
+    return outs[0] if single else tuple(outs)

@@ -1,0 +1,137 @@
+"""The GPU path of grouped matmul, proven on a CPU.
+
+Lowering for cuda runs jax_triton's real lowering, which compiles every Triton kernel to
+a cubin for the given compute capability; the static reports read registers, spills
+and the tensor-core instructions off the compiled kernels at the default tiling.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+import triton
+import triton.compiler
+
+from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
+from jax_bridge.launch.lowering import lower_for_cuda
+from jax_bridge.launch.report import KernelReport, static_kernel_report
+from triton_kernels.grouped_matmul.config import gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
+
+SDS = jax.ShapeDtypeStruct
+DEFAULT_TILING = (128, 128, 128)  # grouped_matmul's default `tiling`
+M, K, N, GROUPS = 8192, 2048, 1408, 64  # a Mixtral-like expert layer
+
+
+def _kernel_calls(hlo: str) -> int:
+    return hlo.count("@triton_kernel_call")
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gmm_and_tgmm_lower_for_cuda(compute_capability, dtype):
+    pytest.importorskip("jax_triton")
+
+    def forward(lhs, rhs, sizes, tokens):
+        out = grouped_matmul(lhs, rhs, sizes, implementation="triton")
+        weights = transposed_grouped_matmul(lhs.T, tokens, sizes, implementation="triton")
+        return out, weights
+
+    hlo = lower_for_cuda(
+        forward,
+        SDS((512, 256), dtype),
+        SDS((8, 256, 384), dtype),
+        SDS((8,), jnp.int32),
+        SDS((512, 384), dtype),
+        compute_capability=compute_capability,
+    )
+    assert _kernel_calls(hlo) == 2
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_gradient_lowers_to_three_kernels(compute_capability, transpose_rhs):
+    """Forward gmm, then d_lhs (gmm) and d_rhs (tgmm) in the backward pass; with an
+    expert-parallel offset and accumulation into an existing output."""
+    pytest.importorskip("jax_triton")
+
+    def loss(lhs, rhs, existing, sizes, offset):
+        out = grouped_matmul(
+            lhs,
+            rhs,
+            sizes,
+            group_offset=offset,
+            existing_out=existing,
+            transpose_rhs=transpose_rhs,
+            implementation="triton",
+        )
+        return jnp.sum(out * out)
+
+    rhs_shape = (4, 384, 256) if transpose_rhs else (4, 256, 384)
+    hlo = lower_for_cuda(
+        jax.grad(loss, argnums=(0, 1, 2)),
+        SDS((512, 256), jnp.bfloat16),
+        SDS(rhs_shape, jnp.bfloat16),
+        SDS((512, 384), jnp.float32),
+        SDS((16,), jnp.int32),
+        SDS((), jnp.int32),
+        compute_capability=compute_capability,
+    )
+    assert _kernel_calls(hlo) == 3
+
+
+def _signature(kernel: triton.JITFunction, dtype: str) -> dict[str, str]:
+    types = {"lhs_ptr": dtype, "rhs_ptr": dtype, "init_ptr": "*fp32", "out_ptr": "*fp32"}
+    return {name: types.get(name, "*i32") for name in kernel.arg_names if name.endswith("_ptr")}
+
+
+# (kernel, launch-config function, the kernel's layout/accumulate constexprs)
+KERNEL_VARIANTS = {
+    "gmm": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=False, ACCUMULATE=False)),
+    "gmm_transposed_accumulate": (
+        gmm_kernel,
+        gmm_config,
+        dict(TRANSPOSE_RHS=True, ACCUMULATE=True),
+    ),
+    "tgmm_token_major": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False)),
+    "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
+}
+
+
+@functools.cache
+def _report(variant: str, compute_capability: int) -> KernelReport:
+    kernel, make_config, layout = KERNEL_VARIANTS[variant]
+    config = make_config(
+        M, K, N, element_bytes=2, compute_capability=compute_capability, tiling=DEFAULT_TILING
+    )
+    constexprs = dict(
+        M=M,
+        K=K,
+        N=N,
+        BLOCK_M=config.block_m,
+        BLOCK_K=config.block_k,
+        BLOCK_N=config.block_n,
+        INPUT_PRECISION="tf32",
+        **layout,
+    )
+    return static_kernel_report(
+        kernel,
+        _signature(kernel, "*bf16"),
+        constexprs,
+        compute_capability=compute_capability,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
+@pytest.mark.parametrize("compute_capability", [80, 90])
+def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute_capability):
+    report = _report(variant, compute_capability)
+    assert not report.spills, report.summary()
+    assert report.uses_mma, report.summary()
+    # Hopper must use its warpgroup MMA (HGMMA); Ampere has only HMMA.
+    assert report.uses_wgmma == (compute_capability >= 90), report.summary()

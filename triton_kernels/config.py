@@ -1,0 +1,51 @@
+"""`KernelConfig`: the base of every kernel's launch configuration.
+
+A config is a frozen (hashable) dataclass of block sizes, `num_warps` and `num_stages`.
+The rules every Triton kernel here shares are checked once, in this base: each field
+named `block_*` is a power of two of at least `MIN_BLOCK` (tl.dot's smallest operand
+dimension), `num_warps` a power of two up to 16 and `num_stages` a positive int.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+MIN_BLOCK = 16
+NUM_WARPS = (1, 2, 4, 8, 16)
+
+
+def check_block(size: Any, name: str) -> int:
+    """`size` if it is a power of two >= MIN_BLOCK; TypeError/ValueError naming `name`."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"{name} must be an int, got {size!r}.")
+    if size < MIN_BLOCK or size & (size - 1):
+        raise ValueError(
+            f"{name} must be a power of two >= {MIN_BLOCK} (a Triton block), got {size}."
+        )
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Base of the kernels' launch configurations; subclasses declare the fields.
+
+    Subclasses are frozen dataclasses with `block_*` fields, `num_warps` and
+    `num_stages`; `__post_init__` validates them all.
+    """
+
+    def __post_init__(self) -> None:
+        kind = type(self).__name__
+        for field in dataclasses.fields(self):
+            if field.name.startswith("block_"):
+                check_block(getattr(self, field.name), f"{kind}.{field.name}")
+        num_warps = getattr(self, "num_warps", 4)
+        if isinstance(num_warps, bool) or num_warps not in NUM_WARPS:
+            raise ValueError(f"{kind}.num_warps must be one of {NUM_WARPS}, got {num_warps!r}.")
+        num_stages = getattr(self, "num_stages", 1)
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"{kind}.num_stages must be an int >= 1, got {num_stages!r}.")
+
+    def replace(self, **changes: Any) -> KernelConfig:
+        """A copy with `changes` applied (validated like the original)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,1 @@
+"""Varlen FlashAttention-2 kernels: forward, backward and their launch configs."""

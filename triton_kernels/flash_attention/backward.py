@@ -1,0 +1,432 @@
+"""Varlen FlashAttention-2 backward kernels: preprocess, dK/dV, dQ.
+
+Same layout, tile lists and conventions as `flash_attention_fwd` (read its docstring).
+With P = exp(S - lse) (lse includes the sink, so P is the true probability) and
+delta = rowsum(dO * O) = sum_j P_j dP_j:
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
+
+and with a soft cap `S = cap * tanh(scale * QK^T / cap)`, dS is further multiplied by
+`1 - tanh^2`. ALiBi only shifts S, so it needs no gradient term. A row with lse = -inf
+(nothing allowed) has P = 0 and contributes nothing.
+
+The dK/dV kernel keeps one key tile stationary and, for GQA/MQA, loops over every query
+head of its group itself: each dK/dV row is written by exactly one program, with no atomics,
+so the result is deterministic. The sinks' gradient needs only lse and delta; the JAX
+bridge computes it.
+"""
+
+import triton
+import triton.language as tl
+
+from triton_kernels.flash_attention.forward import (
+    LOG2E,
+    _alibi_slope_log2,
+    _chunk_bounds,
+    _column_phases,
+    _load_rows,
+    _score_constants,
+    _scores_log2,
+    _tile_ptrs,
+)
+
+
+@triton.jit
+def attention_backward_preprocess_kernel(
+    out_ptr,
+    d_out_ptr,
+    total_q,
+    delta_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """delta[h, t] = sum_d out[t, h, d] * d_out[t, h, d], in float32.
+
+    Grid: (cdiv(total_q, BLOCK_T), NUM_Q_HEADS). out_ptr, d_out_ptr: [total_q, NUM_Q_HEADS,
+    HEAD_DIM]; delta_ptr: float32 [NUM_Q_HEADS, total_q]. Every row < total_q is written.
+    """
+    head = tl.program_id(1)
+    first_row = tl.program_id(0) * BLOCK_T
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = first_row + offs_t
+    row_ok = rows < total_q
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * out_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    tile = first_row.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+    mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o_ptrs = _tile_ptrs(out_ptr + tile, offs_t, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    do_ptrs = _tile_ptrs(d_out_ptr + tile, offs_t, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    o = tl.load(o_ptrs, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + head.to(tl.int64) * total_q + rows, tl.sum(o * do, 1), mask=row_ok)
+
+
+@triton.jit
+def _load_row_stats(lse_ptrs, delta_ptrs, ok, CHECK: tl.constexpr):
+    """(lse in log2 units, delta) of some query rows.
+
+    lse = -inf (a row with nothing allowed) becomes +inf, and rows outside `ok` (when
+    CHECK) read lse = +inf, delta = 0: either way exp2(s - lse) = 0 for every score.
+    """
+    if CHECK:
+        lse = tl.load(lse_ptrs, mask=ok, other=float("inf"))
+        delta = tl.load(delta_ptrs, mask=ok, other=0.0)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    else:
+        # Rows of an unmasked tile have at least one allowed key: lse is finite.
+        lse = tl.load(lse_ptrs)
+        delta = tl.load(delta_ptrs)
+    return lse * LOG2E, delta
+
+
+@triton.jit
+def _dkdv_query_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_seq_ptr,
+    do_seq_ptr,
+    lse_seq_ptr,
+    delta_seq_ptr,
+    start,
+    end,
+    keys,
+    shift,
+    len_q,
+    window_left,
+    window_right,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    slope_log2,
+    Q_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end).
+
+    The tile is transposed: rows are this program's keys, columns are queries, so
+    the window's right bound is the lower one (`shift = len_q - len_k`).
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q_tile_ptr = q_seq_ptr + start.to(tl.int64) * Q_STRIDE  # row `start` of the sequence
+    do_tile_ptr = do_seq_ptr + start.to(tl.int64) * Q_STRIDE
+    for m in range(start, end, BLOCK_M):
+        cols = m + offs_m  # query positions within the sequence
+        col_ok = cols < len_q
+        q_ptrs = _tile_ptrs(q_tile_ptr, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        do_ptrs = _tile_ptrs(do_tile_ptr, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        lse2, delta = _load_row_stats(lse_seq_ptr + cols, delta_seq_ptr + cols, col_ok, APPLY_MASK)
+        qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
+        s2_t, t_t = _scores_log2(
+            qk_t, keys, cols, shift, len_q, window_right, window_left,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
+        )  # fmt: skip
+        p_t = tl.exp2(s2_t - lse2[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if HAS_SOFT_CAP:
+            ds_t *= 1.0 - t_t * t_t
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        q_tile_ptr += BLOCK_M * Q_STRIDE
+        do_tile_ptr += BLOCK_M * Q_STRIDE
+    return dk, dv
+
+
+@triton.jit
+def attention_backward_dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_ptr,
+    delta_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    dk_ptr,
+    dv_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
+
+    Grid: (num_key_chunks, NUM_KV_HEADS); `chunk_indices` lists (sequence, key tile)
+    from cu_seqlens_k. lse_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q]; dk_ptr, dv_ptr:
+    [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments as the forward kernel.
+    """
+    chunk = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(chunk_indices_ptr + 2 * chunk)
+    if seq < 0:  # surplus program of the static grid bound
+        return
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
+    GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+
+    n0 = tile_index * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    keys = n0 + offs_n  # key positions within the sequence
+    key_ok = keys < len_k
+    d_ok = offs_d < HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    kv_tile = (k_start + n0).to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    k_ptrs = _tile_ptrs(k_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    v_ptrs = _tile_ptrs(v_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    k = _load_rows(k_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    v = _load_rows(v_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+
+    # Key j is seen by queries i with j - window_right <= diag(i) <= j + window_left.
+    shift = len_q - len_k
+    key_last = tl.minimum(n0 + BLOCK_N, len_k) - 1
+    start, full_start, full_end, end = _column_phases(
+        n0, key_last, shift, len_q, window_right, window_left,
+        HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, BLOCK_M,
+    )  # fmt: skip
+    for g in range(GROUP):  # the query heads sharing this kv head, one after another
+        head = kv_head * GROUP + g
+        q_seq_ptr = q_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+        do_seq_ptr = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+        lse_seq_ptr = lse_ptr + head.to(tl.int64) * total_q + q_start
+        delta_seq_ptr = delta_ptr + head.to(tl.int64) * total_q + q_start
+        slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+        # Without a right window start == 0 and full_start == min(0, end) <= 0.
+        if HAS_WINDOW_RIGHT:
+            dk, dv = _dkdv_query_tiles(
+                dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
+                start, full_start, keys, shift, len_q, window_left, window_right,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
+                HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+            )  # fmt: skip
+        dk, dv = _dkdv_query_tiles(
+            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
+            full_start, full_end, keys, shift, len_q, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_query_tiles(
+            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
+            full_end, end, keys, shift, len_q, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        )  # fmt: skip
+
+    # Keys past len_k and padded dims are never stored.
+    mask = key_ok[:, None] & d_ok[None, :]
+    dk_ptrs = _tile_ptrs(dk_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    dv_ptrs = _tile_ptrs(dv_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    tl.store(dk_ptrs, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dq_key_tiles(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_seq_ptr,
+    v_seq_ptr,
+    start,
+    end,
+    rows,
+    shift,
+    len_k,
+    window_left,
+    window_right,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    slope_log2,
+    KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulates dq ([BLOCK_M, BLOCK_D], float32, unscaled) over key tiles [start, end)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k_tile_ptr = k_seq_ptr + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
+    v_tile_ptr = v_seq_ptr + start.to(tl.int64) * KV_STRIDE
+    for n in range(start, end, BLOCK_N):
+        cols = n + offs_n
+        col_ok = cols < len_k
+        k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+        s2, t = _scores_log2(
+            qk, rows, cols, shift, len_k, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+        )  # fmt: skip
+        p = tl.exp2(s2 - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFT_CAP:
+            ds *= 1.0 - t * t
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+        k_tile_ptr += BLOCK_N * KV_STRIDE
+        v_tile_ptr += BLOCK_N * KV_STRIDE
+    return dq
+
+
+@triton.jit
+def attention_backward_dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_ptr,
+    delta_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    dq_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dq of one [BLOCK_M]-row query tile of one sequence, for one query head.
+
+    Grid: (num_query_chunks, NUM_Q_HEADS), tiles as in the forward kernel. dq_ptr:
+    [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype. Other arguments as the dK/dV kernel.
+    """
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(chunk_indices_ptr + 2 * chunk)
+    if seq < 0:  # surplus program of the static grid bound
+        return
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
+    kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+
+    m0 = tile_index * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = m0 + offs_m  # query positions within the sequence
+    row_ok = rows < len_q
+    d_ok = offs_d < HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    q_tile = (q_start + m0).to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+    q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    do_ptrs = _tile_ptrs(d_out_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    do = _load_rows(do_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    stats_row = head.to(tl.int64) * total_q + q_start + m0  # lse and delta: [NUM_Q_HEADS, total_q]
+    lse2, delta = _load_row_stats(
+        lse_ptr + stats_row + offs_m, delta_ptr + stats_row + offs_m, row_ok, True
+    )
+
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    shift = len_k - len_q
+    row_last = tl.minimum(m0 + BLOCK_M, len_q) - 1
+    start, full_start, full_end, end = _column_phases(
+        m0, row_last, shift, len_k, window_left, window_right,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
+    )  # fmt: skip
+    k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    # Without a left window start == 0 and full_start == min(0, end) <= 0: no first phase.
+    if HAS_WINDOW_LEFT:
+        dq = _dq_key_tiles(
+            dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
+            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        )  # fmt: skip
+    dq = _dq_key_tiles(
+        dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, full_start, full_end, rows, shift, len_k,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_key_tiles(
+        dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, full_end, end, rows, shift, len_k,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+    )  # fmt: skip
+
+    # Rows past len_q and padded dims are never stored.
+    mask = row_ok[:, None] & d_ok[None, :]
+    dq_ptrs = _tile_ptrs(dq_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    tl.store(dq_ptrs, (dq * softmax_scale).to(dq_ptr.dtype.element_ty), mask=mask)

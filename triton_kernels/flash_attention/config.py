@@ -1,0 +1,157 @@
+"""Launch configurations for the varlen flash attention kernels.
+
+Pure Python (no JAX). One function, `default_attention_config`, maps (head_dim, dtype,
+compute capability, kernel kind) to block sizes, warps and pipeline stages; callers may
+pass their own `AttentionKernelConfig` instead. `compute_capability=None` means Triton's
+CPU interpreter, where small blocks keep tests fast and still cross block boundaries.
+
+The GPU defaults were chosen with `jax_bridge.launch.report.static_kernel_report`
+(causal):
+
+* bf16/fp16: at head_dim <= 128 none of the kernels spills registers, and on sm_90 each
+  kernel emits wgmma (Hopper warpgroup MMA); the report checks that a kernel uses it,
+  not that every one of its matmuls does.
+* float32: the package's default precision (HIGHEST) multiplies exactly, on CUDA cores
+  (FMA; neither mma nor wgmma exists for exact fp32), so the float32 tables use small
+  tiles spread over 8 warps: none of them spills at head_dim 64, 128 or 256. The same
+  tiles serve the TF32 precisions (an opt-in through the op's `precision=`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+
+from triton_kernels.config import MIN_BLOCK, KernelConfig
+
+KINDS = ("forward", "backward_dkdv", "backward_dq")
+"""The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
+
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernelConfig(KernelConfig):
+    """One launch configuration of one attention kernel.
+
+    Attributes:
+      block_m: query rows per tile. The forward and dQ kernels own one such tile per
+        program; the dK/dV kernel steps through query tiles of this size.
+      block_n: key rows per tile. The dK/dV kernel owns one such tile per program; the
+        forward and dQ kernels step through key tiles of this size.
+      num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
+
+    Validated by `KernelConfig` (blocks: powers of two >= 16).
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfigs:
+    """The launch configurations of the three attention kernels; None: the default."""
+
+    forward: AttentionKernelConfig | None = None
+    backward_dkdv: AttentionKernelConfig | None = None
+    backward_dq: AttentionKernelConfig | None = None
+
+    def __post_init__(self):
+        for kind in KINDS:
+            config = getattr(self, kind)
+            if config is not None and not isinstance(config, AttentionKernelConfig):
+                raise TypeError(
+                    f"AttentionConfigs.{kind} must be an AttentionKernelConfig or None, "
+                    f"got {type(config).__name__}"
+                )
+
+
+def block_d(head_dim: int) -> int:
+    """The head-dim tile: the next power of two (>= 16); the kernel masks the padding."""
+    return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+
+
+def preprocess_block_t(head_dim: int) -> int:
+    """Tokens per program of the backward preprocess (delta = rowsum(dO * O)).
+
+    About 4096 elements per operand tile: 32 fp32 registers per operand at 4 warps.
+    """
+    return max(MIN_BLOCK, 4096 // block_d(head_dim))
+
+
+# (block_m, block_n, num_warps, num_stages) by kind and head-dim tile (64 covers head
+# dims up to 64, 128 up to 128, 256 up to 256), for 2-byte inputs. Chosen with
+# `static_kernel_report` at bf16: none spills at head_dim <= 128 (causal, and with every
+# option on), and on sm_90 each kernel uses wgmma.
+# Forward: a 128-row query tile is two Hopper warpgroups of m64 at 8 warps; K and V tiles
+# are streamed through `num_stages` shared-memory buffers.
+# dK/dV: the key tile is stationary (K, V, dK, dV live in registers all program long), so
+# it is the large one (m64 per warpgroup on sm_90); the query tile it streams is small.
+# dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed).
+_Table = dict[str, dict[int, tuple[int, int, int, int]]]
+_HOPPER_16BIT: _Table = {
+    "forward": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (128, 32, 8, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (16, 128, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+}
+# sm_80..89: mma.sync tiles hold more per thread, so the head-dim-128 tiles are halved.
+_AMPERE_16BIT: _Table = {
+    "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (32, 64, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+}
+# sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
+_SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
+    "backward_dkdv": {256: (16, 32, 4, 2)},
+    "backward_dq": {256: (64, 16, 4, 2)},
+}
+# float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
+# registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
+# 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
+# and sm_90): none spills at head dims 64/128/256, and every tile's shared memory fits
+# the 99 KiB of sm_86/89 too.
+_FLOAT32: _Table = {
+    "forward": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (32, 16, 8, 2)},
+    "backward_dkdv": {64: (16, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 1)},
+    "backward_dq": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (16, 16, 8, 1)},
+}
+
+# Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
+# query and key blocks, so every loop phase (masked edges, unmasked middle) runs.
+_INTERPRETER_CONFIG = AttentionKernelConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def default_attention_config(
+    head_dim: int,
+    dtype_name: str,
+    compute_capability: int | None,
+    kind: str,
+) -> AttentionKernelConfig:
+    """The launch configuration of one attention kernel.
+
+    Args:
+      head_dim: the head dimension (16..256; need not be a power of two).
+      dtype_name: "float16", "bfloat16" or "float32".
+      compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
+      kind: one of `KINDS`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if dtype_name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype_name!r}")
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}")
+    if compute_capability is None:
+        return _INTERPRETER_CONFIG
+    tile_d = max(64, block_d(head_dim))
+    if dtype_name == "float32":
+        return AttentionKernelConfig(*_FLOAT32[kind][tile_d])
+    table = _HOPPER_16BIT if compute_capability >= 90 else _AMPERE_16BIT
+    config = table[kind][tile_d]
+    if compute_capability in (86, 89):
+        config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
+    return AttentionKernelConfig(*config)

@@ -1,0 +1,389 @@
+"""Varlen FlashAttention-2 forward kernel, and the tile helpers the backward kernels share.
+
+Layout (packed, variable-length): `q: [total_q, NUM_Q_HEADS, HEAD_DIM]`,
+`k, v: [total_k, NUM_KV_HEADS, HEAD_DIM]`, all contiguous; sequence b owns query rows
+`[cu_seqlens_q[b], cu_seqlens_q[b+1])` and key rows `[cu_seqlens_k[b], cu_seqlens_k[b+1])`.
+The semantics (bottom-right aligned causal/windows, soft cap, ALiBi, sinks, fully masked
+rows) are those of `jax_bridge.attention.spec`.
+
+Conventions of every kernel here and in `flash_attention_bwd`:
+
+* One program per (tile of one sequence, head). Tiles are listed on the host as
+  `chunk_indices: int32 [num_chunks, 2]` = (sequence id, tile index within the sequence);
+  rows past the real tiles hold -1 and their programs exit at once, so the grid is a
+  static bound (`cdiv(total, BLOCK) + batch`), not `batch * cdiv(max_seqlen, BLOCK)`.
+* Scores live in the log2 domain (`s * log2(e)`, folded into the scale) so the online
+  softmax uses exp2; the log-sum-exp the kernels exchange is natural-log.
+* For a row r with centre `c(r) = r + shift`, the allowed columns are
+  `[c - below, c + above] ∩ [0, n_cols)`. In the forward/dQ kernels rows are queries,
+  columns keys, `shift = len_k - len_q`, below/above = window left/right. In the dK/dV
+  kernel rows are keys, columns queries, `shift = len_q - len_k`, below/above = window
+  right/left. `_column_phases` splits a row tile's column range into masked edges and an
+  unmasked middle whose tiles are allowed for every row and lie inside the sequence.
+* The head dim is padded to BLOCK_D (a power of two) inside the kernel by masked loads,
+  never in HBM; padded columns load as 0 and are never stored.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in float32 via exp2 (no libdevice, so it also runs in the interpreter)."""
+    # e = exp(-2|x|) lies in (0, 1]: no overflow, and tanh(|x|) = (1 - e) / (1 + e).
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _column_phases(
+    row_first,
+    row_last,
+    shift,
+    n_cols,
+    below,
+    above,
+    HAS_BELOW: tl.constexpr,
+    HAS_ABOVE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Column tiles a tile of rows [row_first, row_last] must visit, in three phases.
+
+    Returns (start, full_start, full_end, end): the tiles starting in [start, full_start)
+    and [full_end, end) need the element mask; every tile in [full_start, full_end) is
+    allowed for all rows of the tile and lies inside [0, n_cols). start, full_start and
+    full_end are multiples of BLOCK unless a phase is empty; columns outside
+    [start, end) are masked for every row, so they are never visited.
+    """
+    lo = row_first * 0
+    full_lo = row_first * 0
+    hi = n_cols + row_first * 0
+    full_hi = n_cols + row_first * 0
+    if HAS_BELOW:
+        lo = tl.maximum(row_first + shift - below, 0)
+        full_lo = tl.maximum(row_last + shift - below, 0)
+    if HAS_ABOVE:
+        hi = tl.minimum(row_last + shift + above + 1, n_cols)
+        full_hi = tl.maximum(tl.minimum(row_first + shift + above + 1, n_cols), 0)
+    # lo, full_lo, full_hi >= 0 here, so // rounds down.
+    start = (lo // BLOCK) * BLOCK
+    full_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK) * BLOCK, start), hi)
+    full_end = tl.maximum(tl.minimum((full_hi // BLOCK) * BLOCK, hi), full_start)
+    return start, full_start, full_end, hi
+
+
+@triton.jit
+def _chunk_bounds(chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq):
+    """(tile index, q_start, len_q, k_start, len_k) of program `chunk`, whose sequence
+    `seq` (chunk_indices[chunk, 0]) the caller has checked to be >= 0."""
+    tile_index = tl.load(chunk_indices_ptr + 2 * chunk + 1)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    len_q = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    k_start = tl.load(cu_seqlens_k_ptr + seq)
+    len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    return tile_index, q_start, len_q, k_start, len_k
+
+
+@triton.jit
+def _score_constants(softmax_scale, logits_soft_cap, HAS_SOFT_CAP: tl.constexpr):
+    """(qk_scale_log2, scale_over_cap, cap_log2): the scale arguments of `_scores_log2`."""
+    qk_scale_log2 = softmax_scale * LOG2E
+    scale_over_cap = softmax_scale
+    cap_log2 = LOG2E
+    if HAS_SOFT_CAP:
+        scale_over_cap = softmax_scale / logits_soft_cap
+        cap_log2 = logits_soft_cap * LOG2E
+    return qk_scale_log2, scale_over_cap, cap_log2
+
+
+@triton.jit
+def _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI: tl.constexpr):
+    """log2(e) * the ALiBi slope of query head `head` (0 without ALiBi)."""
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(alibi_slopes_ptr + head).to(tl.float32) * LOG2E
+    return slope_log2
+
+
+@triton.jit
+def _scores_log2(
+    qk,
+    rows,
+    cols,
+    shift,
+    n_cols,
+    below,
+    above,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    slope_log2,
+    APPLY_MASK: tl.constexpr,
+    HAS_BELOW: tl.constexpr,
+    HAS_ABOVE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+):
+    """Scores of one tile in the log2 domain, and tanh of the soft cap (for its gradient).
+
+    qk: [R, C] raw dot products of rows `rows: [R]` with columns `cols: [C]`.
+    Returns (s2, t): s2 = log2(e) * (soft-capped scaled score - ALiBi), -inf where masked
+    (only when APPLY_MASK); t = tanh(scale * qk / cap) when HAS_SOFT_CAP, else qk.
+    """
+    t = qk
+    if HAS_SOFT_CAP:
+        t = _tanh(qk * scale_over_cap)
+        s2 = t * cap_log2
+    else:
+        s2 = qk * qk_scale_log2
+    offset = cols[None, :] - (rows[:, None] + shift)  # column minus the row's centre
+    if HAS_ALIBI:
+        s2 -= tl.abs(offset).to(tl.float32) * slope_log2
+    if APPLY_MASK:
+        allowed = cols[None, :] < n_cols
+        if HAS_BELOW:
+            allowed &= offset >= -below
+        if HAS_ABOVE:
+            allowed &= offset <= above
+        s2 = tl.where(allowed, s2, float("-inf"))
+    return s2, t
+
+
+@triton.jit
+def _tile_ptrs(base, rows, offs_d, STRIDE: tl.constexpr, ROWS_ALIGNED: tl.constexpr):
+    """Pointers [R, BLOCK_D] to rows `rows` (element stride STRIDE) from `base`.
+
+    With ROWS_ALIGNED, the compiler is told every row starts 16-byte aligned. That holds
+    when HEAD_DIM * itemsize is a multiple of 16 and the buffers are 16-byte aligned, which
+    jax_triton assumes of every array (XLA aligns them further). A launch through
+    jax_triton knows the buffers' alignment; an offline compile (the static report) does
+    not, and would otherwise see scalar, unpipelined loads.
+    """
+    ptrs = base + rows[:, None] * STRIDE + offs_d[None, :]
+    if ROWS_ALIGNED:
+        ptrs = tl.multiple_of(ptrs, [1, 16])
+    return ptrs
+
+
+@triton.jit
+def _load_rows(ptrs, row_ok, d_ok, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Loads a [R, BLOCK_D] tile; masked rows (when CHECK_ROWS) and padded dims read 0."""
+    if CHECK_ROWS:
+        if EVEN_D:
+            tile = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _forward_key_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_seq_ptr,
+    v_seq_ptr,
+    start,
+    end,
+    rows,
+    shift,
+    len_k,
+    window_left,
+    window_right,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    slope_log2,
+    KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update of (acc [M, BLOCK_D], m_i [M], l_i [M]) over key tiles [start, end).
+
+    k_seq_ptr/v_seq_ptr point at key row 0 of the sequence, at this program's kv head.
+    Invariant: m_i is the running max of s2 (or -inf), l_i = sum exp2(s2 - m_i), acc =
+    sum exp2(s2 - m_i) * v, all over the keys seen so far (and the sink, if any).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k_tile_ptr = k_seq_ptr + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
+    v_tile_ptr = v_seq_ptr + start.to(tl.int64) * KV_STRIDE
+    for n in range(start, end, BLOCK_N):
+        cols = n + offs_n
+        col_ok = cols < len_k
+        k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+        s2, _ = _scores_log2(
+            qk, rows, cols, shift, len_k, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+        )  # fmt: skip
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        if APPLY_MASK:
+            # A row with nothing allowed so far (and no sink, or a sink of -inf) keeps
+            # m = -inf; shift by 0, not -inf, so that exp2 gives 0 instead of NaN.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_shift = m_new  # finite: every row of an unmasked tile has allowed keys
+        p = tl.exp2(s2 - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+        m_i = m_new
+        k_tile_ptr += BLOCK_N * KV_STRIDE
+        v_tile_ptr += BLOCK_N * KV_STRIDE
+    return acc, m_i, l_i
+
+
+@triton.jit
+def attention_forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    sinks_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    out_ptr,
+    lse_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
+
+    Grid: (num_chunks, NUM_Q_HEADS); program (c, h) owns tile `chunk_indices[c]`.
+
+    Args:
+      q_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM]; k_ptr, v_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM].
+      cu_seqlens_q_ptr, cu_seqlens_k_ptr: int32 [batch + 1].
+      chunk_indices_ptr: int32 [num_chunks, 2] (sequence, query tile); -1 rows: no work.
+      sinks_ptr, alibi_slopes_ptr: float32 [NUM_Q_HEADS] (read only if HAS_SINKS/HAS_ALIBI).
+      total_q: rows of q (the lse row stride).
+      softmax_scale, logits_soft_cap: float32; window_left, window_right: int32 (read
+        only if HAS_SOFT_CAP / HAS_WINDOW_*; causal is window_right = 0).
+      out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype; lse_ptr: float32
+        [NUM_Q_HEADS, total_q], natural log.
+    """
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(chunk_indices_ptr + 2 * chunk)
+    if seq < 0:  # surplus program of the static grid bound
+        return
+    tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
+        chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
+    )
+    kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+
+    m0 = tile_index * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = m0 + offs_m  # query positions within the sequence
+    row_ok = rows < len_q
+    d_ok = offs_d < HEAD_DIM
+    # Rows start 16-byte aligned when a row of HEAD_DIM elements spans a multiple of 16 bytes.
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    q_tile = (q_start + m0).to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+    q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_SINKS:
+        # The sink is one more logit of every row, with no value: start the running
+        # softmax at it (m = sink, l = exp2(sink - m) = 1, acc = 0). A sink of -inf is
+        # no sink: m = -inf, l = 0.
+        sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    shift = len_k - len_q
+    row_last = tl.minimum(m0 + BLOCK_M, len_q) - 1
+    start, full_start, full_end, end = _column_phases(
+        m0, row_last, shift, len_k, window_left, window_right,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
+    )  # fmt: skip
+    k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
+    # no key is allowed), so the first phase is empty.
+    if HAS_WINDOW_LEFT:
+        acc, m_i, l_i = _forward_key_tiles(
+            acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
+            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+        )  # fmt: skip
+    acc, m_i, l_i = _forward_key_tiles(
+        acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_start, full_end, rows, shift, len_k,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _forward_key_tiles(
+        acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_end, end, rows, shift, len_k,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+    )  # fmt: skip
+
+    # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: output 0,
+    # lse -inf.
+    has_mass = l_i > 0.0
+    l_safe = tl.where(has_mass, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    # Rows past len_q and padded dims are never stored.
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    out_ptrs = _tile_ptrs(out_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    lse_row = head.to(tl.int64) * total_q + q_start + m0
+    tl.store(lse_ptr + lse_row + offs_m, lse, mask=row_ok)

@@ -1,0 +1,1 @@
+"""Grouped matmul kernels (gmm, tgmm) and their launch configs."""

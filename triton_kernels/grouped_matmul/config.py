@@ -1,0 +1,146 @@
+"""Launch configurations for the grouped matmul kernels: a small function of the shapes,
+the element size and the GPU generation, with the caller's tiling as the override.
+
+Pure Python (no JAX): the bridge resolves the user's `tiling` argument to a tuple or
+None and asks here for the block sizes, warps and pipeline stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+
+from triton_kernels.config import MIN_BLOCK, KernelConfig, check_block
+
+# Shared memory one program may use for its pipeline buffers, by compute capability.
+# The hardware limits (per block, opt-in) are 163 KiB on sm_80, 99 KiB on sm_86/89 and
+# 227 KiB on sm_90/100; the margin leaves room for the epilogue's layout conversion.
+_SHARED_MEMORY_BUDGET = {
+    80: 150 * 1024,
+    86: 90 * 1024,
+    89: 90 * 1024,
+    90: 200 * 1024,
+    100: 200 * 1024,
+}
+_SHARED_MEMORY_BUDGET_DEFAULT = 90 * 1024
+_MAX_STAGES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulConfig(KernelConfig):
+    """One launch of `gmm_kernel` or `tgmm_kernel`.
+
+    Attributes:
+      block_m: rows (tokens) per tile. In gmm a program owns `block_m` output rows; in
+        tgmm it is the chunk of rows summed per loop step.
+      block_k, block_n: tile sizes along k and n. In gmm `block_k` is the reduction step;
+        in tgmm a program owns a `[block_k, block_n]` output tile.
+      num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
+
+    Validated by `KernelConfig` (blocks: powers of two >= 16).
+    """
+
+    block_m: int
+    block_k: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def tiling(self) -> tuple[int, int, int]:
+        return (self.block_m, self.block_k, self.block_n)
+
+
+def check_tiling(tiling: tuple[int, int, int], name: str = "tiling") -> tuple[int, int, int]:
+    """ValueError unless `tiling` is three powers of two, each at least 16."""
+    if not isinstance(tiling, tuple | list) or len(tiling) != 3:
+        raise ValueError(f"{name} must be a tuple (tm, tk, tn), got {tiling!r}.")
+    for size in tiling:
+        try:
+            check_block(size, f"{name} entries")
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{err} (got {name}={tiling!r})") from None
+    return tuple(tiling)
+
+
+def _fit(block: int, dim: int) -> int:
+    # A block larger than its dimension only computes masked-out padding: shrink it to
+    # the dimension rounded up to a power of two (never below tl.dot's minimum).
+    return min(block, max(MIN_BLOCK, triton.next_power_of_2(max(dim, 1))))
+
+
+# 128x128 output tiles keep the tensor cores busy (two Hopper warpgroups of m64); the
+# reduction step is 128 bytes of each operand row per pipeline stage.
+def _reduction_step(element_bytes: int) -> int:
+    return 128 // element_bytes
+
+
+def _num_stages(stage_bytes: int, compute_capability: int | None) -> int:
+    if compute_capability is None:  # interpreter: no pipelining to size
+        return 2
+    budget = _SHARED_MEMORY_BUDGET.get(compute_capability, _SHARED_MEMORY_BUDGET_DEFAULT)
+    return max(1, min(_MAX_STAGES, budget // stage_bytes))
+
+
+def _num_warps(out_tile_elements: int) -> int:
+    # Eight warps keep a 128x128 float32 accumulator at 64 registers a thread.
+    return 8 if out_tile_elements >= 128 * 128 else 4
+
+
+def gmm_config(
+    m: int,
+    k: int,
+    n: int,
+    *,
+    element_bytes: int,
+    compute_capability: int | None,
+    tiling: tuple[int, int, int] | None = None,
+) -> GroupedMatmulConfig:
+    """The launch configuration of `gmm_kernel` for `lhs: [m, k]`, `rhs: [g, k, n]`.
+
+    Args:
+      m, k, n: problem sizes.
+      element_bytes: size of one input element (2 for bf16/fp16, 4 for fp32).
+      compute_capability: target GPU (80, 90, ...), or None for the interpreter.
+      tiling: `(tm, tk, tn)` to use instead of the default; each entry is shrunk to its
+        dimension (rounded up to a power of two) when larger.
+    """
+    default = (128, _reduction_step(element_bytes), 128)
+    tm, tk, tn = check_tiling(tiling) if tiling is not None else default
+    tm, tk, tn = _fit(tm, m), _fit(tk, k), _fit(tn, n)
+    stage_bytes = (tm * tk + tk * tn) * element_bytes
+    return GroupedMatmulConfig(
+        block_m=tm,
+        block_k=tk,
+        block_n=tn,
+        num_warps=_num_warps(tm * tn),
+        num_stages=_num_stages(stage_bytes, compute_capability),
+    )
+
+
+def tgmm_config(
+    m: int,
+    k: int,
+    n: int,
+    *,
+    element_bytes: int,
+    compute_capability: int | None,
+    tiling: tuple[int, int, int] | None = None,
+) -> GroupedMatmulConfig:
+    """The launch configuration of `tgmm_kernel` for `lhs: [k, m]`, `rhs: [m, n]`.
+
+    Same arguments as `gmm_config`; here `tm` is the reduction step and a program owns a
+    `[tk, tn]` tile of one group's output.
+    """
+    default = (_reduction_step(element_bytes), 128, 128)
+    tm, tk, tn = check_tiling(tiling) if tiling is not None else default
+    tm, tk, tn = _fit(tm, m), _fit(tk, k), _fit(tn, n)
+    stage_bytes = (tk * tm + tm * tn) * element_bytes
+    return GroupedMatmulConfig(
+        block_m=tm,
+        block_k=tk,
+        block_n=tn,
+        num_warps=_num_warps(tk * tn),
+        num_stages=_num_stages(stage_bytes, compute_capability),
+    )

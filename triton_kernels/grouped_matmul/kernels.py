@@ -1,0 +1,169 @@
+"""Grouped matmul kernels for mixture-of-experts layers.
+
+Tokens (rows) arrive sorted by group (expert); group `g` owns the contiguous rows
+`[group_start[g], group_end[g])`.
+
+* `gmm_kernel`: `out[rows of g] = lhs[rows of g] @ rhs[g]`. Programs walk a list of
+  (group, row block) tiles computed by the bridge; a row block that straddles a group
+  boundary is visited once per group, each visit masked to its group's rows.
+* `tgmm_kernel`: `out[g] = lhs[:, rows of g] @ rhs[rows of g]`, one program per
+  (group, k tile, n tile), summing over the group's rows. This is gmm's weight gradient.
+
+Both accumulate in float32 and cast once when storing. Shapes are constexprs (JAX
+shapes are static, so every shape compiles once anyway, and the compiler sees the
+strides). Offsets that scale with the problem size are computed in int64.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gmm_kernel(
+    lhs_ptr,
+    rhs_ptr,
+    init_ptr,
+    group_start_ptr,
+    group_end_ptr,
+    chunk_group_ptr,
+    chunk_row_block_ptr,
+    num_chunks_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] output tile of one group; grid (num_slots, cdiv(N, BLOCK_N)).
+
+    lhs: [M, K]; rhs: [G, K, N], or [G, N, K] when TRANSPOSE_RHS; init, out: [M, N]
+    (out aliases init: rows no program writes keep init's values).
+    group_start, group_end: int32 [G], rows of each group, clipped to [0, M].
+    chunk_group, chunk_row_block: int32 [num_slots], the tile list; num_chunks: int32 [1],
+    how many of its entries are real. Surplus slots exit at once.
+    ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting.
+    """
+    slot = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if slot >= tl.load(num_chunks_ptr):
+        return
+    group = tl.load(chunk_group_ptr + slot)
+    row_begin = tl.load(group_start_ptr + group)
+    row_end = tl.load(group_end_ptr + group)
+
+    rows = tl.load(chunk_row_block_ptr + slot) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Rows of this block that belong to other groups are another program's business:
+    # they are neither read (loaded as 0) nor written here.
+    in_group = (rows >= row_begin) & (rows < row_end)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < N
+    offs_k = tl.arange(0, BLOCK_K)
+
+    rows64 = rows.to(tl.int64)
+    lhs_ptrs = lhs_ptr + rows64[:, None] * K + offs_k[None, :]
+    rhs_group = rhs_ptr + group.to(tl.int64) * (K * N)
+    if TRANSPOSE_RHS:
+        rhs_ptrs = rhs_group + cols[None, :] * K + offs_k[:, None]
+        rhs_step = BLOCK_K
+    else:
+        rhs_ptrs = rhs_group + offs_k[:, None] * N + cols[None, :]
+        rhs_step = BLOCK_K * N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_block in range(0, tl.cdiv(K, BLOCK_K)):
+        in_k = offs_k < K - k_block * BLOCK_K
+        a = tl.load(lhs_ptrs, mask=in_group[:, None] & in_k[None, :], other=0.0)
+        b = tl.load(rhs_ptrs, mask=in_k[:, None] & in_cols[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        lhs_ptrs += BLOCK_K
+        rhs_ptrs += rhs_step
+
+    out_offsets = rows64[:, None] * N + cols[None, :]
+    out_mask = in_group[:, None] & in_cols[None, :]
+    if ACCUMULATE:
+        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def tgmm_kernel(
+    lhs_ptr,
+    rhs_ptr,
+    init_ptr,
+    group_start_ptr,
+    group_end_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LHS_TOKEN_MAJOR: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """One [BLOCK_K, BLOCK_N] tile of one group's output; grid (cdiv(K, BLOCK_K),
+    cdiv(N, BLOCK_N), G).
+
+    lhs: [K, M], or [M, K] when LHS_TOKEN_MAJOR (the layout of gmm's lhs, so the weight
+    gradient needs no transpose); rhs: [M, N]; init, out: [G, K, N] (out aliases init).
+    group_start, group_end: int32 [G], rows of each group, clipped to [0, M].
+    out[g] = init[g] * ACCUMULATE + sum over rows r of g of lhs[:, r] outer rhs[r, :];
+    an empty group writes init[g] (or zeros): every element of out is written.
+    """
+    pid_k = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    group = tl.program_id(2)
+    row_begin = tl.load(group_start_ptr + group)
+    row_end = tl.load(group_end_ptr + group)
+
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_k = ks < K
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < N
+    offs_m = tl.arange(0, BLOCK_M)
+
+    # Steps walk BLOCK_M-aligned row blocks, from the block holding the group's first
+    # row: aligned starts let the [K, M] layout load rows as wide vectors, at the cost
+    # of at most one extra, partly masked, step per group.
+    first_row = (row_begin // BLOCK_M) * BLOCK_M
+    first_rows = first_row.to(tl.int64) + offs_m
+    if LHS_TOKEN_MAJOR:
+        lhs_ptrs = lhs_ptr + first_rows[None, :] * K + ks[:, None]
+        lhs_step = BLOCK_M * K
+    else:
+        lhs_ptrs = lhs_ptr + ks.to(tl.int64)[:, None] * M + first_rows[None, :]
+        lhs_step = BLOCK_M
+    rhs_ptrs = rhs_ptr + first_rows[:, None] * N + cols[None, :]
+
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for row in range(first_row, row_end, BLOCK_M):
+        rows = row + offs_m
+        in_rows = (rows >= row_begin) & (rows < row_end)
+        a = tl.load(lhs_ptrs, mask=in_k[:, None] & in_rows[None, :], other=0.0)
+        b = tl.load(rhs_ptrs, mask=in_rows[:, None] & in_cols[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        lhs_ptrs += lhs_step
+        rhs_ptrs += BLOCK_M * N
+
+    out_offsets = group.to(tl.int64) * (K * N) + ks[:, None] * N + cols[None, :]
+    out_mask = in_k[:, None] & in_cols[None, :]
+    if ACCUMULATE:
+        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def gmm_grid(num_slots: int, n: int, block_n: int) -> tuple[int, int]:
+    """Launch grid of `gmm_kernel`: one program per (tile slot, n tile)."""
+    return (num_slots, triton.cdiv(n, block_n))
+
+
+def tgmm_grid(num_groups: int, k: int, n: int, block_k: int, block_n: int) -> tuple[int, int, int]:
+    """Launch grid of `tgmm_kernel`: one program per (k tile, n tile, group)."""
+    return (triton.cdiv(k, block_k), triton.cdiv(n, block_n), num_groups)
