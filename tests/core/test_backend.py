@@ -39,3 +39,57 @@ def test_unavailable_choices_say_why():
         resolve_implementation("pallas", op="gmm", supported=("triton", "xla"))
     with pytest.raises(ValueError, match="needs a TPU"):
         resolve_implementation("pallas", op="op", supported=("pallas", "xla"), platform="cpu")
+
+
+# --- BackendTable: one table per op -------------------------------------------------
+
+import types  # noqa: E402
+
+from jax_bridge.core.backend import BackendTable  # noqa: E402
+
+
+def _table():
+    return BackendTable(
+        "op", {"xla": types.SimpleNamespace(tag="x"), "triton": types.SimpleNamespace(tag="t")}
+    )
+
+
+def test_table_resolves_like_the_rule_and_returns_the_module():
+    table = _table()
+    assert table.resolve("auto") == "xla"  # tests run on CPU
+    assert table[table.resolve("triton")].tag == "t"
+    with pytest.raises(ValueError, match="op: implementation='pallas' is not available"):
+        table.resolve("pallas")
+
+
+def test_table_interpret_selects_triton_and_refuses_other_choices():
+    table = _table()
+    assert table.resolve("auto", interpret=True) == "triton"
+    assert table.resolve("triton", interpret=True) == "triton"
+    with pytest.raises(ValueError, match="op: interpret=True runs the Triton kernels"):
+        table.resolve("xla", interpret=True)
+    no_triton = BackendTable("op2", {"xla": object()})
+    with pytest.raises(ValueError, match="op2: interpret=True"):
+        no_triton.resolve("auto", interpret=True)
+
+
+def test_table_rejects_unknown_backends_and_is_read_only():
+    with pytest.raises(ValueError, match="unknown backends"):
+        BackendTable("op", {"cudnn": object()})
+    table = _table()
+    with pytest.raises(TypeError):
+        table.backends["pallas"] = object()
+
+
+def test_every_op_table_lists_its_backends():
+    from jax_bridge.attention import api as attention_api
+    from jax_bridge.grouped_matmul import api as gmm_api
+
+    for table, contract in (
+        (attention_api._BACKENDS, ("HEAD_DIMS", "forward", "backward")),
+        (gmm_api._BACKENDS, ("gmm", "tgmm")),
+    ):
+        assert set(table.backends) == {"xla", "triton"}
+        for name, module in table.backends.items():
+            missing = [f for f in contract if not hasattr(module, f)]
+            assert not missing, (table.op, name, missing)

@@ -1,0 +1,59 @@
+"""KernelConfig: one validation for every kernel's launch configuration."""
+
+import dataclasses
+
+import pytest
+
+from triton_kernels.config import KernelConfig
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+
+CONFIGS = {
+    "attention": lambda **kw: AttentionKernelConfig(**{"block_m": 64, "block_n": 32, **kw}),
+    "grouped_matmul": lambda **kw: GroupedMatmulConfig(
+        **{"block_m": 64, "block_k": 32, "block_n": 128, **kw}
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", CONFIGS)
+def test_valid_configs_are_frozen_and_hashable(kind):
+    config = CONFIGS[kind](num_warps=8, num_stages=3)
+    assert isinstance(config, KernelConfig)
+    assert hash(config) == hash(CONFIGS[kind](num_warps=8, num_stages=3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.num_warps = 4
+    assert config.replace(num_stages=1).num_stages == 1
+
+
+@pytest.mark.parametrize("kind", CONFIGS)
+@pytest.mark.parametrize(
+    "override, error, text",
+    [
+        ({"block_m": 48}, ValueError, "block_m must be a power of two >= 16"),
+        ({"block_m": 8}, ValueError, "block_m must be a power of two >= 16"),
+        ({"block_m": 64.0}, TypeError, "block_m must be an int"),
+        ({"block_m": True}, TypeError, "block_m must be an int"),
+        ({"num_warps": 3}, ValueError, "num_warps must be one of"),
+        ({"num_warps": 32}, ValueError, "num_warps must be one of"),
+        ({"num_stages": 0}, ValueError, "num_stages must be an int >= 1"),
+        ({"num_stages": 2.0}, ValueError, "num_stages must be an int >= 1"),
+    ],
+)
+def test_every_config_is_validated_by_the_base(kind, override, error, text):
+    with pytest.raises(error, match=text) as info:
+        CONFIGS[kind](**override)
+    assert CONFIGS[kind]().__class__.__name__ in str(info.value)
+
+
+def test_replace_validates_too():
+    with pytest.raises(ValueError, match="block_n"):
+        CONFIGS["attention"]().replace(block_n=100)
+
+
+def test_attention_configs_hold_one_config_per_kernel():
+    fwd = AttentionKernelConfig(32, 16)
+    configs = AttentionConfigs(forward=fwd)
+    assert configs.forward is fwd and configs.backward_dq is None
+    with pytest.raises(TypeError, match=r"AttentionConfigs\.backward_dq"):
+        AttentionConfigs(backward_dq=(32, 16))

@@ -1,0 +1,52 @@
+"""The one launch-target decision and the contexts that steer it."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_bridge.launch.target import (
+    INTERPRETER,
+    LaunchTarget,
+    cuda_lowering,
+    interpreting,
+    launch_target,
+)
+
+
+def test_cpu_launches_on_the_interpreter():
+    target = launch_target()
+    assert target == INTERPRETER and target.interpreter and target.compute_capability is None
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+def test_cuda_lowering_targets_the_gpu_and_interpreting_wins(capability):
+    with cuda_lowering(capability):
+        assert launch_target() == LaunchTarget(on_gpu=True, compute_capability=capability)
+        with interpreting():
+            assert launch_target() == INTERPRETER
+        with interpreting(False):
+            assert launch_target().on_gpu
+    assert launch_target() == INTERPRETER
+
+
+def test_unknown_compute_capability_is_refused():
+    with pytest.raises(ValueError, match="compute_capability must be one of"):
+        with cuda_lowering(75):
+            pass
+
+
+def test_targets_are_part_of_the_jit_cache_key():
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(launch_target())
+        return x + 1
+
+    x = jnp.ones(3)
+    f(x)
+    with interpreting():
+        f(x)
+    with cuda_lowering(90):
+        f.trace(x)
+    assert traces == [INTERPRETER, INTERPRETER, LaunchTarget(True, 90)]
