@@ -22,6 +22,7 @@ from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.vma import cotangent_like
 from jax_bridge.core.validation import (
     check_cu_seqlens,
     check_static_int,
@@ -342,7 +343,10 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
         q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options
     )
     if sinks is not None:
-        d_sinks = d_sinks.astype(sinks.dtype)
+        d_sinks = cotangent_like(d_sinks.astype(sinks.dtype), sinks)
+    # Inside shard_map a cotangent must vary exactly where its primal does; kernel calls
+    # (pure_callback, jax_triton) return values typed invariant.
+    dq, dk, dv = (cotangent_like(d, x) for d, x in ((dq, q), (dk, k), (dv, v)))
     # cu_seqlens are integers (no cotangent: None) and ALiBi slopes are constants (None
     # is a zero cotangent).
     return dq, dk, dv, None, None, d_sinks, None

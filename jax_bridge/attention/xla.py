@@ -38,7 +38,8 @@ from jax import lax
 from jax_bridge.attention.sinks import sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
-from jax_bridge.host.cu_seqlens import token_indices
+from jax_bridge.core.vma import varying_like
+from jax_bridge.host.cu_seqlens import prepare_chunk_indices, token_indices
 
 if TYPE_CHECKING:
     from jax_bridge.attention.api import AttentionOptions
@@ -123,19 +124,57 @@ def _key_rows(
     return lo, hi
 
 
-def _tile_bounds(lo: jax.Array, hi: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
-    """Per tile of `block` rows: the union `[start, start + length)` of the rows' intervals.
+class _Chunks(NamedTuple):
+    """The (sequence, chunk) work items of one packed axis, as the Triton kernels use them.
 
-    Rows with an empty interval are ignored; a tile with none attends nothing (length 0).
+    Every chunk is `block` consecutive rows of ONE sequence, so everything it reads on the
+    other axis can be selected by that sequence's range: a NaN or Inf in another document
+    (or in padding) is never multiplied, not even by a zero probability. All [n] int32,
+    n = cdiv(total, block) + batch; surplus entries are empty (row_end == start == 0).
     """
-    lo = lo.reshape(-1, block)
-    hi = hi.reshape(-1, block)
-    nonempty = hi > lo
-    big = jnp.iinfo(jnp.int32).max
-    start = jnp.min(jnp.where(nonempty, lo, big), axis=1)
-    stop = jnp.max(jnp.where(nonempty, hi, 0), axis=1)
-    length = jnp.maximum(stop - start, 0)
+
+    start: jax.Array  # first packed row of the chunk
+    row_end: jax.Array  # end of its sequence on this axis: rows at or past it are not its
+    other_lo: jax.Array  # its sequence's rows on the other axis: [other_lo, other_hi)
+    other_hi: jax.Array
+
+
+def _chunks(cu_this: jax.Array, cu_other: jax.Array, total: int, block: int) -> _Chunks:
+    indices = prepare_chunk_indices(cu_this, block, total_tokens=total)
+    seq, chunk = indices[:, 0], indices[:, 1]
+    real = seq >= 0
+    seq = jnp.maximum(seq, 0)
+    pick = lambda x: jnp.where(real, x, 0).astype(jnp.int32)
+    return _Chunks(
+        start=pick(cu_this[seq] + chunk * block),
+        row_end=pick(cu_this[seq + 1]),
+        other_lo=pick(cu_other[seq]),
+        other_hi=pick(cu_other[seq + 1]),
+    )
+
+
+def _interval_union(lo: jax.Array, hi: jax.Array, ok: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`[start, start + length)`: the union of the rows' intervals `[lo, hi)` where `ok`.
+
+    Rows are one sequence's, whose intervals are non-decreasing in both ends, so the union
+    is an interval; rows with an empty interval are ignored (no row: length 0).
+    """
+    nonempty = ok & (hi > lo)
+    start = jnp.min(jnp.where(nonempty, lo, jnp.iinfo(jnp.int32).max))
+    length = jnp.maximum(jnp.max(jnp.where(nonempty, hi, 0)) - start, 0)
     return jnp.where(length > 0, start, 0), length
+
+
+def _scatter_rows(tiles: jax.Array, rows: jax.Array, ok: jax.Array, init: jax.Array) -> jax.Array:
+    """Writes chunk results back to packed rows.
+
+    tiles: [n, H, block, ...]; rows, ok: [n, block] packed row of each tile row and whether
+    it is the chunk's; init: [H, total, ...], kept where no chunk row lands.
+    """
+    total = init.shape[1]
+    index = jnp.where(ok, rows, total).reshape(-1)  # out of range: dropped
+    values = jnp.moveaxis(tiles, 1, 0).reshape(tiles.shape[1], -1, *tiles.shape[3:])
+    return init.at[:, index].set(values.astype(init.dtype), mode="drop")
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
@@ -226,33 +265,36 @@ def attention_forward_xla(
     """
     total_q, num_q, dim = q.shape
     total_k, num_kv, _ = k.shape
-    if total_q == 0:
-        return jnp.zeros_like(q), jnp.zeros((num_q, 0), _F32)
+    lse_none = jnp.full((num_q,), -jnp.inf, _F32) if sinks is None else sinks.astype(_F32)
+    lse_none = jnp.broadcast_to(lse_none[:, None], (num_q, total_q))
+    if total_q == 0 or total_k == 0:
+        return jnp.zeros_like(q), varying_like(lse_none, q, k, v)
     bq = _block_size(block_q, total_q)
     bk = _block_size(block_k, total_k)
-    num_tiles = cdiv(total_q, bq)
-    rows_q = num_tiles * bq
-
-    rows = _query_rows(cu_seqlens_q, cu_seqlens_k, rows_q, spec)
-    tile_start, tile_len = _tile_bounds(rows.lo, rows.hi, bq)
-    qh = _heads_first(q, rows_q).reshape(num_q, num_tiles, bq, dim).transpose(1, 0, 2, 3)
-    # bk extra zero rows: a block starting below total_k never reads past the end
-    # (dynamic_slice would otherwise clamp its start and misalign the block).
+    chunks = _chunks(cu_seqlens_q, cu_seqlens_k, total_q, bq)
+    rows = _query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec)
+    # Padding past the end (bq query rows, bk keys): a block starting below the end is
+    # sliced whole (dynamic_slice would otherwise clamp its start and misalign it).
+    qh = _heads_first(q, total_q + bq)
     kh = _heads_first(k, total_k + bk)
     vh = _heads_first(v, total_k + bk)
     slopes = None if alibi_slopes is None else alibi_slopes.astype(_F32)
-    tiles = _Rows(*(x.reshape(num_tiles, bq) for x in rows))
 
-    def tile_body(_, xs):
-        q_tile, t_rows, start, length = xs
-        q_blk = _grouped(q_tile, num_kv)
+    def chunk_body(_, chunk):
+        row_index = chunk.start + jnp.arange(bq, dtype=jnp.int32)
+        row_ok = row_index < chunk.row_end
+        t_rows = _Rows(*(lax.dynamic_slice_in_dim(x, chunk.start, bq) for x in rows))
+        start, length = _interval_union(t_rows.lo, t_rows.hi, row_ok)
+        q_blk = _grouped(lax.dynamic_slice_in_dim(qh, chunk.start, bq, axis=1), num_kv)
 
         def block_body(state):
             n, m, l, acc = state
             k0 = start + n * bk
-            k_blk = lax.dynamic_slice_in_dim(kh, k0, bk, axis=1)
-            v_blk = lax.dynamic_slice_in_dim(vh, k0, bk, axis=1)
             key_index = k0 + jnp.arange(bk, dtype=jnp.int32)
+            # Keys of other sequences are selected away, never multiplied by p = 0.
+            key_ok = ((key_index >= chunk.other_lo) & (key_index < chunk.other_hi))[:, None]
+            k_blk = jnp.where(key_ok, lax.dynamic_slice_in_dim(kh, k0, bk, axis=1), 0.0)
+            v_blk = jnp.where(key_ok, lax.dynamic_slice_in_dim(vh, k0, bk, axis=1), 0.0)
             s, _, _ = _scores(q_blk, k_blk, t_rows, key_index, spec, slopes, precision)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             # Rows with nothing allowed yet keep m = -inf; shifting them by 0 instead
@@ -270,21 +312,23 @@ def attention_forward_xla(
             jnp.zeros((num_q, bq), _F32),
             jnp.zeros((num_q, bq, dim), _F32),
         )
+        # Inside shard_map the carry must vary along the mesh axes its updates vary on.
+        init = varying_like(init, q_blk, kh, vh, chunk.start)
         num_blocks = cdiv(length, bk)
         _, m, l, acc = lax.while_loop(lambda st: st[0] < num_blocks, block_body, init)
-        return None, _normalize(m, l, acc, sinks)
+        return None, (*_normalize(m, l, acc, sinks), row_index, row_ok)
 
-    _, (out, lse) = lax.scan(tile_body, None, (qh, tiles, tile_start, tile_len))
-    # out: [tiles, Hq, BQ, D] -> [total_q, Hq, D]; lse: [tiles, Hq, BQ] -> [Hq, total_q].
-    out = out.transpose(0, 2, 1, 3).reshape(rows_q, num_q, dim)[:total_q]
-    lse = lse.transpose(1, 0, 2).reshape(num_q, rows_q)[:, :total_q]
-    return out.astype(q.dtype), lse
+    _, (out, lse, row_index, row_ok) = lax.scan(chunk_body, None, chunks)
+    out_init = varying_like(jnp.zeros((num_q, total_q, dim), q.dtype), out)
+    out = _scatter_rows(out, row_index, row_ok, out_init)
+    lse = _scatter_rows(lse, row_index, row_ok, varying_like(lse_none, lse))
+    return jnp.swapaxes(out, 0, 1), lse
 
 
 def _normalize(
     m: jax.Array, l: jax.Array, acc: jax.Array, sinks: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
-    """(out, lse) of a tile from its running max m, sum l [Hq, BQ] and acc [Hq, BQ, D]."""
+    """(out, lse) of a chunk from its running max m, sum l [Hq, BQ] and acc [Hq, BQ, D]."""
     if sinks is not None:
         # The sink joins the denominator with logit sinks[h] and no value.
         sink = sinks.astype(_F32)[:, None]
@@ -307,41 +351,43 @@ class _Backward(NamedTuple):
     """What both backward passes read: padded, heads-first float32 arrays and statics.
 
     Query-side arrays carry `bq` extra rows (and key-side `bk`) so that a block starting
-    below the real end can be sliced whole; padded rows attend nothing.
+    below the real end can be sliced whole. Blocks are sliced with their sequence's range
+    on that axis: rows outside it are selected to zero, so documents stay independent.
     """
 
-    qh: jax.Array  # [Hq, rows_q + bq, D]
-    doh: jax.Array  # [Hq, rows_q + bq, D]
-    lse: jax.Array  # [Hq, rows_q + bq]; padding 0 (finite), masked anyway
-    delta: jax.Array  # [Hq, rows_q + bq]; rowsum(dO * O) - d_lse, padding 0
-    kh: jax.Array  # [Hkv, rows_k + bk, D]
-    vh: jax.Array  # [Hkv, rows_k + bk, D]
-    rows: _Rows  # of the rows_q + bq query slots
+    qh: jax.Array  # [Hq, total_q + bq, D]
+    doh: jax.Array  # [Hq, total_q + bq, D]
+    lse: jax.Array  # [Hq, total_q + bq]
+    delta: jax.Array  # [Hq, total_q + bq]; rowsum(dO * O) - d_lse
+    kh: jax.Array  # [Hkv, total_k + bk, D]
+    vh: jax.Array  # [Hkv, total_k + bk, D]
+    rows: _Rows  # of the total_q + bq query slots
     slopes: jax.Array | None
     spec: AttentionSpec
     precision: lax.Precision
     bq: int
     bk: int
 
-    def query_block(
-        self, r0: jax.Array
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, _Rows]:
-        """(q, dO grouped [Hkv, G * BQ, D], lse, delta [Hq, BQ], rows) of rows r0 + [0, bq)."""
+    def query_block(self, r0: jax.Array, lo: jax.Array, hi: jax.Array) -> tuple:
+        """(q, dO grouped [Hkv, G * BQ, D], lse, delta [Hq, BQ], rows) of rows r0 + [0, bq),
+        rows outside `[lo, hi)` zeroed (lse and delta too: masked, but never NaN)."""
         num_kv = self.kh.shape[0]
-        take = lambda x, axis=1: lax.dynamic_slice_in_dim(x, r0, self.bq, axis=axis)
-        rows = _Rows(*(take(x, 0) for x in self.rows))
-        return (
-            _grouped(take(self.qh), num_kv),
-            _grouped(take(self.doh), num_kv),
-            take(self.lse),
-            take(self.delta),
-            rows,
+        index = r0 + jnp.arange(self.bq, dtype=jnp.int32)
+        ok = (index >= lo) & (index < hi)
+        take = lambda x: jnp.where(
+            ok[:, None] if x.ndim == 3 else ok, lax.dynamic_slice_in_dim(x, r0, self.bq, 1), 0.0
         )
+        rows = _Rows(*(lax.dynamic_slice_in_dim(x, r0, self.bq) for x in self.rows))
+        q, do = _grouped(take(self.qh), num_kv), _grouped(take(self.doh), num_kv)
+        return q, do, take(self.lse), take(self.delta), rows
 
-    def key_block(self, k0: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(k, v [Hkv, BK, D], packed key indices [BK]) of keys k0 + [0, bk)."""
-        take = lambda x: lax.dynamic_slice_in_dim(x, k0, self.bk, axis=1)
-        return take(self.kh), take(self.vh), k0 + jnp.arange(self.bk, dtype=jnp.int32)
+    def key_block(self, k0: jax.Array, lo: jax.Array, hi: jax.Array) -> tuple:
+        """(k, v [Hkv, BK, D], packed key indices [BK]) of keys k0 + [0, bk), keys outside
+        `[lo, hi)` zeroed."""
+        index = k0 + jnp.arange(self.bk, dtype=jnp.int32)
+        ok = ((index >= lo) & (index < hi))[:, None]
+        take = lambda x: jnp.where(ok, lax.dynamic_slice_in_dim(x, k0, self.bk, axis=1), 0.0)
+        return take(self.kh), take(self.vh), index
 
     def gradients_of_block(self, q_blk, do_blk, lse_blk, delta_blk, rows, k_blk, v_blk, keys):
         """(P, dS) [Hq, BQ, BK] of one block: probabilities (0 where masked) and dL/d score."""
@@ -356,61 +402,60 @@ class _Backward(NamedTuple):
 
 
 def _dq_pass(b: _Backward, cu_q: jax.Array, cu_k: jax.Array, total_q: int) -> jax.Array:
-    """float32 dq [total_q, Hq, D]: query tiles, each over its key interval."""
+    """float32 dq [Hq, total_q, D]: query chunks, each over its key interval."""
     num_q, _, dim = b.qh.shape
     num_kv = b.kh.shape[0]
-    q_tiles = cdiv(total_q, b.bq)
-    rows_q = q_tiles * b.bq
-    q_start, q_len = _tile_bounds(b.rows.lo[:rows_q], b.rows.hi[:rows_q], b.bq)
 
-    def dq_tile(_, t):
-        query = b.query_block(t * b.bq)
+    def dq_chunk(_, chunk):
+        query = b.query_block(chunk.start, chunk.start, chunk.row_end)
+        row_index = chunk.start + jnp.arange(b.bq, dtype=jnp.int32)
+        row_ok = row_index < chunk.row_end
+        start, length = _interval_union(query[4].lo, query[4].hi, row_ok)
 
         def body(state):
             n, dq = state
-            k_blk, v_blk, keys = b.key_block(q_start[t] + n * b.bk)
+            k_blk, v_blk, keys = b.key_block(start + n * b.bk, chunk.other_lo, chunk.other_hi)
             _, ds = b.gradients_of_block(*query, k_blk, v_blk, keys)
             return n + 1, dq + _dot(_grouped(ds, num_kv), k_blk, (2, 1), b.precision)
 
         init = (jnp.int32(0), jnp.zeros((num_kv, (num_q // num_kv) * b.bq, dim), _F32))
-        _, dq = lax.while_loop(lambda st: st[0] < cdiv(q_len[t], b.bk), body, init)
-        return None, dq.reshape(num_q, b.bq, dim) * b.spec.softmax_scale
+        init = varying_like(init, query[0], b.kh, chunk.start)
+        _, dq = lax.while_loop(lambda st: st[0] < cdiv(length, b.bk), body, init)
+        return None, (dq.reshape(num_q, b.bq, dim) * b.spec.softmax_scale, row_index, row_ok)
 
-    _, dq = lax.scan(dq_tile, None, jnp.arange(q_tiles))
-    return dq.transpose(0, 2, 1, 3).reshape(rows_q, num_q, dim)[:total_q]
+    _, (dq, rows, ok) = lax.scan(dq_chunk, None, _chunks(cu_q, cu_k, total_q, b.bq))
+    return _scatter_rows(dq, rows, ok, varying_like(jnp.zeros((num_q, total_q, dim), _F32), dq))
 
 
 def _dkdv_pass(
     b: _Backward, cu_q: jax.Array, cu_k: jax.Array, total_k: int
 ) -> tuple[jax.Array, jax.Array]:
-    """float32 (dk, dv) [total_k, Hkv, D]: key tiles, each over the query rows attending it."""
+    """float32 (dk, dv) [Hkv, total_k, D]: key chunks, each over the query rows attending it."""
     num_kv, _, dim = b.kh.shape
-    k_tiles = cdiv(total_k, b.bk)
-    rows_k = k_tiles * b.bk
-    key_lo, key_hi = _key_rows(cu_q, cu_k, rows_k, b.spec)
-    k_start, k_len = _tile_bounds(key_lo, key_hi, b.bk)
+    key_lo, key_hi = _key_rows(cu_q, cu_k, total_k + b.bk, b.spec)
 
-    def dkv_tile(_, t):
-        k_blk, v_blk, keys = b.key_block(t * b.bk)
+    def dkv_chunk(_, chunk):
+        k_blk, v_blk, keys = b.key_block(chunk.start, chunk.start, chunk.row_end)
+        key_ok = keys < chunk.row_end
+        take = lambda x: lax.dynamic_slice_in_dim(x, chunk.start, b.bk)
+        start, length = _interval_union(take(key_lo), take(key_hi), key_ok)
 
         def body(state):
             n, dk, dv = state
-            query = b.query_block(k_start[t] + n * b.bq)
-            q_blk, do_blk = query[0], query[1]
+            query = b.query_block(start + n * b.bq, chunk.other_lo, chunk.other_hi)
             p, ds = b.gradients_of_block(*query, k_blk, v_blk, keys)
             # Contracting over the G * BQ axis sums the query heads sharing a kv head.
-            dv = dv + _dot(_grouped(p, num_kv), do_blk, (1, 1), b.precision)
-            return n + 1, dk + _dot(_grouped(ds, num_kv), q_blk, (1, 1), b.precision), dv
+            dv = dv + _dot(_grouped(p, num_kv), query[1], (1, 1), b.precision)
+            return n + 1, dk + _dot(_grouped(ds, num_kv), query[0], (1, 1), b.precision), dv
 
         zeros = jnp.zeros((num_kv, b.bk, dim), _F32)
-        _, dk, dv = lax.while_loop(
-            lambda st: st[0] < cdiv(k_len[t], b.bq), body, (jnp.int32(0), zeros, zeros)
-        )
-        return None, (dk * b.spec.softmax_scale, dv)
+        init = varying_like((jnp.int32(0), zeros, zeros), k_blk, b.qh, chunk.start)
+        _, dk, dv = lax.while_loop(lambda st: st[0] < cdiv(length, b.bq), body, init)
+        return None, (dk * b.spec.softmax_scale, dv, keys, key_ok)
 
-    _, (dk, dv) = lax.scan(dkv_tile, None, jnp.arange(k_tiles))
-    unpad = lambda x: x.transpose(0, 2, 1, 3).reshape(rows_k, num_kv, dim)[:total_k]
-    return unpad(dk), unpad(dv)
+    _, (dk, dv, keys, ok) = lax.scan(dkv_chunk, None, _chunks(cu_k, cu_q, total_k, b.bk))
+    zeros = varying_like(jnp.zeros((num_kv, total_k, dim), _F32), dk)
+    return _scatter_rows(dk, keys, ok, zeros), _scatter_rows(dv, keys, ok, zeros)
 
 
 def attention_backward_xla(
@@ -454,25 +499,23 @@ def attention_backward_xla(
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
     bq = _block_size(block_q, total_q)
     bk = _block_size(block_k, total_k)
-    rows_q = cdiv(total_q, bq) * bq + bq
-    rows_k = cdiv(total_k, bk) * bk + bk
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, rows_q - total_q)))
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, bq)))
     b = _Backward(
-        qh=_heads_first(q, rows_q),
-        doh=_heads_first(d_out, rows_q),
+        qh=_heads_first(q, total_q + bq),
+        doh=_heads_first(d_out, total_q + bq),
         lse=pad(lse),
         delta=pad(delta),
-        kh=_heads_first(k, rows_k),
-        vh=_heads_first(v, rows_k),
-        rows=_query_rows(cu_seqlens_q, cu_seqlens_k, rows_q, spec),
+        kh=_heads_first(k, total_k + bk),
+        vh=_heads_first(v, total_k + bk),
+        rows=_query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec),
         slopes=None if alibi_slopes is None else alibi_slopes.astype(_F32),
         spec=spec,
         precision=precision,
         bq=bq,
         bk=bk,
     )
-    dq = _dq_pass(b, cu_seqlens_q, cu_seqlens_k, total_q)
-    dk, dv = _dkdv_pass(b, cu_seqlens_q, cu_seqlens_k, total_k)
+    dq = jnp.swapaxes(_dq_pass(b, cu_seqlens_q, cu_seqlens_k, total_q), 0, 1)
+    dk, dv = (jnp.swapaxes(x, 0, 1) for x in _dkdv_pass(b, cu_seqlens_q, cu_seqlens_k, total_k))
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_sinks
 
 

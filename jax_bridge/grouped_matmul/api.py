@@ -34,6 +34,7 @@ import numpy as np
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
@@ -254,7 +255,14 @@ def _gmm_bwd(options: MatmulOptions, residuals, d_out):
         d_rhs = _tgmm(grad, lhs, group_sizes, group_offset, None, num_groups, weight_options)
     else:  # rhs: [g, k, n]; d_rhs[g] = lhs[rows].T @ d_out[rows]
         d_rhs = _tgmm(lhs, grad, group_sizes, group_offset, None, num_groups, weight_options)
-    return d_lhs, d_rhs, None, None, d_out if accumulated else None
+    return _cotangents(lhs, rhs, d_lhs, d_rhs, d_out if accumulated else None)
+
+
+def _cotangents(lhs, rhs, d_lhs, d_rhs, d_existing_out):
+    """The custom_vjp's cotangents, each typed (inside shard_map) as its primal is;
+    group sizes and the offset are integers (None)."""
+    d_lhs, d_rhs = cotangent_like(d_lhs, lhs), cotangent_like(d_rhs, rhs)
+    return d_lhs, d_rhs, None, None, d_existing_out
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
@@ -304,7 +312,7 @@ def _tgmm_bwd(num_groups: int, options: MatmulOptions, residuals, d_out):
         ),
     )
     d_lhs = d_lhs_rows if options.lhs_token_major else d_lhs_rows.T
-    return d_lhs, d_rhs, None, None, d_out if accumulated else None
+    return _cotangents(lhs, rhs, d_lhs, d_rhs, d_out if accumulated else None)
 
 
 _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)

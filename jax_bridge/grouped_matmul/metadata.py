@@ -140,3 +140,22 @@ def make_group_metadata(
         chunk_row_block=chunk_row_block.astype(jnp.int32),
         num_chunks=slot_ends[-1:].astype(jnp.int32),
     )
+
+
+def chunk_row_bounds(meta: GroupMetadata, block_m: int) -> tuple[jax.Array, jax.Array]:
+    """Rows `[lo[s], hi[s])` that slot `s` computes: its group's rows within its row block.
+
+    Args:
+      meta: from `make_group_metadata(..., block_m=block_m)`.
+      block_m: rows per tile, as given to `make_group_metadata`.
+
+    Returns:
+      lo, hi: int32 [num_slots]. For real chunks (`s < num_chunks`) the ranges are
+      nonempty and pairwise disjoint, and together they are exactly the rows of the local
+      groups (the invariants of `GroupMetadata`); surplus slots give ranges that must be
+      ignored, like the slots themselves.
+    """
+    block_start = meta.chunk_row_block * block_m
+    lo = jnp.maximum(meta.group_starts[meta.chunk_group], block_start)
+    hi = jnp.minimum(meta.group_ends[meta.chunk_group], block_start + block_m)
+    return lo.astype(jnp.int32), hi.astype(jnp.int32)

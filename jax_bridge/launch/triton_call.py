@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 
+from jax_bridge.core.vma import varying_like
 from jax_bridge.launch.interpreter import run_interpreted
 from jax_bridge.launch.target import launch_target
 
@@ -126,7 +127,7 @@ def triton_call(
             name=name or kernel.__name__,
             **constexprs,
         )
-        return outs[0] if single else tuple(outs)
+        return _typed_like_inputs(outs, args, single)
 
     # Arrays travel through the callback; scalars are baked into it.
     arrays, slots, scalars = [], [], []
@@ -150,4 +151,16 @@ def triton_call(
         constexprs=constexprs,
     )
     outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
-    return outs[0] if single else tuple(outs)
+    return _typed_like_inputs(outs, args, single)
+
+
+def _typed_like_inputs(outs: Sequence[jax.Array], args: Sequence[Any], single: bool) -> Any:
+    """The kernel's outputs, varying (inside shard_map) along every axis an input varies on.
+
+    Neither `pure_callback` nor jax_triton's call knows that its results are computed from
+    its (per-device) inputs, and types them invariant. Left so, shard_map's autodiff would
+    keep one device's copy of a kernel output saved for the backward, and a custom_vjp
+    would not sum a replicated input's per-device cotangents.
+    """
+    outs = varying_like(tuple(outs), *(a for a in args if isinstance(a, jax.Array)))
+    return outs[0] if single else outs

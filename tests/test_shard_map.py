@@ -1,0 +1,144 @@
+"""Every op inside `jax.shard_map` with its default settings (`check_vma=True`), on 4 of
+the 8 fake CPU devices, forward and gradient, against the same op run unsharded.
+
+Data-parallel attention: each device holds its own packed tokens and cu_seqlens; the
+unsharded run packs all four shards into one batch. Expert-parallel grouped matmul: each
+device holds a quarter of the experts (`group_offset`), every device sees every token, and
+a `psum` over the expert axis combines the rows.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from jax_bridge import grouped_matmul, transposed_grouped_matmul, varlen_attention
+
+IMPLEMENTATIONS = ("xla", "triton")
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[:SHARDS]), ("d",))
+
+
+def _attention_problem():
+    rng = np.random.default_rng(7)
+    tokens = 48  # per shard; documents differ between shards, some empty, plus padding
+    lengths = [[20, 0, 25], [1, 40, 3], [47, 0, 0], [10, 10, 10]]
+    cu = np.array([np.concatenate([[0], np.cumsum(lens)]) for lens in lengths], np.int32)
+    q = jnp.asarray(rng.standard_normal((SHARDS * tokens, 4, 32)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((SHARDS * tokens, 2, 32)), jnp.float32) for _ in "kv")
+    sinks = jnp.asarray(rng.standard_normal((4,)), jnp.float32)
+    return q, k, v, sinks, jnp.asarray(cu), lengths
+
+
+def _global_cu(cu, lengths, tokens=48):
+    """Unsharded cu_seqlens: every shard's documents, then its padding as an empty-key run."""
+    bounds = [0]
+    for s, lens in enumerate(lengths):
+        for length in lens:
+            bounds.append(bounds[-1] + length)
+        bounds.append((s + 1) * tokens)  # the shard's padding: one more sequence
+    return np.asarray(bounds, np.int32)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_data_parallel_attention_forward_and_gradient(mesh, implementation):
+    q, k, v, sinks, cu, lengths = _attention_problem()
+    options = dict(causal=True, sliding_window=(17, None), implementation=implementation)
+
+    def local(q, k, v, cu, sinks):
+        return varlen_attention(q, k, v, cu[0], cu[0], sinks=sinks, **options)
+
+    sharded = jax.shard_map(
+        local, mesh=mesh, in_specs=(P("d"), P("d"), P("d"), P("d"), P()), out_specs=P("d")
+    )
+    # The padding of each shard attends only itself in the unsharded run: compare only
+    # the real tokens, where both runs mean the same thing.
+    g_cu = jnp.asarray(_global_cu(cu, lengths))
+    real = np.concatenate([s * 48 + np.arange(sum(lens)) for s, lens in enumerate(lengths)])
+
+    def unsharded(q, k, v, sinks):
+        return varlen_attention(q, k, v, g_cu, g_cu, sinks=sinks, **options)
+
+    weights = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+    out = jax.jit(sharded)(q, k, v, cu, sinks)
+    expected = unsharded(q, k, v, sinks)
+    np.testing.assert_allclose(out[real], expected[real], rtol=1e-5, atol=1e-5)
+
+    def loss(fn):
+        return lambda q, k, v, s: jnp.sum(fn(q, k, v, s)[real] * weights[real])
+
+    grads = jax.jit(jax.grad(loss(lambda *a: sharded(*a[:3], cu, a[3])), (0, 1, 2, 3)))(
+        q, k, v, sinks
+    )
+    expected_grads = jax.grad(loss(unsharded), (0, 1, 2, 3))(q, k, v, sinks)
+    for name, got, want in zip("q k v sinks".split(), grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_expert_parallel_grouped_matmul_forward_and_gradient(mesh, implementation):
+    rng = np.random.default_rng(3)
+    num_experts, m, k, n = 8, 70, 32, 24
+    sizes = jnp.asarray([9, 0, 14, 1, 7, 20, 0, 11], jnp.int32)  # sum 62 < m
+    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((num_experts, k, n)), jnp.float32)
+    local_experts = num_experts // SHARDS
+
+    def local(lhs, rhs):
+        offset = jax.lax.axis_index("d") * local_experts
+        out = grouped_matmul(lhs, rhs, sizes, group_offset=offset, implementation=implementation)
+        return jax.lax.psum(out, "d")
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())
+    unsharded = lambda lhs, rhs: grouped_matmul(lhs, rhs, sizes, implementation=implementation)
+    np.testing.assert_allclose(
+        jax.jit(sharded)(lhs, rhs), unsharded(lhs, rhs), rtol=1e-5, atol=1e-5
+    )
+
+    weights = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    loss = lambda fn: lambda lhs, rhs: jnp.sum(fn(lhs, rhs) * weights)
+    grads = jax.jit(jax.grad(loss(sharded), (0, 1)))(lhs, rhs)
+    expected = jax.grad(loss(unsharded), (0, 1))(lhs, rhs)
+    for name, got, want in zip(("lhs", "rhs"), grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_expert_parallel_transposed_grouped_matmul_gradient(mesh, implementation):
+    rng = np.random.default_rng(4)
+    num_experts, m, k, n = 8, 40, 16, 24
+    sizes = jnp.asarray([3, 5, 0, 9, 2, 8, 6, 4], jnp.int32)
+    lhs = jnp.asarray(rng.standard_normal((k, m)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    local_experts = num_experts // SHARDS
+
+    def local(lhs, rhs):
+        offset = jax.lax.axis_index("d") * local_experts
+        return transposed_grouped_matmul(
+            lhs,
+            rhs,
+            sizes,
+            group_offset=offset,
+            num_groups=local_experts,
+            implementation=implementation,
+        )
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P()), out_specs=P("d"))
+    unsharded = lambda lhs, rhs: transposed_grouped_matmul(
+        lhs, rhs, sizes, implementation=implementation
+    )
+    np.testing.assert_allclose(
+        jax.jit(sharded)(lhs, rhs), unsharded(lhs, rhs), rtol=1e-5, atol=1e-5
+    )
+    weights = jnp.asarray(rng.standard_normal((num_experts, k, n)), jnp.float32)
+    loss = lambda fn: lambda lhs, rhs: jnp.sum(fn(lhs, rhs) * weights)
+    grads = jax.jit(jax.grad(loss(sharded), (0, 1)))(lhs, rhs)
+    expected = jax.grad(loss(unsharded), (0, 1))(lhs, rhs)
+    for name, got, want in zip(("lhs", "rhs"), grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
