@@ -19,16 +19,18 @@ from jax.custom_derivatives import SymbolicZero
 
 from jax_bridge.attention import triton, xla
 from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.vma import cotangent_like
 from jax_bridge.core.validation import (
+    as_int32,
     check_cu_seqlens,
     check_static_int,
     is_traced,
     require,
 )
+from jax_bridge.core.vma import cotangent_like
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 
 __all__ = ["AttentionOptions", "varlen_attention"]
@@ -103,8 +105,10 @@ def varlen_attention(
         totals), so different values do not cause recompilation.
       causal: keys right of the (bottom-right aligned) diagonal are masked.
       sliding_window: (left, right): keys with diag(i) - left <= j <= diag(i) + right
-        are attended; None on a side is unbounded. With `causal`, right is 0.
-      logits_soft_cap: scores become cap * tanh(s / cap) (before ALiBi and masking).
+        are attended; None (or -1, FlashAttention's convention) on a side is unbounded,
+        and so is any side of 2^30 or more. With `causal`, right is 0.
+      logits_soft_cap: scores become cap * tanh(s / cap) (before ALiBi and masking);
+        None or 0.0 (FlashAttention's `softcap=0.0`) is off.
       softmax_scale: multiplies q.k; default 1 / sqrt(head_dim).
       sinks: [num_q_heads] learnable logits, one per head, that join every row's softmax
         denominator and carry no value. They receive a gradient.
@@ -128,15 +132,17 @@ def varlen_attention(
 
     Differentiation: reverse mode (`jax.grad`/`jax.vjp`) for q, k, v and sinks; the
     cu_seqlens get no (float0) cotangent and alibi_slopes a zero one. The lse output is
-    differentiable too (its cotangent flows into q, k and sinks); with the Triton
-    implementation a nonzero lse cotangent makes the backward run the XLA implementation,
-    since the Triton kernels take only the output's cotangent. Forward mode is not
-    supported (custom_vjp).
+    differentiable too (its cotangent flows into q, k and sinks). Forward mode (custom_vjp)
+    and higher-order derivatives (grad of grad, `jax.hessian`) are not supported: the
+    latter raise a NotImplementedError naming this op.
 
-    Batching: `jax.vmap` over varlen_attention works with the XLA implementation (so on
-    CPU, where "auto" picks it), but not with the Triton implementation on a GPU
-    (`jax_triton` kernels have no batching rule). Fold a batch into the packed token axis
-    instead: concatenate the batch's tokens and offset its cu_seqlens, one call in all.
+    Transforms: `jax.jit`, `jax.vmap` over any argument (the Triton kernels loop over the
+    batch; folding a batch into the packed token axis is one launch instead), `jax.remat`,
+    and `jax.shard_map` with its default `check_vma=True` (e.g. data parallelism: each
+    device its own packed tokens and cu_seqlens).
+
+    Non-finite sinks: a NaN sink makes its head's outputs NaN; a +inf sink takes all of
+    the probability (output 0, lse +inf); -inf is no sink.
 
     Raises:
       TypeError / ValueError naming the offending argument.
@@ -216,12 +222,8 @@ def _check_cu_seqlens(cu: Any, name: str, total: int, array_name: str) -> jax.Ar
     arr = cu if is_traced(cu) else np.asarray(cu)
     if arr.ndim != 1:
         raise ValueError(f"{_OP}: {name} must have shape [batch + 1], got {tuple(arr.shape)}.")
-    if arr.dtype != np.int32:
-        raise TypeError(
-            f"{_OP}: {name} must be int32, got {arr.dtype}; cast it with "
-            f"jnp.asarray({name}, jnp.int32)."
-        )
-    cu = check_cu_seqlens(cu, name)  # non-empty, starts at 0, non-decreasing
+    # Converted to int32 when the values fit; then non-empty, from 0, non-decreasing.
+    cu = check_cu_seqlens(as_int32(arr, f"{_OP}: {name}"), name)
     require(
         cu[-1] <= total,
         f"{_OP}: {name}[-1] (the number of real tokens) exceeds {array_name}.shape[0] = {total}.",
@@ -244,15 +246,9 @@ def _make_spec(
                 f"{_OP}: sliding_window must be a pair (left, right) of ints >= 0 or None, "
                 f"got {sliding_window!r}."
             )
-        for side in sliding_window:
-            if side is not None and (
-                isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < 0
-            ):
-                raise ValueError(
-                    f"{_OP}: sliding_window entries must be ints >= 0 or None, "
-                    f"got {sliding_window!r}."
-                )
-        sliding_window = tuple(None if s is None else int(s) for s in sliding_window)
+        sliding_window = tuple(_window_side(side, sliding_window) for side in sliding_window)
+    if isinstance(logits_soft_cap, numbers.Real) and logits_soft_cap == 0:
+        logits_soft_cap = None  # FlashAttention's softcap=0.0: off
     for name, value in (("logits_soft_cap", logits_soft_cap), ("softmax_scale", softmax_scale)):
         if value is not None and (
             is_traced(value) or isinstance(value, bool) or not isinstance(value, numbers.Real)
@@ -268,6 +264,19 @@ def _make_spec(
         )
     except ValueError as err:  # the spec's messages name the argument already
         raise ValueError(f"{_OP}: {err}") from None
+
+
+def _window_side(side: Any, window: Any) -> int | None:
+    """One side of a sliding window: an int >= 0, or None (unbounded). -1 also means
+    unbounded, as FlashAttention's `window_size=(-1, -1)` does."""
+    if side is None:
+        return None
+    if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
+        raise ValueError(
+            f"{_OP}: sliding_window entries must be ints >= 0, -1 or None (unbounded), "
+            f"got {window!r}."
+        )
+    return None if side == -1 else int(side)
 
 
 def _check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
@@ -315,10 +324,25 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 # Arrays are as documented on `varlen_attention`, already validated.
 
 
+def _forward(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
+    """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
+    out, lse = _BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    return (out, lse) if sinks is None else _apply_sink_limits(out, lse, sinks)
+
+
+def _apply_sink_limits(out: jax.Array, lse: jax.Array, sinks: jax.Array):
+    """The documented limits of non-finite sinks, the same on every backend: a NaN sink
+    makes its head's rows NaN; a +inf sink takes all the probability (output 0, lse +inf).
+    Finite sinks (and -inf: a sink that is never there) pass through unchanged."""
+    sink = sinks.astype(jnp.float32)[:, None]  # [Hq, 1]: broadcasts over [Tq, Hq, D]
+    is_nan, is_inf = jnp.isnan(sink), sink == jnp.inf
+    out = jnp.where(is_nan, jnp.nan, jnp.where(is_inf, 0, out)).astype(out.dtype)
+    return out, jnp.where(is_nan | is_inf, sink, lse)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
-    """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
-    return _BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    return _forward(options, q, k, v, cu_q, cu_k, sinks, alibi)
 
 
 def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
@@ -326,8 +350,9 @@ def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi)
     q, k, v, cu_q, cu_k = (x.value for x in (q, k, v, cu_q, cu_k))
     sinks = None if sinks is None else sinks.value
     alibi = None if alibi is None else alibi.value
-    backend = _BACKENDS[options.implementation]
-    out, lse = backend.forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    # Only a second-order derivative differentiates the residuals' computation.
+    forward = functools.partial(_forward, options)
+    out, lse = first_order_only(forward, _OP)(q, k, v, cu_q, cu_k, sinks, alibi)
     return (out, lse), (q, k, v, out, lse, cu_q, cu_k, sinks, alibi)
 
 
@@ -338,9 +363,9 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     if isinstance(d_out, SymbolicZero):
         d_out = jnp.zeros_like(out)
     d_lse = None if isinstance(d_lse, SymbolicZero) else d_lse
-    backend = _BACKENDS[options.implementation]
-    dq, dk, dv, d_sinks = backend.backward(
-        q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options
+    backward = functools.partial(_BACKENDS[options.implementation].backward, options=options)
+    dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
+        q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
     )
     if sinks is not None:
         d_sinks = cotangent_like(d_sinks.astype(sinks.dtype), sinks)

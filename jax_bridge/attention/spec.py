@@ -26,6 +26,10 @@ import dataclasses
 import math
 import numbers
 
+# A window side this wide masks nothing in any sequence the kernels index (int32 token
+# offsets; a wider side would overflow `diag + side` there): it is stored as None.
+UNBOUNDED_WINDOW = 2**30
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
@@ -34,7 +38,8 @@ class AttentionSpec:
     Attributes:
       softmax_scale: multiplies q.k before anything else.
       causal: keys after the query's (bottom-right aligned) diagonal are masked.
-      window_left: keys further than this left of the diagonal are masked (None: unbounded).
+      window_left: keys further than this left of the diagonal are masked (None: unbounded;
+        a side of `UNBOUNDED_WINDOW` = 2^30 or more is stored as None).
       window_right: keys further than this right of the diagonal are masked (None:
         unbounded). `causal=True` makes it 0.
       logits_soft_cap: cap * tanh(s / cap) on the scaled scores (None: off); a finite
@@ -62,6 +67,8 @@ class AttentionSpec:
                 raise ValueError(
                     f"sliding_window: {name} must be None or an int >= 0, got {value!r}"
                 )
+            if value is not None and value >= UNBOUNDED_WINDOW:
+                object.__setattr__(self, name, None)
         cap = self.logits_soft_cap
         if cap is not None and not (_is_finite_real(cap) and cap > 0):
             raise ValueError(f"logits_soft_cap must be a finite number > 0 or None, got {cap!r}")

@@ -90,17 +90,13 @@ def _per_head(x: jax.Array | None) -> jax.Array:
     return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
 
 
-# Windows wider than any sequence mask nothing more; clamping keeps them int32 scalars.
-_WIDEST_WINDOW = 2**30
-
-
 def _spec_arguments(spec: AttentionSpec) -> tuple[tuple, dict]:
     """The kernels' runtime scalars (scale, cap, windows) and their constexpr flags."""
     scalars = (
         np.float32(spec.softmax_scale),
         np.float32(spec.logits_soft_cap or 1.0),
-        min(spec.window_left or 0, _WIDEST_WINDOW),
-        min(spec.window_right or 0, _WIDEST_WINDOW),
+        spec.window_left or 0,  # < UNBOUNDED_WINDOW (the spec's invariant): an int32
+        spec.window_right or 0,
     )
     flags = dict(
         HAS_WINDOW_LEFT=spec.window_left is not None,

@@ -160,3 +160,25 @@ def check_mask(mask: Any, name: str = "mask", shape: tuple[int, int] | None = No
     if shape is not None and tuple(arr.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(arr.shape)}.")
     return jnp.asarray(arr)
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def as_int32(x: Any, name: str) -> jax.Array | np.ndarray:
+    """Integer indices or sizes as int32, the kernels' index type.
+
+    Python lists and int64 arrays (e.g. `jnp.cumsum` under x64) are converted when every
+    value fits; a value that does not is a ValueError naming `name` (a checkify check
+    when traced). Non-integer dtypes (float, bool) are a TypeError.
+    """
+    arr = x if is_traced(x) else np.asarray(x)
+    if arr.dtype == np.bool_ or not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise TypeError(f"{name} must hold integers (int32), got dtype {arr.dtype}.")
+    if arr.dtype == np.int32:
+        return arr
+    require_all(
+        (arr >= _INT32.min) & (arr <= _INT32.max),
+        f"{name} holds values that do not fit int32.",
+    )
+    return arr.astype(np.int32) if isinstance(arr, np.ndarray) else arr.astype(jnp.int32)

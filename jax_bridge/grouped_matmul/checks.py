@@ -42,7 +42,18 @@ def check_dimension(name: str, actual: int, expected: int, what: str) -> None:
         raise ValueError(f"{name}: {what} is {actual}, but must be {expected}.")
 
 
-def check_preferred_element_type(dtype: Any) -> np.dtype:
+def check_preferred_element_type(dtype: Any, operand_dtype: Any = None) -> np.dtype:
+    """The result dtype: a floating dtype, or None for the default.
+
+    None means what `jax.lax.dot` makes of it, the operands' dtype, promoted to at least
+    float32 because products accumulate in float32 (float64 operands under x64 give
+    float64); without `operand_dtype`, float32, the public default. (`jnp.dtype(None)` is
+    float64, which is why None must not reach it.)
+    """
+    if dtype is None:
+        if operand_dtype is None:
+            return np.dtype(np.float32)
+        return np.dtype(jnp.promote_types(jnp.float32, operand_dtype))
     try:
         dtype = jnp.dtype(dtype)
     except TypeError as e:
@@ -50,6 +61,20 @@ def check_preferred_element_type(dtype: Any) -> np.dtype:
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"preferred_element_type must be a floating dtype, got {dtype}.")
     return dtype
+
+
+def check_triton_dtypes(op: str, operand_dtype: Any, out_dtype: Any) -> None:
+    """The Triton kernels multiply 16- and 32-bit floats only: float64 is a TypeError.
+
+    (Triton's float64 dot is unsupported on the GPU and silently wrong through the
+    interpreter.) The XLA implementation supports float64 under `jax_enable_x64`.
+    """
+    for what, dtype in (("operands", operand_dtype), ("preferred_element_type", out_dtype)):
+        if np.dtype(dtype) == np.float64:
+            raise TypeError(
+                f'{op}: float64 is unsupported on the Triton path (implementation="triton"), '
+                f'got {what} of dtype {np.dtype(dtype)}; use implementation="xla" or float32.'
+            )
 
 
 def check_group_offset(

@@ -40,17 +40,18 @@ _PADDING_ID = -1
 
 
 class SegmentMasks(NamedTuple):
-    """What `segment_ids_to_mask(..., return_separate_masks=True)` returns.
+    """What `segment_ids_to_mask(..., return_separate_masks=True)` returns, in the order
+    of the API this package follows (`q_mask, kv_mask, attention_mask = ...`).
 
-    mask:     [..., Q, K]  q_valid[..., :, None] & kv_valid[..., None, :] & (q_ids == kv_ids)
-    q_valid:  [..., Q]     True where the query id is a real segment (id > 0)
-    kv_valid: [..., K]     True where the key id is a real segment (id > 0)
+    q_mask:         [..., Q]     True where the query id is a real segment (id > 0)
+    kv_mask:        [..., K]     True where the key id is a real segment (id > 0)
+    attention_mask: [..., Q, K]  q_mask[..., :, None] & kv_mask[..., None, :] & (q_ids == kv_ids)
     All three have the requested dtype.
     """
 
-    mask: jax.Array
-    q_valid: jax.Array
-    kv_valid: jax.Array
+    q_mask: jax.Array
+    kv_mask: jax.Array
+    attention_mask: jax.Array
 
 
 def _dtype_of(value: object) -> np.dtype:
@@ -84,8 +85,8 @@ def segment_ids_to_mask(
 
     Returns:
       mask `[..., Q, K]`: True where both ids are equal and positive; or, with
-      `return_separate_masks=True`, a `SegmentMasks(mask, q_valid [..., Q],
-      kv_valid [..., K])` named tuple.
+      `return_separate_masks=True`, a `SegmentMasks(q_mask [..., Q], kv_mask [..., K],
+      attention_mask [..., Q, K])` named tuple.
     """
     if isinstance(segment_ids, tuple | list):
         if len(segment_ids) != 2:
@@ -115,7 +116,7 @@ def segment_ids_to_mask(
     mask = (q_ids[..., :, None] == kv_ids[..., None, :]) & q_valid[..., :, None]
     if not return_separate_masks:
         return mask.astype(dtype)
-    return SegmentMasks(mask.astype(dtype), q_valid.astype(dtype), kv_valid.astype(dtype))
+    return SegmentMasks(q_valid.astype(dtype), kv_valid.astype(dtype), mask.astype(dtype))
 
 
 def _pack_rows(mask: jax.Array) -> jax.Array:

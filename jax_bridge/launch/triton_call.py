@@ -44,17 +44,16 @@ def _initial_output(shape: jax.ShapeDtypeStruct) -> np.ndarray:
 
 def _host_launch(
     *arrays: np.ndarray,
+    rebuild: Callable[[Sequence[Any]], list[Any]],
     kernel: triton.JITFunction,
-    slots: tuple[int | None, ...],
-    scalars: tuple[Any, ...],
     out_shapes: tuple[jax.ShapeDtypeStruct, ...],
     grid: Grid,
     zeroed_outputs: tuple[int, ...],
     input_output_aliases: tuple[tuple[int, int], ...],
     constexprs: dict[str, Any],
 ) -> tuple[np.ndarray, ...]:
-    host_arrays = [np.ascontiguousarray(a) for a in arrays]
-    args = [host_arrays[s] if s is not None else v for s, v in zip(slots, scalars, strict=True)]
+    args = rebuild([np.ascontiguousarray(a) for a in arrays])
+    args = [a.item() if isinstance(a, np.generic) else a for a in args]
     outputs = [_initial_output(s) for s in out_shapes]
     for i in zeroed_outputs:
         outputs[i][...] = 0
@@ -110,48 +109,72 @@ def triton_call(
                 f"but output {out_index} has shape {out_shapes[out_index].shape}"
             )
 
-    target = launch_target()
-    if target.on_gpu:
-        from jax_bridge.launch.jax_triton_compat import call_jax_triton
+    # Arrays travel through the call (and are what vmap batches); scalars are baked in.
+    is_scalar = [isinstance(a, bool | int | float | np.floating | np.integer) for a in args]
+    arrays = [a for a, scalar in zip(args, is_scalar, strict=True) if not scalar]
 
-        outs = call_jax_triton(
-            *args,
+    def rebuild(given: Sequence[Any]) -> list[Any]:
+        given = iter(given)
+        return [a if scalar else next(given) for a, scalar in zip(args, is_scalar, strict=True)]
+
+    if launch_target().on_gpu:
+        launch = functools.partial(
+            _gpu_launch,
+            rebuild=rebuild,
             kernel=kernel,
             out_shapes=out_shapes,
             grid=grid,
             num_warps=num_warps,
             num_stages=num_stages,
-            compute_capability=target.compute_capability,
             input_output_aliases=aliases,
             zeroed_outputs=tuple(zeroed_outputs),
             name=name or kernel.__name__,
-            **constexprs,
+            constexprs=constexprs,
         )
-        return _typed_like_inputs(outs, args, single)
-
-    # Arrays travel through the callback; scalars are baked into it.
-    arrays, slots, scalars = [], [], []
-    for a in args:
-        if isinstance(a, bool | int | float | np.floating | np.integer):
-            slots.append(None)
-            scalars.append(a.item() if isinstance(a, np.generic) else a)
-        else:
-            slots.append(len(arrays))
-            scalars.append(None)
-            arrays.append(a)
-    callback = functools.partial(
-        _host_launch,
-        kernel=kernel,
-        slots=tuple(slots),
-        scalars=tuple(scalars),
-        out_shapes=out_shapes,
-        grid=grid,
-        zeroed_outputs=tuple(zeroed_outputs),
-        input_output_aliases=tuple(aliases.items()),
-        constexprs=constexprs,
-    )
-    outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
+        outs = _batched_by_loop(launch)(*arrays)
+    else:
+        callback = functools.partial(
+            _host_launch,
+            rebuild=rebuild,
+            kernel=kernel,
+            out_shapes=out_shapes,
+            grid=grid,
+            zeroed_outputs=tuple(zeroed_outputs),
+            input_output_aliases=tuple(aliases.items()),
+            constexprs=constexprs,
+        )
+        outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
     return _typed_like_inputs(outs, args, single)
+
+
+def _gpu_launch(*arrays: jax.Array, rebuild, constexprs, **launch: Any) -> tuple[jax.Array, ...]:
+    from jax_bridge.launch.jax_triton_compat import call_jax_triton
+
+    target = launch_target()
+    return tuple(
+        call_jax_triton(
+            *rebuild(arrays), compute_capability=target.compute_capability, **launch, **constexprs
+        )
+    )
+
+
+def _batched_by_loop(launch: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., Any]:
+    """`launch` with a batching rule: under `jax.vmap`, one launch per batch element.
+
+    jax_triton's kernel call has no batching rule of its own; a loop (`lax.map`) is always
+    right, and ops that want one wide launch fold the batch into their token axis instead.
+    """
+    batched = jax.custom_batching.custom_vmap(launch)
+
+    @batched.def_vmap
+    def _rule(axis_size: int, in_batched: list[bool], *arrays: jax.Array):
+        def one(i: jax.Array) -> tuple[jax.Array, ...]:
+            return launch(*(a[i] if b else a for a, b in zip(arrays, in_batched, strict=True)))
+
+        outs = jax.lax.map(one, jnp.arange(axis_size))
+        return outs, (True,) * len(outs)
+
+    return batched
 
 
 def _typed_like_inputs(outs: Sequence[jax.Array], args: Sequence[Any], single: bool) -> Any:

@@ -138,7 +138,10 @@ def test_separate_masks_are_the_valid_sides(seed, q_len, kv_len):
     out = segment_ids_to_mask((q_ids, kv_ids), dtype=jnp.float32, return_separate_masks=True)
 
     assert isinstance(out, SegmentMasks)
-    mask, q_valid, kv_valid = (np.asarray(a) for a in out)
+    # The documented order: a migrating user's `q_mask, kv_mask, mask = ...` binds right.
+    q_valid, kv_valid, mask = (np.asarray(a) for a in out)
+    assert out._fields == ("q_mask", "kv_mask", "attention_mask")
+    assert q_valid.shape == q_ids.shape and kv_valid.shape == kv_ids.shape
     assert mask.dtype == q_valid.dtype == kv_valid.dtype == np.float32
     np.testing.assert_array_equal(q_valid, q_ids > 0)
     np.testing.assert_array_equal(kv_valid, kv_ids > 0)

@@ -147,6 +147,31 @@ def test_softmax_lowers_and_compiles_for_cuda(compute_capability, dtype):
     assert "triton_kernel_call" in text
 
 
+def test_vmap_on_the_gpu_path_loops_over_the_batch():
+    # jax_triton's call has no batching rule: the launcher's own rule launches once per
+    # batch element, inside a loop of the lowered program (checked without a GPU).
+    text = lower_for_cuda(
+        jax.vmap(softmax), jax.ShapeDtypeStruct((3, 8, 100), jnp.float32), compute_capability=90
+    )
+    assert text.count("triton_kernel_call") == 1
+    assert "stablehlo.while" in text
+
+
+def test_vmap_of_an_op_with_mixed_batched_arguments_lowers_for_cuda():
+    from jax_bridge import varlen_attention
+
+    cu = jnp.array([0, 5, 12], jnp.int32)
+
+    def attention(q, k, v):  # q batched, k and v shared
+        return varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton")
+
+    batched = jax.vmap(attention, in_axes=(0, None, None))
+    q = jax.ShapeDtypeStruct((2, 12, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((12, 2, 64), jnp.bfloat16)
+    text = lower_for_cuda(batched, q, kv, kv, compute_capability=90)
+    assert "triton_kernel_call" in text and "stablehlo.while" in text
+
+
 def test_cpu_path_and_cuda_lowering_do_not_share_a_trace():
     """Interpreting a kernel leaves Triton's language intact for the GPU compiler, and a
     function jitted for the CPU is traced anew when lowered for cuda (and back)."""
