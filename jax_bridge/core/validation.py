@@ -16,8 +16,10 @@ Messages passed to ``debug_check`` are format strings, so they never contain bra
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import operator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -182,3 +184,19 @@ def as_int32(x: Any, name: str) -> jax.Array | np.ndarray:
         f"{name} holds values that do not fit int32.",
     )
     return arr.astype(np.int32) if isinstance(arr, np.ndarray) else arr.astype(jnp.int32)
+
+
+@contextlib.contextmanager
+def naming_op(op: str) -> Iterator[None]:
+    """Within: a TypeError or ValueError from a shared check is re-raised naming `op`.
+
+    Shared checks word their messages by argument (`group_sizes must ...`); the public op
+    that called them prefixes its name, once, so the user sees which call was wrong.
+    """
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        if message.startswith(f"{op}:"):
+            raise
+        raise type(err)(f"{op}: {message}") from None

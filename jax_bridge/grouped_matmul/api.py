@@ -4,7 +4,8 @@ the public ops, their `custom_vjp` wiring and the choice of implementation.
 Rows (tokens) are sorted by group (expert): group `i` owns rows
 `[sum(group_sizes[:i]), sum(group_sizes[:i + 1]))`. The backends share the semantics
 exactly: `triton` (the Triton kernels, on a GPU or through Triton's interpreter on a CPU)
-and `xla` (XLA's `ragged_dot_general`). `reference` is the dense oracle.
+and `xla` (a loop over the same row tiles; `ragged_dot_general` on TPU). `reference`
+is the dense oracle.
 
 Backend contract (every module in `_BACKENDS`):
   gmm(lhs, rhs, group_sizes, group_offset, existing_out, options) -> [m, n]
@@ -34,6 +35,7 @@ import numpy as np
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.validation import naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
@@ -96,7 +98,8 @@ def grouped_matmul(
       rhs: [num_groups, k, n], or [num_groups, n, k] with `transpose_rhs=True`.
       group_sizes: int32 [num_groups_total], rows per group; `sum <= m`. Rows past the
         sum belong to no group. Without `group_offset`, `num_groups_total == num_groups`.
-      preferred_element_type: dtype of the result; products accumulate in float32.
+      preferred_element_type: dtype of the result (None: as `jax.lax.dot`, the operands'
+        dtype promoted to float32); products accumulate in float32.
       tiling: `(tm, tk, tn)` block sizes of the Triton kernel (powers of two >= 16, shrunk
         to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or None to let
         the launch configuration choose. `m` need not be a multiple of `tm`.
@@ -126,35 +129,36 @@ def grouped_matmul(
       TypeError / ValueError naming the argument for bad dtypes, shapes, tilings, and
       (when concrete) `group_sizes` summing past `m` or an out-of-range `group_offset`.
     """
-    checks.check_operands(lhs, rhs, lhs_doc="[m, k]", rhs_doc="[num_groups, k, n]")
-    m, k = lhs.shape
-    num_groups = rhs.shape[0]
-    if num_groups < 1:
-        raise ValueError(
-            f"grouped_matmul: rhs must hold at least one group, got shape {tuple(rhs.shape)}."
+    with naming_op("grouped_matmul"):
+        checks.check_operands(lhs, rhs, lhs_doc="[m, k]", rhs_doc="[num_groups, k, n]")
+        m, k = lhs.shape
+        num_groups = rhs.shape[0]
+        if num_groups < 1:
+            raise ValueError(f"rhs must hold at least one group, got shape {tuple(rhs.shape)}.")
+        rhs_k = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+        layout = (
+            "[num_groups, n, k] (transpose_rhs=True)" if transpose_rhs else "[num_groups, k, n]"
         )
-    rhs_k = rhs.shape[2] if transpose_rhs else rhs.shape[1]
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    layout = "[num_groups, n, k] (transpose_rhs=True)" if transpose_rhs else "[num_groups, k, n]"
-    checks.check_dimension("rhs", rhs_k, k, f"k of rhs {layout} vs lhs [m, k]")
-    out_dtype = checks.check_preferred_element_type(preferred_element_type)
-    checks.check_existing_out(existing_out, shape=(m, n), dtype=out_dtype)
-    group_sizes = checks.check_group_sizes(
-        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
-    )
-    group_offset = checks.check_group_offset(
-        group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
-    )
-    options = _options(
-        "grouped_matmul",
-        implementation,
-        interpret,
-        precision,
-        config,
-        tiling,
-        out_dtype,
-        transpose_rhs=bool(transpose_rhs),
-    )
+        checks.check_dimension("rhs", rhs_k, k, f"k of rhs {layout} vs lhs [m, k]")
+        out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
+        checks.check_existing_out(existing_out, shape=(m, n), dtype=out_dtype)
+        group_sizes = checks.check_group_sizes(
+            group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+        )
+        group_offset = checks.check_group_offset(
+            group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+        )
+        options = _options(
+            "grouped_matmul",
+            implementation,
+            interpret,
+            precision,
+            config,
+            tiling,
+            out_dtype,
+            transpose_rhs=bool(transpose_rhs),
+        )
     return _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)
 
 
@@ -179,7 +183,8 @@ def transposed_grouped_matmul(
       lhs: [k, m], columns sorted by group.
       rhs: [m, n], rows sorted by group.
       group_sizes: int32 [num_groups_total]; `sum <= m`; rows past the sum are ignored.
-      preferred_element_type: dtype of the result; products accumulate in float32.
+      preferred_element_type: dtype of the result (None: as `jax.lax.dot`, the operands'
+        dtype promoted to float32); products accumulate in float32.
       tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None; here
         `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
       group_offset: int or int32 scalar (may be traced): compute groups
@@ -193,27 +198,34 @@ def transposed_grouped_matmul(
       [num_groups, k, n] of `preferred_element_type`; an empty group gives zeros (or its
       `existing_out`).
     """
-    checks.check_operands(lhs, rhs, lhs_doc="[k, m]", rhs_doc="[m, n]")
-    k, m = lhs.shape
-    n = rhs.shape[1]
-    checks.check_dimension("rhs", rhs.shape[0], m, "m of rhs [m, n] vs lhs [k, m]")
-    if num_groups is None:
-        if group_offset is not None:
-            raise ValueError("num_groups must be given with group_offset.")
-        num_groups = np.shape(group_sizes)[0] if np.ndim(group_sizes) == 1 else 1
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
-    out_dtype = checks.check_preferred_element_type(preferred_element_type)
-    checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
-    group_sizes = checks.check_group_sizes(
-        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
-    )
-    group_offset = checks.check_group_offset(
-        group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
-    )
-    options = _options(
-        "transposed_grouped_matmul", implementation, interpret, precision, config, tiling, out_dtype
-    )
+    with naming_op("transposed_grouped_matmul"):
+        checks.check_operands(lhs, rhs, lhs_doc="[k, m]", rhs_doc="[m, n]")
+        k, m = lhs.shape
+        n = rhs.shape[1]
+        checks.check_dimension("rhs", rhs.shape[0], m, "m of rhs [m, n] vs lhs [k, m]")
+        if num_groups is None:
+            if group_offset is not None:
+                raise ValueError("num_groups must be given with group_offset.")
+            num_groups = np.shape(group_sizes)[0] if np.ndim(group_sizes) == 1 else 1
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+            raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
+        out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
+        checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
+        group_sizes = checks.check_group_sizes(
+            group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+        )
+        group_offset = checks.check_group_offset(
+            group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+        )
+        options = _options(
+            "transposed_grouped_matmul",
+            implementation,
+            interpret,
+            precision,
+            config,
+            tiling,
+            out_dtype,
+        )
     return _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
 
 

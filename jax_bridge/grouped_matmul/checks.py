@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import is_traced, require, require_all
+from jax_bridge.core.validation import as_int32, is_traced, require, require_all
 from triton_kernels.grouped_matmul.config import check_tiling
 
 TilingArg = tuple[int, int, int] | Callable[[int, int, int], tuple[int, int, int] | None] | None
@@ -112,8 +112,8 @@ def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: 
         raise ValueError(
             f"group_sizes must have shape [num_groups_total], got shape {tuple(sizes.shape)}."
         )
-    if sizes.dtype != np.int32:
-        raise TypeError(f"group_sizes must have dtype int32, got {sizes.dtype}.")
+    # Lists and int64 sizes (e.g. from jnp.bincount under x64) convert when they fit.
+    sizes = as_int32(sizes, "group_sizes")
     if has_offset:
         if sizes.shape[0] < num_groups:
             raise ValueError(

@@ -73,6 +73,7 @@ def gmm(
     Returns [m, n] of `preferred_element_type`; rows of no local group are
     `existing_out`'s (or zero).
     """
+    checks.check_triton_dtypes("grouped_matmul", lhs.dtype, options.preferred_element_type)
     m, k = lhs.shape
     n = rhs.shape[1] if options.transpose_rhs else rhs.shape[2]
     out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
@@ -145,6 +146,9 @@ def tgmm(
     Returns [num_groups, k, n] of `preferred_element_type`; empty groups give zeros
     (or `existing_out`).
     """
+    checks.check_triton_dtypes(
+        "transposed_grouped_matmul", lhs.dtype, options.preferred_element_type
+    )
     m, k = lhs.shape if options.lhs_token_major else lhs.shape[::-1]
     n = rhs.shape[1]
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)

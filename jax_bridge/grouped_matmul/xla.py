@@ -19,9 +19,11 @@ Two strategies, one rule (`ragged_dot_is_faster`) choosing between them per plat
   `vmap` rule, so under `vmap` it falls back to the tiles (`jax.custom_batching`).
 
 Measured on this project's 2-core CPU (float32, `python -m bench grouped_matmul`):
-m=8192, k=2048, n=1408: tiles vs a jitted per-group `jnp.dot` loop 1.2-1.3x at 64
-groups, ~1.0x at 8; ragged_dot 20-50x slower than the tiles from m*k*n ~ 1e7 up. Only
-at toy sizes (m <= 64, k, n <= 32) is ragged_dot faster, by ~0.15 ms of loop overhead,
+m=8192, k=2048, n=1408: the tiles take 0.9-1.3x the time of a jitted per-group `jnp.dot`
+loop at 64 groups and ~1.1x at 8 (forward; forward+backward 0.4-1.1x), ragged_dot 10x
+(8 groups) to 75x (64 groups) the tiles' time; already at m=256, k=n=64 with 8 groups the
+tiles are 3x faster. Only at toy sizes (m <= 64, k, n <= 32) is ragged_dot faster, by
+~0.15 ms of loop overhead,
 which does not pay for losing NaN isolation and vmap, so CPU always runs the tiles. GPU
 runs the tiles as well: `auto` picks Triton there, and XLA's GPU ragged_dot has not been
 measured against them (no GPU on the machines this was built on).
