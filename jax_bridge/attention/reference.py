@@ -111,7 +111,7 @@ def dense_attention(
             sinks.astype(compute)[:, None, None], (num_q_heads, total_q, 1)
         )
         s = jnp.concatenate([s, sink_column], axis=-1)
-    row_max = jnp.max(s, axis=-1, keepdims=True)
+    row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # no keys: -inf
     row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
     e = jnp.exp(s - row_max)
     total = jnp.sum(e, axis=-1, keepdims=True)

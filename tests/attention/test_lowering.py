@@ -1,7 +1,9 @@
 """The attention kernels on the GPU path, checked on a machine without a GPU.
 
-* Lowering: `lower_for_cuda` runs jax_triton's real lowering (Triton compiles every kernel
-  for the given compute capability) and the module must hold the kernel calls.
+* Lowering: `lower_for_cuda` lowers `varlen_attention(..., implementation="triton")` and
+  its gradient with jax_triton's real lowering (Triton compiles every kernel for the
+  given compute capability); the module must hold the kernel calls, and float32's default
+  precision must compile the same kernels as `precision="highest"`.
 * Static report: the kernels compiled offline at their default launch configurations
   (causal) must not spill registers: bf16 for head_dim <= 128, where they must also use
   tensor cores, and Hopper's warpgroup MMA (wgmma) on sm_90; float32 (exact "ieee"
@@ -16,11 +18,8 @@ import pytest
 
 pytest.importorskip("jax_triton")
 
-from jax_bridge.attention.spec import AttentionSpec
-from jax_bridge.attention.triton import (
-    attention_backward_triton,
-    attention_forward_triton,
-)
+from jax_bridge import cuda_lowering, varlen_attention
+from jax_bridge.launch import target
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import static_kernel_report
 from triton_kernels.flash_attention.backward import (
@@ -41,56 +40,73 @@ Q_HEADS, KV_HEADS = 8, 2
 S = jax.ShapeDtypeStruct
 
 
-def _lower_forward(spec, dtype, head_dim, compute_capability, per_head=()):
-    """Lowers the forward; `per_head` names float32 [Hq] options (sinks, alibi_slopes)."""
-
-    def forward(q, k, v, cu_q, cu_k, *vectors):
-        extra = dict(zip(per_head, vectors, strict=True))
-        return attention_forward_triton(q, k, v, cu_q, cu_k, spec, **extra)
-
-    return lower_for_cuda(
-        forward,
+def _shapes(dtype, head_dim, per_head):
+    return (
         S((TOTAL_Q, Q_HEADS, head_dim), dtype),
         S((TOTAL_K, KV_HEADS, head_dim), dtype),
         S((TOTAL_K, KV_HEADS, head_dim), dtype),
         S((BATCH + 1,), jnp.int32),
         S((BATCH + 1,), jnp.int32),
         *(S((Q_HEADS,), jnp.float32) for _ in per_head),
-        compute_capability=compute_capability,
     )
 
 
-def _lower_backward(spec, dtype, head_dim, compute_capability, per_head=()):
-    def backward(q, k, v, out, lse, d_out, cu_q, cu_k, *vectors):
+def _attention(options, per_head):
+    """varlen_attention(..., implementation="triton") of (q, k, v, cu_q, cu_k, *vectors);
+    `per_head` names the float32 [Hq] options (sinks, alibi_slopes) passed as vectors."""
+
+    def attention(q, k, v, cu_q, cu_k, *vectors):
         extra = dict(zip(per_head, vectors, strict=True))
-        return attention_backward_triton(q, k, v, out, lse, d_out, cu_q, cu_k, spec, **extra)
+        return varlen_attention(
+            q, k, v, cu_q, cu_k, return_lse=True, implementation="triton", **options, **extra
+        )
 
-    q = S((TOTAL_Q, Q_HEADS, head_dim), dtype)
-    kv = S((TOTAL_K, KV_HEADS, head_dim), dtype)
+    return attention
+
+
+def _lower_forward(options, dtype, head_dim, compute_capability, per_head=()):
     return lower_for_cuda(
-        backward,
-        q,
-        kv,
-        kv,
-        q,
-        S((Q_HEADS, TOTAL_Q), jnp.float32),
-        q,
-        S((BATCH + 1,), jnp.int32),
-        S((BATCH + 1,), jnp.int32),
-        *(S((Q_HEADS,), jnp.float32) for _ in per_head),
+        _attention(options, per_head),
+        *_shapes(dtype, head_dim, per_head),
         compute_capability=compute_capability,
     )
+
+
+def _lower_gradient(options, dtype, head_dim, compute_capability, per_head=(), use_lse=False):
+    """The gradient of sum(out) [+ sum(lse)] in q, k, v (and the sinks): forward + backward."""
+    attention = _attention(options, per_head)
+
+    def loss(q, k, v, cu_q, cu_k, *vectors):
+        out, lse = attention(q, k, v, cu_q, cu_k, *vectors)
+        return jnp.sum(out.astype(jnp.float32)) + (jnp.sum(lse) if use_lse else 0.0)
+
+    argnums = (0, 1, 2, 5) if "sinks" in per_head else (0, 1, 2)
+    return lower_for_cuda(
+        jax.grad(loss, argnums=argnums),
+        *_shapes(dtype, head_dim, per_head),
+        compute_capability=compute_capability,
+    )
+
+
+def test_cuda_lowering_lives_in_launch_target():
+    """`jax_bridge.cuda_lowering` is the launch target's context: kernels launch for cuda
+    at the given compute capability inside it, and on the interpreter outside (CPU)."""
+    assert cuda_lowering is target.cuda_lowering
+    assert target.launch_target().interpreter
+    with cuda_lowering(80):
+        assert target.launch_target() == target.LaunchTarget(on_gpu=True, compute_capability=80)
+    with pytest.raises(ValueError, match="compute_capability"):
+        with cuda_lowering(75):
+            pass
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("compute_capability", [80, 90])
 def test_lowers_for_cuda(compute_capability, dtype, head_dim):
-    spec = AttentionSpec(head_dim**-0.5, causal=True)
-    forward = _lower_forward(spec, dtype, head_dim, compute_capability)
-    assert forward.count("triton_kernel_call") == 1
-    backward = _lower_backward(spec, dtype, head_dim, compute_capability)
-    assert backward.count("triton_kernel_call") == 3  # preprocess, dK/dV, dQ
+    """The gradient's module holds all four kernels: forward, preprocess, dK/dV, dQ."""
+    gradient = _lower_gradient({"causal": True}, dtype, head_dim, compute_capability)
+    assert gradient.count("triton_kernel_call") == 4
 
 
 @pytest.mark.parametrize(
@@ -99,15 +115,33 @@ def test_lowers_for_cuda(compute_capability, dtype, head_dim):
 )
 def test_lowers_with_every_option(compute_capability, dtype, head_dim):
     """Every constexpr branch (windows, soft cap, sinks, ALiBi, padded head dim, exact
-    fp32 products) compiles for the GPU, not only under the interpreter."""
-    spec = AttentionSpec(0.1, causal=True, window_left=64, logits_soft_cap=30.0)
+    fp32 products) and an lse cotangent compile for the GPU, not only under the
+    interpreter; the lse cotangent adds no kernel (the backward takes it itself)."""
+    options = {"causal": True, "sliding_window": (64, None), "logits_soft_cap": 30.0}
     per_head = ("sinks", "alibi_slopes")
-    forward = _lower_forward(spec, dtype, head_dim, compute_capability, per_head)
-    assert forward.count("triton_kernel_call") == 1
-    backward = _lower_backward(spec, dtype, head_dim, compute_capability, per_head)
-    assert backward.count("triton_kernel_call") == 3
-    two_sided = AttentionSpec(0.1, window_left=32, window_right=16)
-    assert "triton_kernel_call" in _lower_backward(two_sided, dtype, head_dim, compute_capability)
+    gradient = _lower_gradient(options, dtype, head_dim, compute_capability, per_head, True)
+    assert gradient.count("triton_kernel_call") == 4
+
+
+def test_two_sided_window_lowers_for_cuda():
+    """A window bounded on both sides (HAS_WINDOW_RIGHT with a nonzero right side)."""
+    gradient = _lower_gradient({"sliding_window": (32, 16)}, jnp.bfloat16, 64, 90)
+    assert gradient.count("triton_kernel_call") == 4
+
+
+def test_default_precision_compiles_exact_float32_products():
+    """float32: the default precision lowers to the very kernel call (the compiled
+    kernel rides in it) of precision="highest" (exact "ieee" products), not to that of
+    Precision.DEFAULT (TF32)."""
+
+    def kernel_calls(**precision):
+        module = _lower_forward({"causal": True, **precision}, jnp.float32, 64, 90)
+        return [line for line in module.splitlines() if "triton_kernel_call" in line]
+
+    default = kernel_calls()
+    assert len(default) == 1
+    assert default == kernel_calls(precision="highest")
+    assert default != kernel_calls(precision=jax.lax.Precision.DEFAULT)
 
 
 # --- static report ------------------------------------------------------------------------
@@ -166,7 +200,7 @@ def attention_kernel_report(
         HAS_WINDOW_RIGHT=True,
         HAS_SOFT_CAP=False,
         HAS_ALIBI=False,
-        DOT_PRECISION=config.fp32_dot_precision if dtype_name == "float32" else "ieee",
+        INPUT_PRECISION="ieee",  # exact fp32 products: the default precision
     )
     if kind == "forward":
         constexprs["HAS_SINKS"] = False
@@ -199,8 +233,6 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind):
 def test_static_report_float32(head_dim, kind):
     """float32 defaults to exact products, which run on CUDA cores (no mma for "ieee"
     fp32): the small default tiles must still not spill."""
-    config = default_attention_config(head_dim, "float32", 90, kind)
-    assert config.fp32_dot_precision == "ieee"
     report = attention_kernel_report(kind, head_dim, 90, "float32")
     print(report.summary())
     assert not report.spills, report.summary()

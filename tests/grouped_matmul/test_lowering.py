@@ -2,7 +2,8 @@
 
 Lowering for cuda runs jax_triton's real lowering, which compiles every Triton kernel to
 a cubin for the given compute capability; the static reports read registers, spills
-and the tensor-core instructions off the compiled kernels at the default tiling.
+and the tensor-core instructions off the compiled kernels at the default tiling; float32's
+default precision must compile the same kernel as `precision="highest"`.
 """
 
 from __future__ import annotations
@@ -135,3 +136,27 @@ def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute
     assert report.uses_mma, report.summary()
     # Hopper must use its warpgroup MMA (HGMMA); Ampere has only HMMA.
     assert report.uses_wgmma == (compute_capability >= 90), report.summary()
+
+
+def test_default_precision_compiles_exact_float32_products():
+    """float32: the default precision lowers to the very kernel call (the compiled kernel
+    rides in it) of precision="highest" (exact "ieee" products), not to that of
+    Precision.DEFAULT (TF32)."""
+    pytest.importorskip("jax_triton")
+
+    def kernel_calls(**precision):
+        module = lower_for_cuda(
+            lambda lhs, rhs, sizes: grouped_matmul(
+                lhs, rhs, sizes, implementation="triton", **precision
+            ),
+            SDS((256, 128), jnp.float32),
+            SDS((4, 128, 128), jnp.float32),
+            SDS((4,), jnp.int32),
+            compute_capability=90,
+        )
+        return [line for line in module.splitlines() if "@triton_kernel_call" in line]
+
+    default = kernel_calls()
+    assert len(default) == 1
+    assert default == kernel_calls(precision="highest")
+    assert default != kernel_calls(precision=jax.lax.Precision.DEFAULT)

@@ -1,0 +1,217 @@
+"""What is specific to the Triton grouped matmul backend (`jax_bridge.grouped_matmul.triton`).
+
+* Group metadata (`make_group_metadata`, hypothesis): every row of every local group is
+  visited by exactly one chunk, no chunk is empty, surplus slots stay in range; group
+  bounds clip to m when traced sizes overflow.
+* The gmm kernel launched bare (outputs start NaN) writes exactly the rows of its local
+  groups, each to the float64 loop's value.
+* Launch configurations: `GroupedMatmulConfig` validation (messages name
+  `GroupedMatmulConfig.field`), the defaults and tiling overrides of `gmm_config` /
+  `tgmm_config`, pipeline stages that fit shared memory, and `config=` through the
+  public ops: used as given (it replaces `tiling`), for the gradient's matmuls too, with
+  the float64 loop's numbers.
+"""
+
+from __future__ import annotations
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_bridge import GroupedMatmulConfig, grouped_matmul, transposed_grouped_matmul
+from jax_bridge.grouped_matmul import triton as triton_backend
+from jax_bridge.grouped_matmul.metadata import (
+    local_group_bounds,
+    make_group_metadata,
+    num_chunk_slots,
+)
+from jax_bridge.launch.triton_call import triton_call
+from tests.grouped_matmul.helpers import (
+    assert_close,
+    bounds,
+    gmm_float64,
+    normal,
+    tgmm_float64,
+)
+from triton_kernels.grouped_matmul.config import gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel
+
+# --- group metadata ----------------------------------------------------------------------
+
+
+@st.composite
+def metadata_problems(draw):
+    num_total = draw(st.integers(1, 9))
+    sizes = draw(st.lists(st.integers(0, 40), min_size=num_total, max_size=num_total))
+    m = draw(st.integers(sum(sizes), sum(sizes) + 50))
+    local = draw(st.integers(1, num_total))
+    offset = draw(st.integers(0, num_total - local))
+    return sizes, m, draw(st.sampled_from([1, 4, 16, 128])), offset, local
+
+
+@hypothesis.given(metadata_problems())
+def test_metadata_visits_each_row_of_each_local_group_exactly_once(problem):
+    sizes, m, block, offset, local = problem
+    meta = jax.jit(make_group_metadata, static_argnames=("m", "block_m", "num_groups"))(
+        jnp.asarray(sizes, jnp.int32), m=m, block_m=block, group_offset=offset, num_groups=local
+    )
+    num_slots = num_chunk_slots(m, block, local)
+    assert meta.chunk_group.shape == meta.chunk_row_block.shape == (num_slots,)
+    num_chunks = int(meta.num_chunks[0])
+    assert num_chunks <= num_slots
+
+    starts, ends = bounds(sizes)
+    chunk_group = np.asarray(meta.chunk_group)[:num_chunks]
+    assert np.all(np.diff(chunk_group) >= 0)
+    visits = np.zeros(m, np.int64)
+    for g, b in zip(chunk_group, np.asarray(meta.chunk_row_block)[:num_chunks], strict=True):
+        s, e = starts[offset + g], ends[offset + g]
+        rows = np.arange(b * block, min((b + 1) * block, m))
+        owned = rows[(rows >= s) & (rows < e)]
+        assert owned.size > 0, "a tile with no row of its group"
+        visits[owned] += 1
+    wanted = np.zeros(m, np.int64)
+    wanted[starts[offset] : ends[offset + local - 1]] = 1
+    np.testing.assert_array_equal(visits, wanted)
+    # Surplus slots still index valid groups and row blocks (they are read, then skipped).
+    assert np.all((np.asarray(meta.chunk_group) >= 0) & (np.asarray(meta.chunk_group) < local))
+    assert np.all(np.asarray(meta.chunk_row_block) >= 0)
+    assert np.all(np.asarray(meta.chunk_row_block) * block < max(m, 1))
+
+
+def test_local_group_bounds_clip_to_m_when_sizes_overflow():
+    # Traced sizes are not value-checked: bounds must still stay inside [0, m].
+    starts, ends = jax.jit(local_group_bounds, static_argnames=("m", "num_groups"))(
+        jnp.asarray([10, 30, 25], jnp.int32), m=32, group_offset=1, num_groups=2
+    )
+    np.testing.assert_array_equal(starts, [10, 32])
+    np.testing.assert_array_equal(ends, [32, 32])
+
+
+# --- launch configuration ----------------------------------------------------------------
+
+
+def test_launch_config_defaults_and_overrides():
+    default = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90)
+    assert default.tiling == (128, 64, 128) and default.num_warps == 8
+    assert gmm_config(8192, 2048, 1408, element_bytes=4, compute_capability=90).block_k == 32
+    override = gmm_config(
+        8192, 2048, 1408, element_bytes=2, compute_capability=80, tiling=(64, 32, 64)
+    )
+    assert override.tiling == (64, 32, 64) and override.num_warps == 4
+    # Tiles larger than a dimension shrink to it (rounded up to a power of two, >= 16).
+    small = gmm_config(20, 8, 100, element_bytes=2, compute_capability=90, tiling=(128, 128, 128))
+    assert small.tiling == (32, 16, 128)
+    assert tgmm_config(20, 40, 8, element_bytes=2, compute_capability=None).tiling == (32, 64, 16)
+
+
+@pytest.mark.parametrize("capability, budget_kib", [(80, 163), (86, 99), (90, 227)])
+@pytest.mark.parametrize("element_bytes", [2, 4])
+def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_bytes):
+    for tiling in [None, (128, 128, 128), (64, 32, 64), (128, 64, 256)]:
+        for make in (gmm_config, tgmm_config):
+            c = make(
+                4096,
+                4096,
+                4096,
+                element_bytes=element_bytes,
+                compute_capability=capability,
+                tiling=tiling,
+            )
+            if make is gmm_config:
+                stage = (c.block_m * c.block_k + c.block_k * c.block_n) * element_bytes
+            else:
+                stage = (c.block_k * c.block_m + c.block_m * c.block_n) * element_bytes
+            assert 1 <= c.num_stages <= 4
+            assert c.num_stages == 1 or c.num_stages * stage <= budget_kib * 1024
+
+
+# --- the kernel writes exactly its rows --------------------------------------------------
+
+
+def test_gmm_kernel_writes_exactly_the_rows_of_its_groups():
+    """Launched bare, the output starts NaN (triton_call's poison): afterwards every row of
+    a local group must hold its product, every other row must be untouched."""
+    rng = np.random.default_rng(20)
+    m, k, n, block = 75, 24, 40, 16
+    sizes = jnp.asarray([3, 20, 1, 0, 17, 6, 2], jnp.int32)  # 49 rows < m
+    offset, local = 1, 4  # groups 1..4: rows [3, 41)
+    lhs, rhs = normal(rng, (m, k)), normal(rng, (local, k, n))
+    config = gmm_config(m, k, n, element_bytes=4, compute_capability=None, tiling=(block,) * 3)
+    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    out = triton_call(
+        lhs,
+        rhs,
+        jnp.zeros((1,), jnp.float32),
+        *meta,
+        kernel=gmm_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=config.block_m,
+        BLOCK_K=config.block_k,
+        BLOCK_N=config.block_n,
+        TRANSPOSE_RHS=False,
+        ACCUMULATE=False,
+        INPUT_PRECISION="ieee",
+    )
+    out = np.asarray(out)
+    local_rows = (np.arange(m) >= 3) & (np.arange(m) < 41)
+    assert np.isnan(out[~local_rows]).all()
+    expected = gmm_float64(lhs, rhs, sizes, offset=offset)
+    assert_close(out[local_rows], expected[local_rows])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(block_m=24, block_k=16, block_n=16), ValueError, "GroupedMatmulConfig.block_m"),
+        (dict(block_m=16, block_k=8, block_n=16), ValueError, "GroupedMatmulConfig.block_k"),
+        (dict(block_m=16, block_k=16, block_n=16.0), TypeError, "GroupedMatmulConfig.block_n"),
+        (dict(block_m=16, block_k=16, block_n=16, num_warps=6), ValueError, "num_warps"),
+        (dict(block_m=16, block_k=16, block_n=16, num_stages=0), ValueError, "num_stages"),
+    ],
+    ids=["block_m", "block_k", "block_n_float", "warps", "stages"],
+)
+def test_config_validation(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        GroupedMatmulConfig(**kwargs)
+
+
+def test_config_is_used_as_given_for_the_op_and_its_gradient(monkeypatch):
+    """config= replaces tiling (the tiling given here is ignored) and reaches every launch of the
+    forward and the backward (d_lhs: gmm, d_rhs: tgmm), with the float64 loop's numbers."""
+    rng = np.random.default_rng(21)
+    m, k, n = 56, 24, 40
+    sizes = jnp.asarray([11, 0, 1, 19, 15], jnp.int32)
+    lhs, rhs, weight = normal(rng, (m, k)), normal(rng, (5, k, n)), normal(rng, (m, n))
+    config = GroupedMatmulConfig(block_m=32, block_k=16, block_n=64, num_warps=2)
+    seen = []
+    for name in ("_launch_gmm", "_launch_tgmm"):
+        original = getattr(triton_backend, name)
+
+        def spy(*args, original=original):
+            seen.append(args[-1])
+            return original(*args)
+
+        monkeypatch.setattr(triton_backend, name, spy)
+
+    def loss(lhs, rhs):
+        out = grouped_matmul(
+            lhs, rhs, sizes, tiling=(64, 64, 16), config=config, implementation="triton"
+        )
+        return jnp.sum(out * weight), out
+
+    (d_lhs, d_rhs), out = jax.grad(loss, (0, 1), has_aux=True)(lhs, rhs)
+    assert seen == [config] * 3
+    assert_close(out, gmm_float64(lhs, rhs, sizes))
+    assert_close(d_lhs, gmm_float64(weight, rhs, sizes, transpose_rhs=True))
+    assert_close(d_rhs, tgmm_float64(lhs.T, weight, sizes, num_groups=5))
+    tgmm = transposed_grouped_matmul(lhs.T, weight, sizes, config=config, implementation="triton")
+    assert len(seen) == 4
+    assert_close(tgmm, tgmm_float64(lhs.T, weight, sizes, num_groups=5))

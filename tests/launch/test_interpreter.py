@@ -1,0 +1,160 @@
+"""Triton's interpreter does bfloat16 arithmetic the way a GPU does (on the CPU path of
+`jax_bridge.triton_call`).
+
+Oracles: ml_dtypes' float32 -> bfloat16 rounding (round to nearest, ties to even, as the
+GPU's `cvt.rn.bf16.f32`), float32/float64 numpy products of the bfloat16 values, and
+float64 numpy attention / grouped matmul for the statistical check:
+
+(a) a kernel's `x.to(tl.bfloat16)` rounds to nearest even, bit for bit, halfway cases
+    included (the interpreter alone truncates);
+(b) `tl.dot` of bfloat16 tiles is the float32 product of their values (the interpreter
+    alone multiplies the raw uint16 bit patterns);
+(c) no bias: among the inexact bfloat16 outputs of the Triton attention and grouped
+    matmul, the fraction smaller in magnitude than the float64 result is near one half
+    (truncation made it ~0.78 for attention and ~1 for grouped matmul).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+from jax_bridge import grouped_matmul, triton_call, varlen_attention
+
+
+@triton.jit
+def _to_bfloat16_kernel(x_ptr, out_ptr, SIZE: tl.constexpr):
+    offsets = tl.arange(0, SIZE)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets).to(tl.bfloat16))
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    rows, inner, cols = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + rows[:, None] * K + inner[None, :])
+    b = tl.load(b_ptr + inner[:, None] * N + cols[None, :])
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], tl.dot(a, b))
+
+
+def _to_bfloat16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(
+        triton_call(
+            jnp.asarray(x),
+            kernel=_to_bfloat16_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, jnp.bfloat16),
+            grid=(1,),
+            SIZE=x.size,
+        )
+    )
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x).view(np.uint16)
+
+
+def test_float32_to_bfloat16_rounds_to_nearest_even():
+    rng = np.random.default_rng(0)
+    random = rng.standard_normal(768).astype(np.float32) * np.float32(1e3)
+    # Exactly halfway between two bfloat16 values: low 16 bits 0x8000, with an even and an
+    # odd upper half (ties go to the even one: down for the first, up for the second).
+    upper = rng.integers(0x0080, 0x7F00, 512, dtype=np.uint32) << 16
+    halfway = np.concatenate([upper & ~np.uint32(1 << 16), upper | np.uint32(1 << 16)])
+    halfway = (halfway | np.uint32(0x8000)).view(np.float32)
+    halfway[::2] *= -1
+    # Just below and just above halfway, and values that need no rounding.
+    near = np.concatenate(
+        [(halfway.view(np.uint32).astype(np.int64) + d).astype(np.uint32) for d in (-1, 1)]
+    ).view(np.float32)
+    exact = (rng.standard_normal(256).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(
+        np.float32
+    )
+    x = np.concatenate([random, halfway, near, exact]).astype(np.float32)
+    assert x.size == 4096  # the kernel's block: a power of two
+    got = _to_bfloat16(x)
+    expected = x.astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(_bits(got), _bits(expected))
+    # The halfway cases really were ties, and both directions occurred.
+    ties = (x.view(np.uint32) & 0xFFFF) == 0x8000
+    assert ties.sum() >= 512
+    rounded_up = np.abs(got[ties].astype(np.float64)) > np.abs(x[ties].astype(np.float64))
+    assert 0 < rounded_up.sum() < ties.sum()
+
+
+def test_bfloat16_dot_multiplies_the_values():
+    rng = np.random.default_rng(1)
+    m, k, n = 16, 32, 16
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+
+    def dot(a, b):
+        return np.asarray(
+            triton_call(
+                jnp.asarray(a),
+                jnp.asarray(b),
+                kernel=_dot_kernel,
+                out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+                grid=(1,),
+                M=m,
+                K=k,
+                N=n,
+            )
+        )
+
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(dot(a, b), expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+    # Multiples of 1/8 in [-4, 4): every product and sum is exact in float32.
+    a = (rng.integers(-32, 32, (m, k)) / 8).astype(ml_dtypes.bfloat16)
+    b = (rng.integers(-32, 32, (k, n)) / 8).astype(ml_dtypes.bfloat16)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(dot(a, b), expected)
+
+
+def _fraction_smaller(got, exact: np.ndarray) -> tuple[float, int]:
+    """Among elements of `got` that differ from `exact`, the fraction smaller in magnitude."""
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    inexact = got != exact
+    return float(np.mean(np.abs(got[inexact]) < np.abs(exact[inexact]))), int(inexact.sum())
+
+
+def _attention_float64(q, k, v):
+    """One sequence, full attention, float64 numpy: [T, H, D] -> [T, H, D]."""
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", p, v)
+
+
+@pytest.mark.parametrize("op", ["varlen_attention", "grouped_matmul"])
+def test_bfloat16_results_are_not_biased_towards_zero(op):
+    rng = np.random.default_rng(2)
+    bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(jnp.bfloat16)
+    if op == "varlen_attention":
+        q, k, v = bf16(64, 2, 32), bf16(64, 2, 32), bf16(64, 2, 32)
+        cu = jnp.asarray([0, 64], jnp.int32)
+        got = varlen_attention(q, k, v, cu, cu, implementation="triton")
+        exact = _attention_float64(q, k, v)
+    else:
+        lhs, rhs = bf16(64, 32), bf16(2, 32, 32)
+        sizes = jnp.asarray([30, 34], jnp.int32)
+        got = grouped_matmul(
+            lhs,
+            rhs,
+            sizes,
+            preferred_element_type=jnp.bfloat16,
+            tiling=(16, 16, 16),
+            implementation="triton",
+        )
+        lhs64 = np.asarray(lhs.astype(jnp.float32), np.float64)
+        rhs64 = np.asarray(rhs.astype(jnp.float32), np.float64)
+        exact = np.concatenate([lhs64[:30] @ rhs64[0], lhs64[30:] @ rhs64[1]])
+    assert got.dtype == jnp.bfloat16
+    fraction, count = _fraction_smaller(got, exact)
+    assert count > 1000, count
+    print(f"{op}: {fraction:.3f} of {count} inexact outputs are smaller than float64's")
+    assert 0.35 <= fraction <= 0.65, fraction
