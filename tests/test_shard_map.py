@@ -69,6 +69,7 @@ def test_data_parallel_attention_forward_and_gradient(mesh, implementation):
     out = jax.jit(sharded)(q, k, v, cu, sinks)
     expected = unsharded(q, k, v, sinks)
     np.testing.assert_allclose(out[real], expected[real], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sharded(q, k, v, cu, sinks), out, rtol=1e-6, atol=1e-6)  # eager
 
     def loss(fn):
         return lambda q, k, v, s: jnp.sum(fn(q, k, v, s)[real] * weights[real])

@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
 
 from jax_bridge.attention import triton, xla
 from jax_bridge.attention.spec import AttentionSpec
@@ -346,10 +345,6 @@ def _attention(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
 
 
 def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
-    # symbolic_zeros=True: every leaf arrives wrapped as CustomVJPPrimal(value, perturbed).
-    q, k, v, cu_q, cu_k = (x.value for x in (q, k, v, cu_q, cu_k))
-    sinks = None if sinks is None else sinks.value
-    alibi = None if alibi is None else alibi.value
     # Only a second-order derivative differentiates the residuals' computation.
     forward = functools.partial(_forward, options)
     out, lse = first_order_only(forward, _OP)(q, k, v, cu_q, cu_k, sinks, alibi)
@@ -358,11 +353,9 @@ def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi)
 
 def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     q, k, v, out, lse, cu_q, cu_k, sinks, alibi = residuals
+    # The lse cotangent is zeros when lse does not reach the loss (symbolic zeros would
+    # skip it, but JAX does not support them under an eager shard_map).
     d_out, d_lse = cotangents
-    # A symbolic zero means "this output does not reach the loss": the common case for lse.
-    if isinstance(d_out, SymbolicZero):
-        d_out = jnp.zeros_like(out)
-    d_lse = None if isinstance(d_lse, SymbolicZero) else d_lse
     backward = functools.partial(_BACKENDS[options.implementation].backward, options=options)
     dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
         q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
@@ -377,4 +370,4 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     return dq, dk, dv, None, None, d_sinks, None
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+_attention.defvjp(_attention_fwd, _attention_bwd)

@@ -3,7 +3,7 @@
 Written for clarity, not speed: every rule of `jax_bridge.attention.spec` appears once,
 on whole matrices, so memory is O(heads * total_q * total_k). Differentiable with
 `jax.grad` in every float input (q, k, v, sinks). Use float32 (or float64 under
-`jax.experimental.enable_x64`) inputs for an oracle.
+`jax.enable_x64(True)`) inputs for an oracle.
 
 `attention_reference` takes `varlen_attention`'s arguments; users check their own runs
 against it, and every backend's tests share it. `dense_attention` is the same oracle

@@ -139,7 +139,7 @@ def forward(
     with interpreting(options.interpret):
         config = _config(options, head_dim, q.dtype, "forward")
         cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-        tiles = _chunk_indices(cu_q, total_q, config.block_m)
+        chunks = _chunk_indices(cu_q, total_q, config.block_m)
         scalars, flags = _spec_arguments(options.spec)
         return triton_call(
             q,
@@ -147,7 +147,7 @@ def forward(
             v,
             cu_q,
             cu_k,
-            tiles,
+            chunks,
             _per_head(sinks),
             _per_head(alibi_slopes),
             total_q,
@@ -157,7 +157,7 @@ def forward(
                 jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
             ),
-            grid=(tiles.shape[0], num_q_heads),
+            grid=(chunks.shape[0], num_q_heads),
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             name="varlen_attention_fwd",
@@ -255,10 +255,10 @@ def backward(
             **flags,
         )
         config = _config(options, head_dim, q.dtype, "backward_dkdv")
-        key_tiles = _chunk_indices(cu_k, total_k, config.block_n)
+        key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
         dk, dv = triton_call(
             *inputs,
-            key_tiles,
+            key_chunks,
             _per_head(alibi_slopes),
             total_q,
             *scalars,
@@ -267,21 +267,21 @@ def backward(
                 jax.ShapeDtypeStruct(k.shape, k.dtype),
                 jax.ShapeDtypeStruct(v.shape, v.dtype),
             ),
-            grid=(key_tiles.shape[0], num_kv_heads),
+            grid=(key_chunks.shape[0], num_kv_heads),
             **_launch(config, "varlen_attention_bwd_dkdv"),
             **constexprs,
         )
         config = _config(options, head_dim, q.dtype, "backward_dq")
-        query_tiles = _chunk_indices(cu_q, total_q, config.block_m)
+        query_chunks = _chunk_indices(cu_q, total_q, config.block_m)
         dq = triton_call(
             *inputs,
-            query_tiles,
+            query_chunks,
             _per_head(alibi_slopes),
             total_q,
             *scalars,
             kernel=attention_backward_dq_kernel,
             out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-            grid=(query_tiles.shape[0], num_q_heads),
+            grid=(query_chunks.shape[0], num_q_heads),
             **_launch(config, "varlen_attention_bwd_dq"),
             **constexprs,
         )

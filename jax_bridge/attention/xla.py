@@ -5,19 +5,22 @@ then ALiBi, sinks in the denominator, fully masked rows -> 0 / lse -inf).
 
 Layout of the computation
 -------------------------
-The packed query axis is cut into fixed tiles of `block_q` rows, which may straddle
-sequence boundaries. Every query row `i` may attend exactly one contiguous interval of the
-packed key axis, `[lo[i], hi[i])`: its own sequence's keys, narrowed by causality and the
-window. Both ends are non-decreasing in `i` (within a sequence they follow the diagonal;
-across sequences, the keys of sequence b end where those of b+1 begin), so a tile's rows
-together need only the keys `[lo[first row], hi[last row])`. A `lax.scan` walks the tiles;
-for each one a `lax.while_loop` walks that interval in blocks of `block_k` keys with an
-online softmax. The trip count is data dependent, so work follows the real (ragged,
-causal) pattern and never a dense `[T, T]` score matrix: memory is O(T * block).
+The packed query axis is cut into chunks of `block_q` rows of ONE sequence each: the
+(sequence, chunk) work items of `prepare_chunk_indices`, as the Triton kernels use them
+(`cdiv(total_q, block_q) + batch` of them, a static bound). Every query row `i` may attend
+exactly one contiguous interval of the packed key axis, `[lo[i], hi[i])`: its own
+sequence's keys, narrowed by causality and the window. Both ends are non-decreasing in `i`
+within a sequence, so a chunk's rows together need only the union of their intervals. A
+`lax.scan` walks the chunks; for each one a `lax.while_loop` walks that interval in blocks
+of `block_k` keys with an online softmax. The trip count is data dependent, so work
+follows the real (ragged, causal) pattern and never a dense `[T, T]` score matrix: memory
+is O(T * block). Because a chunk is one sequence's, keys (and in the backward, rows) of
+other sequences are selected to zero before any product: NaN or Inf in one document or in
+padding never reaches another, even through a zero probability.
 
 The backward pass is the FlashAttention-2 recurrence written out (no autodiff through the
-loops): one pass over query tiles accumulates dq, one pass over key tiles accumulates dk
-and dv; each key row `j` is attended by a contiguous interval of query rows, by the same
+loops): one pass over query chunks accumulates dq, one pass over key chunks accumulates
+dk and dv; each key row `j` is attended by a contiguous interval of query rows, by the same
 monotonicity argument. Probabilities are recomputed from the saved log-sum-exp.
 
 Everything is computed in float32 (inputs are upcast tile by tile); results are cast back

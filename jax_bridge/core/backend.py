@@ -1,7 +1,8 @@
 """The one place that decides which implementation of an op runs.
 
-`implementation="auto"` picks Triton on cuda/rocm, Pallas on TPU and XLA anywhere else;
-an explicit choice always wins. Asking for one that cannot run says why.
+`implementation="auto"` picks Triton on cuda/rocm, Pallas on TPU and XLA anywhere else,
+among the backends an op has (today no op has a Pallas backend, so TPUs run XLA); an
+explicit choice always wins. Asking for one that cannot run says why.
 
 The Triton implementation also runs on the CPU, through Triton's interpreter (slow, meant
 for tests), so `implementation="triton"` is accepted everywhere.

@@ -32,6 +32,3 @@ class OpOptions:
     precision: jax.lax.Precision = DEFAULT_PRECISION
     config: Any = None
     interpret: bool = False
-
-    def replace(self, **changes: Any) -> OpOptions:
-        return dataclasses.replace(self, **changes)

@@ -98,8 +98,9 @@ def grouped_matmul(
       rhs: [num_groups, k, n], or [num_groups, n, k] with `transpose_rhs=True`.
       group_sizes: int32 [num_groups_total], rows per group; `sum <= m`. Rows past the
         sum belong to no group. Without `group_offset`, `num_groups_total == num_groups`.
-      preferred_element_type: dtype of the result (None: as `jax.lax.dot`, the operands'
-        dtype promoted to float32); products accumulate in float32.
+      preferred_element_type: dtype of the result (None: the operands' dtype promoted to
+        at least float32, e.g. float32 for bf16 and float64 for float64 operands);
+        products accumulate in float32.
       tiling: `(tm, tk, tn)` block sizes of the Triton kernel (powers of two >= 16, shrunk
         to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or None to let
         the launch configuration choose. `m` need not be a multiple of `tm`.
@@ -183,8 +184,9 @@ def transposed_grouped_matmul(
       lhs: [k, m], columns sorted by group.
       rhs: [m, n], rows sorted by group.
       group_sizes: int32 [num_groups_total]; `sum <= m`; rows past the sum are ignored.
-      preferred_element_type: dtype of the result (None: as `jax.lax.dot`, the operands'
-        dtype promoted to float32); products accumulate in float32.
+      preferred_element_type: dtype of the result (None: the operands' dtype promoted to
+        at least float32, e.g. float32 for bf16 and float64 for float64 operands);
+        products accumulate in float32.
       tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None; here
         `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
       group_offset: int or int32 scalar (may be traced): compute groups

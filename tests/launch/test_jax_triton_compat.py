@@ -60,12 +60,15 @@ def lower_for_cuda(f, *args) -> str:
 def backend_config(text: str) -> bytes:
     """The decompressed kernel-call proto of the single `triton_kernel_call` in `text`."""
     (escaped,) = re.findall(r'backend_config = "((?:[^"\\]|\\.)*)"', text)
+    # One pass: MLIR writes a byte as itself, as `\\XX` (hex) or as `\\` + the character;
+    # decoding escapes in two passes would re-read bytes the first pass produced.
     raw = re.sub(
-        rb"\\([0-9A-Fa-f]{2})",
-        lambda m: bytes([int(m[1], 16)]),
+        rb"\\(?:([0-9A-Fa-f]{2})|(.))",
+        lambda m: bytes([int(m[1], 16)]) if m[1] else m[2],
         escaped.encode("latin-1"),
+        flags=re.DOTALL,
     )
-    return zlib.decompress(raw.replace(b'\\"', b'"').replace(b"\\\\", b"\\"))
+    return zlib.decompress(raw)
 
 
 def test_version_is_detected_from_the_installed_distribution():
