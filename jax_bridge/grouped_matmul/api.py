@@ -144,11 +144,8 @@ def grouped_matmul(
         checks.check_dimension("rhs", rhs_k, k, f"k of rhs {layout} vs lhs [m, k]")
         out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
         checks.check_existing_out(existing_out, shape=(m, n), dtype=out_dtype)
-        group_sizes = checks.check_group_sizes(
-            group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
-        )
-        group_offset = checks.check_group_offset(
-            group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+        group_sizes, group_offset = checks.check_groups(
+            group_sizes, group_offset, m=m, num_groups=num_groups
         )
         options = _options(
             "grouped_matmul",
@@ -213,11 +210,8 @@ def transposed_grouped_matmul(
             raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
         out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
         checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
-        group_sizes = checks.check_group_sizes(
-            group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
-        )
-        group_offset = checks.check_group_offset(
-            group_offset, num_groups=num_groups, num_groups_total=group_sizes.shape[0]
+        group_sizes, group_offset = checks.check_groups(
+            group_sizes, group_offset, m=m, num_groups=num_groups
         )
         options = _options(
             "transposed_grouped_matmul",

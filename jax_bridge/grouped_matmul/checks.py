@@ -131,6 +131,19 @@ def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: 
     return jnp.asarray(sizes)
 
 
+def check_groups(
+    group_sizes: Any, group_offset: Any, *, m: int, num_groups: int
+) -> tuple[jax.Array, jax.Array | None]:
+    """(group_sizes as int32 [num_groups_total], group_offset as an int32 scalar or None)."""
+    sizes = check_group_sizes(
+        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+    )
+    offset = check_group_offset(
+        group_offset, num_groups=num_groups, num_groups_total=sizes.shape[0]
+    )
+    return sizes, offset
+
+
 def check_existing_out(existing_out: Any, *, shape: tuple[int, ...], dtype: np.dtype) -> None:
     if existing_out is None:
         return
