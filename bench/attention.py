@@ -13,11 +13,14 @@ Run through `python -m bench attention`, which keeps JAX on the CPU when there i
 
 from __future__ import annotations
 
+import statistics
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.timing import median_seconds
+from bench.report import BenchRow
+from bench.timing import repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
 NUM_DOCS = 16
@@ -42,8 +45,8 @@ def _inputs():
     return q, k, v, cu_seqlens, jnp.asarray(mask)
 
 
-def main() -> list[str]:
-    """Prints the table; returns the names of failed correctness checks."""
+def main() -> list[BenchRow]:
+    """Prints the table; returns the forward and forward+backward rows (baseline: dense)."""
     total = NUM_DOCS * DOC_LEN
     print(
         f'Varlen attention (implementation="xla") vs dense masked attention\n'
@@ -81,16 +84,17 @@ def main() -> list[str]:
     rows = []
     for label, ours, baseline in (
         ("forward", varlen_fwd, dense_fwd),
-        ("forward+backward", varlen_bwd, dense_bwd),
+        ("fwd+bwd", varlen_bwd, dense_bwd),
     ):
-        t_ours, result = median_seconds(ours, q, k, v, repeats=REPEATS)
-        t_dense, reference = median_seconds(baseline, q, k, v, repeats=REPEATS)
+        t_ours, result = repeat_seconds(ours, q, k, v, repeats=REPEATS)
+        t_dense, reference = repeat_seconds(baseline, q, k, v, repeats=REPEATS)
         rows.append((label, t_ours, t_dense))
     # The last pair of results is forward+backward: (out, (dq, dk, dv)) each.
     (out, (dq, dk, dv)), (ref, (rdq, rdk, rdv)) = result, reference
 
     print(f"{'':18s} {'varlen xla':>12s} {'dense masked':>13s} {'time ratio':>11s}")
-    for label, t_ours, t_dense in rows:
+    for label, times_ours, times_dense in rows:
+        t_ours, t_dense = statistics.median(times_ours), statistics.median(times_dense)
         print(
             f"{label:18s} {t_ours * 1e3:10.1f}ms {t_dense * 1e3:11.1f}ms {t_dense / t_ours:10.1f}x"
         )
@@ -107,7 +111,20 @@ def main() -> list[str]:
     status = "OK" if worst < 1e-4 else "MISMATCH"
     details = ", ".join(f"{name} {err:.1e}" for name, err in errors.items())
     print(f"correctness vs dense (max abs error / max abs value): {details} -> {status}")
-    return [] if status == "OK" else ["attention: xla path differs from dense attention"]
+    shape = f"{NUM_DOCS}x{DOC_LEN} tok h{NUM_HEADS} d{HEAD_DIM} causal f32"
+    return [
+        BenchRow(
+            "attention",
+            f"varlen_attention {label}",
+            shape,
+            f"{jax.default_backend()} xla",
+            times_ours,
+            "jax.nn.dot_product_attention",
+            times_dense,
+            status == "OK",
+        )
+        for label, times_ours, times_dense in rows
+    ]
 
 
 if __name__ == "__main__":

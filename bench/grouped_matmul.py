@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.report import BenchRow
 from jax_bridge.grouped_matmul.api import grouped_matmul
 
 M, K, N, GROUPS = 8192, 2048, 1408, 64
@@ -43,8 +44,8 @@ def _group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
     return rng.multinomial(m, weights / weights.sum()).astype(np.int32)
 
 
-def _seconds(fn: Callable, *args, repeats: int) -> tuple[float, float, object]:
-    """(first call incl. compile, median of `repeats` later calls, the result)."""
+def _seconds(fn: Callable, *args, repeats: int) -> tuple[float, tuple[float, ...], object]:
+    """(first call incl. compile, the `repeats` later calls' times, the result)."""
     start = time.perf_counter()
     result = jax.block_until_ready(fn(*args))
     first = time.perf_counter() - start
@@ -53,7 +54,7 @@ def _seconds(fn: Callable, *args, repeats: int) -> tuple[float, float, object]:
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
-    return first, statistics.median(times), result
+    return first, tuple(times), result
 
 
 def _per_group_loop(sizes: tuple[int, ...]) -> Callable:
@@ -76,9 +77,10 @@ def _loss_grad(gmm: Callable) -> Callable:
 
 
 def _interleaved(fns: dict[str, Callable], args: tuple, repeats: int) -> dict[str, tuple]:
-    """{name: (first call incl. compile, median later call, result)}. The timed calls of
-    the methods alternate, so load from other processes on this shared CPU hits each
-    method alike and their ratio stays meaningful."""
+    """{name: (first call incl. compile, median later call, result, later calls' times)}.
+
+    The timed calls of the methods alternate, so load from other processes on this shared
+    CPU hits each method alike and their ratio stays meaningful."""
     firsts, results, times = {}, {}, {name: [] for name in fns}
     for name, fn in fns.items():
         start = time.perf_counter()
@@ -89,10 +91,14 @@ def _interleaved(fns: dict[str, Callable], args: tuple, repeats: int) -> dict[st
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - start)
-    return {name: (firsts[name], statistics.median(times[name]), results[name]) for name in fns}
+    return {
+        name: (firsts[name], statistics.median(times[name]), results[name], tuple(times[name]))
+        for name in fns
+    }
 
 
-def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[str]:
+def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[BenchRow]:
+    """Prints the CPU timings; returns rows of ours against the dense loop and ragged_dot."""
     sizes = _group_sizes(m, groups)
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((m, k), np.float32))
@@ -111,14 +117,14 @@ def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[str]:
         f"grouped_matmul CPU float32: m={m} k={k} n={n}, {groups} groups "
         f"({int((sizes == 0).sum())} empty, largest {sizes.max()} rows)"
     )
-    failures = []
+    rows = []
     for label, make, repeats in (("forward", jax.jit, 7), ("fwd+bwd", _loss_grad, 5)):
         made = {name: make(f) for name, f in methods.items()}
         timed = _interleaved(made, (lhs, rhs), repeats)
         if not (full and label != "forward"):  # minutes per call at the full size
             # One timed call only: ragged_dot does num_groups times the dense work here.
             timed |= _interleaved({n: make(f) for n, f in ragged.items()}, (lhs, rhs), 1)
-        for name, (first, median, _) in timed.items():
+        for name, (first, median, _, _) in timed.items():
             print(f"  {label} {name:<11} {median * 1e3:9.1f} ms  (first call {first:.1f} s)")
         ours, error = timed["ours (xla)"][1], _relative_difference(timed)
         versus_ragged = (
@@ -131,9 +137,25 @@ def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[str]:
             f"ours/dense loop = {ours / timed['dense loop'][1]:.2f}x; "
             f"max |ours - dense loop| / max |dense loop| = {error:.1e}"
         )
-        if not error < RELATIVE_TOLERANCE:
-            failures.append(f"grouped_matmul {label}: xla path differs from the dense loop")
-    return failures
+        shape = f"m{m} k{k} n{n} G{groups} f32"
+        rows += [
+            BenchRow(
+                "grouped_matmul",
+                f"grouped_matmul {label}",
+                shape,
+                "cpu xla",
+                timed["ours (xla)"][3],
+                baseline,
+                timed[name][3],
+                error < RELATIVE_TOLERANCE,
+            )
+            for name, baseline in (
+                ("dense loop", "per-group jnp.dot"),
+                ("ragged_dot", "ragged_dot"),
+            )
+            if name in timed
+        ]
+    return rows
 
 
 def _relative_difference(results: dict[str, tuple]) -> float:
@@ -146,7 +168,8 @@ def _relative_difference(results: dict[str, tuple]) -> float:
     )
 
 
-def _gpu(m: int, k: int, n: int, groups: int) -> None:
+def _gpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
+    """Prints TFLOP/s of the Triton kernels and ragged_dot; returns one row per pass."""
     sizes = jnp.asarray(_group_sizes(m, groups))
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
@@ -159,21 +182,34 @@ def _gpu(m: int, k: int, n: int, groups: int) -> None:
     }
     flops = 2 * m * k * n
     print(f"grouped_matmul GPU bfloat16: m={m} k={k} n={n}, {groups} groups")
+    rows = []
     for label, make, work in (("forward", jax.jit, flops), ("fwd+bwd", _loss_grad, 3 * flops)):
-        tflops = {}
+        tflops, times = {}, {}
         for name, f in methods.items():
-            _, median, _ = _seconds(make(f), lhs, rhs, repeats=20)
+            _, times[name], _ = _seconds(make(f), lhs, rhs, repeats=20)
+            median = statistics.median(times[name])
             tflops[name] = work / median / 1e12
             print(f"  {label} {name:<13} {median * 1e3:8.3f} ms  {tflops[name]:6.1f} TFLOP/s")
         ratio = tflops["ours (triton)"] / tflops["ragged_dot"]
         print(f"  {label} ours/ragged_dot throughput = {ratio:.2f}x")
+        rows.append(
+            BenchRow(
+                "grouped_matmul",
+                f"grouped_matmul {label}",
+                f"m{m} k{k} n{n} G{groups} bf16",
+                f"{jax.default_backend()} triton",
+                times["ours (triton)"],
+                "ragged_dot",
+                times["ragged_dot"],
+            )
+        )
+    return rows
 
 
-def main() -> list[str]:
-    """Prints the table; returns the names of failed correctness checks."""
+def main() -> list[BenchRow]:
+    """Prints the table; returns its rows (the CPU ones carry the check against the loop)."""
     if jax.default_backend() in ("cuda", "rocm", "gpu"):
-        _gpu(M, K, N, GROUPS)
-        return []
+        return _gpu(M, K, N, GROUPS)
     full = os.environ.get("GMM_BENCH_FULL") == "1"
     k, n = (K, N) if full else (CPU_K, CPU_N)
     return [f for groups in CPU_GROUPS for f in _cpu(M, k, n, groups, full=full)]

@@ -2,7 +2,8 @@
 
 64 documents with random lengths summing to 131072 tokens. Every function runs under
 ``jax.jit`` with static sizes; the table shows the median wall time of a few calls after a
-compile warm-up, and whether the result equals a numpy loop over documents.
+compile warm-up, and whether the result equals a numpy loop over documents (the baseline,
+timed alike).
 
 Run: ``python -m bench.host_layer`` (``python -m bench`` calls :func:`main`).
 """
@@ -10,6 +11,8 @@ Run: ``python -m bench.host_layer`` (``python -m bench`` calls :func:`main`).
 from __future__ import annotations
 
 import functools
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bench.timing import median_seconds
+from bench.report import BenchRow
+from bench.timing import repeat_seconds
 from jax_bridge.host.cu_seqlens import (
     prepare_chunk_indices,
     prepare_chunk_offsets,
@@ -43,7 +47,7 @@ class BenchCase:
     name: str
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    expected: Any  # numpy oracle; the jitted output is compared to it exactly
+    reference: Callable[[], np.ndarray]  # numpy oracle and baseline; compared exactly
 
 
 def random_lengths(rng: np.random.Generator, num_docs: int, total: int) -> np.ndarray:
@@ -82,79 +86,95 @@ def build_cases(config: HostLayerBenchConfig) -> list[BenchCase]:
     max_len = int(lengths.max())
     packed = rng.standard_normal((total, config.feature_dim)).astype(np.float32)
     padded = reference_padded(packed, cu, max_len)
-    tokens = reference_token_indices(lengths)
+    valid = np.arange(max_len)[None, :] < lengths[:, None]
     num_chunks = -(-total // chunk) + config.num_docs  # the documented static bound
-    chunk_counts = -(-lengths.astype(np.int64) // chunk)
     static_tokens = {"total_tokens": total}
     return [
         BenchCase(
             "prepare_position_ids",
             jax.jit(functools.partial(prepare_position_ids, **static_tokens)),
             (cu,),
-            tokens[:, 1],
+            lambda: reference_token_indices(lengths)[:, 1],
         ),
         BenchCase(
             "prepare_sequence_ids",
             jax.jit(functools.partial(prepare_sequence_ids, **static_tokens)),
             (cu,),
-            tokens[:, 0],
+            lambda: reference_token_indices(lengths)[:, 0],
         ),
         BenchCase(
             "prepare_token_indices",
             jax.jit(functools.partial(prepare_token_indices, **static_tokens)),
             (cu,),
-            tokens,
+            lambda: reference_token_indices(lengths),
         ),
         BenchCase(
             f"prepare_chunk_indices C={chunk}",
             jax.jit(functools.partial(prepare_chunk_indices, chunk_size=chunk, **static_tokens)),
             (cu,),
-            reference_chunk_indices(lengths, chunk, num_chunks),
+            lambda: reference_chunk_indices(lengths, chunk, num_chunks),
         ),
         BenchCase(
             f"prepare_chunk_offsets C={chunk}",
             jax.jit(functools.partial(prepare_chunk_offsets, chunk_size=chunk)),
             (cu,),
-            np.concatenate([[0], np.cumsum(chunk_counts)]),
+            lambda: np.concatenate([[0], np.cumsum(-(-lengths.astype(np.int64) // chunk))]),
         ),
         BenchCase(
             "pack (lengths)",
             jax.jit(lambda x, n: pack(x, n, total_tokens=total)[0]),
             (padded, lengths),
-            packed,
+            lambda: np.concatenate([padded[doc, :n] for doc, n in enumerate(lengths)]),
         ),
         BenchCase(
             "pack (mask)",
             jax.jit(lambda x, m: pack(x, m, total_tokens=total)[0]),
-            (padded, np.arange(max_len)[None, :] < lengths[:, None]),
-            packed,
+            (padded, valid),
+            lambda: padded[valid],
         ),
         BenchCase(
             "unpack",
             jax.jit(functools.partial(unpack, batch=config.num_docs, max_len=max_len)),
             (packed, cu),
-            padded,
+            lambda: reference_padded(packed, cu, max_len),
         ),
     ]
 
 
-def main() -> list[str]:
-    """Prints the table; returns the names of cases whose result differs from the oracle."""
+def main() -> list[BenchRow]:
+    """Prints the table; returns one row per case (baseline: its numpy oracle)."""
     config = HostLayerBenchConfig()
+    backend = jax.default_backend()
     print(
         f"host layer: {config.num_docs} docs, {config.total_tokens} tokens, "
-        f"backend={jax.default_backend()}, median of {config.repeats} jitted calls"
+        f"backend={backend}, median of {config.repeats} jitted calls"
     )
     print(f"{'name':<30} {'output shape':<18} {'median ms':>10}  check")
-    failures = []
+    rows = []
     for case in build_cases(config):
-        seconds, out = median_seconds(case.fn, *case.args, repeats=config.repeats)
-        ok = out.shape == case.expected.shape and np.array_equal(np.asarray(out), case.expected)
+        times, out = repeat_seconds(case.fn, *case.args, repeats=config.repeats)
+        numpy_times, expected = _time_numpy(case.reference, config.repeats)
+        ok = out.shape == expected.shape and np.array_equal(np.asarray(out), expected)
         shape = "x".join(map(str, out.shape))
-        print(f"{case.name:<30} {shape:<18} {seconds * 1e3:>10.3f}  {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(f"host layer: {case.name}")
-    return failures
+        median = statistics.median(times)
+        print(f"{case.name:<30} {shape:<18} {median * 1e3:>10.3f}  {'ok' if ok else 'MISMATCH'}")
+        rows.append(
+            BenchRow(
+                "host_layer", case.name, shape, f"{backend} jit", times, "numpy", numpy_times, ok
+            )
+        )
+    return rows
+
+
+def _time_numpy(reference: Callable[[], np.ndarray], repeats: int) -> tuple[tuple[float, ...], Any]:
+    """Wall times of `repeats` calls of the numpy oracle, and its result."""
+    expected = reference()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reference()
+        times.append(time.perf_counter() - start)
+    return tuple(times), expected
 
 
 if __name__ == "__main__":

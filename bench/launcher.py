@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import time
+import statistics
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.report import BenchRow
+from bench.timing import repeat_seconds
 from examples.softmax import softmax_block_cols, softmax_rows_kernel
 from jax_bridge import lower_for_cuda, static_kernel_report, triton_call
+
+REPEATS = 3
 
 
 def _softmax(x: jax.Array) -> jax.Array:
@@ -24,22 +28,31 @@ def _softmax(x: jax.Array) -> jax.Array:
     )
 
 
-def main() -> list[str]:
-    """Prints what it checked; returns the names of failed checks."""
-    failures = []
+def main() -> list[BenchRow]:
+    """Prints what it checked; returns the softmax timing and one row per lowering check."""
     x = jax.random.normal(jax.random.key(0), (64, 1000), jnp.float32)
-    softmax = jax.jit(_softmax)
-    start = time.perf_counter()
-    out = softmax(x).block_until_ready()
-    elapsed = time.perf_counter() - start
-    error = float(np.max(np.abs(np.asarray(out) - np.asarray(jax.nn.softmax(x)))))
-    if not error < 1e-6:
-        failures.append("launcher: softmax differs from jax.nn.softmax")
-    where = "interpreter on CPU" if jax.default_backend() == "cpu" else jax.default_backend()
+    times, out = repeat_seconds(jax.jit(_softmax), x, repeats=REPEATS)
+    baseline_times, expected = repeat_seconds(jax.jit(jax.nn.softmax), x, repeats=REPEATS)
+    error = float(np.max(np.abs(np.asarray(out) - np.asarray(expected))))
+    on_cpu = jax.default_backend() == "cpu"
+    where = "interpreter on CPU" if on_cpu else jax.default_backend()
     print(
-        f"softmax [64, 1000] f32 via {where}: {elapsed * 1e3:.1f} ms, "
+        f"softmax [64, 1000] f32 via {where}: {statistics.median(times) * 1e3:.1f} ms, "
         f"max |err| vs jax.nn = {error:.1e}"
     )
+    backend = "triton interpreter" if on_cpu else f"triton {jax.default_backend()}"
+    rows = [
+        BenchRow(
+            "launcher",
+            "softmax (triton_call)",
+            "64x1000 f32",
+            backend,
+            times,
+            "jax.nn.softmax",
+            baseline_times,
+            error < 1e-6,
+        )
+    ]
     for cc in (80, 90):
         text = lower_for_cuda(
             _softmax, jax.ShapeDtypeStruct((64, 1000), jnp.bfloat16), compute_capability=cc
@@ -52,6 +65,7 @@ def main() -> list[str]:
             compute_capability=cc,
         )
         print(f"sm_{cc}: cuda lowering has triton_kernel_call: {lowered}; {report.summary()}")
-        if not lowered:
-            failures.append(f"launcher: no triton_kernel_call in the sm_{cc} lowering")
-    return failures
+        rows.append(
+            BenchRow("launcher", "cuda lowering (softmax)", "64x1000 bf16", f"sm_{cc}", ok=lowered)
+        )
+    return rows

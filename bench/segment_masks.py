@@ -7,10 +7,13 @@ picks, so set JAX_PLATFORMS to compare like with like.
 
 from __future__ import annotations
 
+import statistics
+
 import jax
 import numpy as np
 
-from bench.timing import median_seconds
+from bench.report import BenchRow
+from bench.timing import repeat_seconds
 from jax_bridge.host.segment_ids import (
     is_segment_mask,
     mask_to_segment_ids,
@@ -30,14 +33,15 @@ def random_segment_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.asarray(segment_ids_to_mask((ids, rng.permutation(ids))))
 
 
-def main() -> list[str]:
-    """Prints the timings; returns the names of failed correctness checks."""
+def main() -> list[BenchRow]:
+    """Prints the timings; returns a row per function (both carry the round-trip check)."""
     mask = jax.device_put(random_segment_mask(np.random.default_rng(0), MASK_SIZE))
     to_ids = jax.jit(mask_to_segment_ids)
     check = jax.jit(is_segment_mask)
 
-    ids_seconds, _ = median_seconds(to_ids, mask, repeats=REPEATS)
-    check_seconds, _ = median_seconds(check, mask, repeats=REPEATS)
+    ids_times, _ = repeat_seconds(to_ids, mask, repeats=REPEATS)
+    check_times, _ = repeat_seconds(check, mask, repeats=REPEATS)
+    ids_seconds, check_seconds = statistics.median(ids_times), statistics.median(check_times)
     rebuilt = np.asarray(segment_ids_to_mask(to_ids(mask)))
     round_trip_ok = bool(np.array_equal(rebuilt, np.asarray(mask))) and bool(check(mask))
 
@@ -46,7 +50,11 @@ def main() -> list[str]:
     print(f"mask_to_segment_ids {what}: median {ids_seconds:.3f} s ({verdict})")
     print(f"is_segment_mask     {what}: median {check_seconds:.3f} s")
     print(f"segment mask round trip: {'ok' if round_trip_ok else 'FAILED'}")
-    return [] if round_trip_ok else ["segment mask round trip"]
+    shape, backend = f"{MASK_SIZE}x{MASK_SIZE} bool", f"{jax.default_backend()} jit"
+    return [
+        BenchRow("segment_masks", name, shape, backend, times, ok=round_trip_ok)
+        for name, times in (("mask_to_segment_ids", ids_times), ("is_segment_mask", check_times))
+    ]
 
 
 if __name__ == "__main__":

@@ -10,10 +10,13 @@ from typing import Any
 import jax
 
 
-def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> tuple[float, Any]:
-    """Median wall time of `fn(*args)` over `repeats` calls after one warm-up (compile) call.
+def repeat_seconds(
+    fn: Callable[..., Any], *args: Any, repeats: int = 5
+) -> tuple[tuple[float, ...], Any]:
+    """Wall times of `repeats` calls of `fn(*args)` after one warm-up (compile) call.
 
-    Returns the median in seconds and the warm-up call's output (for correctness checks).
+    Every call is synchronised with `jax.block_until_ready`. Returns the times in seconds
+    and the warm-up call's output (for correctness checks).
     """
     out = jax.block_until_ready(fn(*args))
     times = []
@@ -21,4 +24,13 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> tupl
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
+    return tuple(times), out
+
+
+def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> tuple[float, Any]:
+    """Median wall time of `fn(*args)` over `repeats` calls after one warm-up (compile) call.
+
+    Returns the median in seconds and the warm-up call's output (for correctness checks).
+    """
+    times, out = repeat_seconds(fn, *args, repeats=repeats)
     return statistics.median(times), out
