@@ -1,5 +1,7 @@
 """The one precision rule: canonical forms, the package default, the Triton mapping."""
 
+import dataclasses
+
 import jax
 import pytest
 
@@ -55,6 +57,6 @@ def test_options_are_hashable_and_compare_by_value():
     a = OpOptions(implementation="xla")
     b = OpOptions(implementation="xla", precision=P.HIGHEST)
     assert a == b and hash(a) == hash(b)
-    assert a.replace(precision=P.DEFAULT) != a
+    assert dataclasses.replace(a, precision=P.DEFAULT) != a
     with pytest.raises(TypeError):
         OpOptions("xla")  # keyword-only: subclasses add fields freely
