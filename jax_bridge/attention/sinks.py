@@ -1,4 +1,4 @@
-"""The gradient of attention sinks, shared by every implementation's backward pass."""
+"""Backward-pass pieces every attention backend shares: delta and the sinks' gradient."""
 
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ def sink_gradient(sinks: jax.Array, lse: jax.Array, delta: jax.Array) -> jax.Arr
     finite = jnp.isfinite(lse)
     p_sink = jnp.where(finite, jnp.exp(sink - jnp.where(finite, lse, 0.0)), 0.0)
     return -jnp.sum(p_sink * delta, axis=1)
+
+
+def row_delta(out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None) -> jax.Array:
+    """float32 [Hq, total_q]: delta_i = rowsum(dO_i * O_i) - d_lse_i.
+
+    dS_ij = P_ij * (dP_ij - delta_i); since d lse_i / d s_ij = P_ij, an lse cotangent
+    enters exactly as this shift of delta. out, d_out: [total_q, Hq, D].
+    """
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T
+    return delta if d_lse is None else delta - d_lse.astype(jnp.float32)

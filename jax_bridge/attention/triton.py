@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.attention.sinks import sink_gradient
+from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.host.cu_seqlens import prepare_chunk_indices
-from jax_bridge.launch.target import interpreting, launch_target
+from jax_bridge.launch.target import launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
@@ -136,42 +136,41 @@ def forward(
     total_k, num_kv_heads, _ = k.shape
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
-    with interpreting(options.interpret):
-        config = _config(options, head_dim, q.dtype, "forward")
-        cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-        chunks = _chunk_indices(cu_q, total_q, config.block_m)
-        scalars, flags = _spec_arguments(options.spec)
-        return triton_call(
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            chunks,
-            _per_head(sinks),
-            _per_head(alibi_slopes),
-            total_q,
-            *scalars,
-            kernel=attention_forward_kernel,
-            out_shape=(
-                jax.ShapeDtypeStruct(q.shape, q.dtype),
-                jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
-            ),
-            grid=(chunks.shape[0], num_q_heads),
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            name="varlen_attention_fwd",
-            NUM_Q_HEADS=num_q_heads,
-            NUM_KV_HEADS=num_kv_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_D=block_d(head_dim),
-            HAS_SINKS=sinks is not None,
-            HAS_ALIBI=alibi_slopes is not None,
-            INPUT_PRECISION=_input_precision(options, q.dtype),
-            **flags,
-        )
+    config = _config(options, head_dim, q.dtype, "forward")
+    cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+    chunks = _chunk_indices(cu_q, total_q, config.block_m)
+    scalars, flags = _spec_arguments(options.spec)
+    return triton_call(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        chunks,
+        _per_head(sinks),
+        _per_head(alibi_slopes),
+        total_q,
+        *scalars,
+        kernel=attention_forward_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
+        ),
+        grid=(chunks.shape[0], num_q_heads),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        name="varlen_attention_fwd",
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=block_d(head_dim),
+        HAS_SINKS=sinks is not None,
+        HAS_ALIBI=alibi_slopes is not None,
+        INPUT_PRECISION=_input_precision(options, q.dtype),
+        **flags,
+    )
 
 
 def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -> jax.Array:
@@ -236,55 +235,53 @@ def backward(
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
     if total_q == 0 or total_k == 0:  # every probability is 0: only sinks have a gradient
-        delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T
-        delta = delta if d_lse is None else delta - d_lse.astype(jnp.float32)
+        delta = row_delta(out, d_out, d_lse)
         d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
-    with interpreting(options.interpret):
-        delta = _delta(out, d_out, d_lse, options)
-        cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-        scalars, flags = _spec_arguments(options.spec)
-        inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
-        constexprs = dict(
-            NUM_Q_HEADS=num_q_heads,
-            NUM_KV_HEADS=num_kv_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d(head_dim),
-            HAS_ALIBI=alibi_slopes is not None,
-            INPUT_PRECISION=_input_precision(options, q.dtype),
-            **flags,
-        )
-        config = _config(options, head_dim, q.dtype, "backward_dkdv")
-        key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
-        dk, dv = triton_call(
-            *inputs,
-            key_chunks,
-            _per_head(alibi_slopes),
-            total_q,
-            *scalars,
-            kernel=attention_backward_dkdv_kernel,
-            out_shape=(
-                jax.ShapeDtypeStruct(k.shape, k.dtype),
-                jax.ShapeDtypeStruct(v.shape, v.dtype),
-            ),
-            grid=(key_chunks.shape[0], num_kv_heads),
-            **_launch(config, "varlen_attention_bwd_dkdv"),
-            **constexprs,
-        )
-        config = _config(options, head_dim, q.dtype, "backward_dq")
-        query_chunks = _chunk_indices(cu_q, total_q, config.block_m)
-        dq = triton_call(
-            *inputs,
-            query_chunks,
-            _per_head(alibi_slopes),
-            total_q,
-            *scalars,
-            kernel=attention_backward_dq_kernel,
-            out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-            grid=(query_chunks.shape[0], num_q_heads),
-            **_launch(config, "varlen_attention_bwd_dq"),
-            **constexprs,
-        )
+    delta = _delta(out, d_out, d_lse, options)
+    cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+    scalars, flags = _spec_arguments(options.spec)
+    inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
+    constexprs = dict(
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
+        HAS_ALIBI=alibi_slopes is not None,
+        INPUT_PRECISION=_input_precision(options, q.dtype),
+        **flags,
+    )
+    config = _config(options, head_dim, q.dtype, "backward_dkdv")
+    key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
+    dk, dv = triton_call(
+        *inputs,
+        key_chunks,
+        _per_head(alibi_slopes),
+        total_q,
+        *scalars,
+        kernel=attention_backward_dkdv_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ),
+        grid=(key_chunks.shape[0], num_kv_heads),
+        **_launch(config, "varlen_attention_bwd_dkdv"),
+        **constexprs,
+    )
+    config = _config(options, head_dim, q.dtype, "backward_dq")
+    query_chunks = _chunk_indices(cu_q, total_q, config.block_m)
+    dq = triton_call(
+        *inputs,
+        query_chunks,
+        _per_head(alibi_slopes),
+        total_q,
+        *scalars,
+        kernel=attention_backward_dq_kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(query_chunks.shape[0], num_q_heads),
+        **_launch(config, "varlen_attention_bwd_dq"),
+        **constexprs,
+    )
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
     return dq, dk, dv, d_sinks
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_bridge.attention.sinks import sink_gradient
+from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.vma import varying_like
@@ -495,7 +495,7 @@ def attention_backward_xla(
     total_q = q.shape[0]
     total_k = k.shape[0]
     # delta_i = sum_d dO_i * O_i  (minus d_lse_i): dS_ij = P_ij * (dP_ij - delta_i).
-    delta = _delta(out, d_out, d_lse)  # [Hq, total_q]
+    delta = row_delta(out, d_out, d_lse)  # [Hq, total_q]
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta).astype(sinks.dtype)
     if total_q == 0 or total_k == 0:
         # Without queries or keys every probability is 0: only the sinks carry gradient.
@@ -520,12 +520,6 @@ def attention_backward_xla(
     dq = jnp.swapaxes(_dq_pass(b, cu_seqlens_q, cu_seqlens_k, total_q), 0, 1)
     dk, dv = (jnp.swapaxes(x, 0, 1) for x in _dkdv_pass(b, cu_seqlens_q, cu_seqlens_k, total_k))
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_sinks
-
-
-def _delta(out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None) -> jax.Array:
-    """float32 [Hq, total_q]: rowsum(dO * O) - d_lse."""
-    delta = jnp.sum(d_out.astype(_F32) * out.astype(_F32), axis=-1).T
-    return delta if d_lse is None else delta - d_lse.astype(_F32)
 
 
 # ----------------------------------------------------------------- backend contract

@@ -38,6 +38,7 @@ from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
+from jax_bridge.launch.target import interpreting
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
@@ -230,9 +231,11 @@ def transposed_grouped_matmul(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
-    return _BACKENDS[options.implementation].gmm(
-        lhs, rhs, group_sizes, group_offset, existing_out, options
-    )
+    # `interpret=True`: the Triton kernels launch through the interpreter, GPU or not.
+    with interpreting(options.interpret):
+        return _BACKENDS[options.implementation].gmm(
+            lhs, rhs, group_sizes, group_offset, existing_out, options
+        )
 
 
 def _gmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
@@ -281,9 +284,10 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups: int, options):
-    return _BACKENDS[options.implementation].tgmm(
-        lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options
-    )
+    with interpreting(options.interpret):
+        return _BACKENDS[options.implementation].tgmm(
+            lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options
+        )
 
 
 def _tgmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options):

@@ -45,8 +45,8 @@ def check_dimension(name: str, actual: int, expected: int, what: str) -> None:
 def check_preferred_element_type(dtype: Any, operand_dtype: Any = None) -> np.dtype:
     """The result dtype: a floating dtype, or None for the default.
 
-    None means what `jax.lax.dot` makes of it, the operands' dtype, promoted to at least
-    float32 because products accumulate in float32 (float64 operands under x64 give
+    None means the operands' dtype promoted to at least float32, because products
+    accumulate in float32 (bf16 operands give float32, float64 operands under x64 give
     float64); without `operand_dtype`, float32, the public default. (`jnp.dtype(None)` is
     float64, which is why None must not reach it.)
     """

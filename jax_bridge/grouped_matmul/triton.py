@@ -17,7 +17,7 @@ import numpy as np
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
 from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
-from jax_bridge.launch.target import interpreting, launch_target
+from jax_bridge.launch.target import launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
@@ -79,23 +79,13 @@ def gmm(
     out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # nothing to multiply: every row keeps its init
         return _init_only(existing_out, out_shape)
-    with interpreting(options.interpret):
-        config = _config(options, m, k, n, lhs.dtype, gmm_config)
-        return _launch_gmm(lhs, rhs, group_sizes, group_offset, existing_out, options, config)
-
-
-def _launch_gmm(lhs, rhs, group_sizes, group_offset, existing_out, options, config):
-    m, k = lhs.shape
-    num_groups = rhs.shape[0]
-    transpose_rhs = options.transpose_rhs
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
+    config = _config(options, m, k, n, lhs.dtype, gmm_config)
     meta = make_group_metadata(
         group_sizes,
         m=m,
         block_m=config.block_m,
         group_offset=0 if group_offset is None else group_offset,
-        num_groups=num_groups,
+        num_groups=rhs.shape[0],
     )
     accumulate = existing_out is not None
     # Rows that no tile writes (other experts, rows past sum(group_sizes), masked rows of
@@ -124,7 +114,7 @@ def _launch_gmm(lhs, rhs, group_sizes, group_offset, existing_out, options, conf
         BLOCK_M=config.block_m,
         BLOCK_K=config.block_k,
         BLOCK_N=config.block_n,
-        TRANSPOSE_RHS=transpose_rhs,
+        TRANSPOSE_RHS=options.transpose_rhs,
         ACCUMULATE=accumulate,
         INPUT_PRECISION=_input_precision(options, lhs.dtype),
     )
@@ -154,17 +144,7 @@ def tgmm(
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
-    with interpreting(options.interpret):
-        config = _config(options, m, k, n, lhs.dtype, tgmm_config)
-        return _launch_tgmm(
-            lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options, config
-        )
-
-
-def _launch_tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options, config):
-    m, k = lhs.shape if options.lhs_token_major else lhs.shape[::-1]
-    n = rhs.shape[1]
-    out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
+    config = _config(options, m, k, n, lhs.dtype, tgmm_config)
     starts, ends = local_group_bounds(
         group_sizes,
         m=m,
