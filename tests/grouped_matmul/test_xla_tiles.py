@@ -29,44 +29,16 @@ from jax_bridge.grouped_matmul.reference import (
     grouped_matmul_reference,
     transposed_grouped_matmul_reference,
 )
+from tests.grouped_matmul.helpers import bounds as _bounds
+from tests.grouped_matmul.helpers import gmm_float64 as gmm_loop
+from tests.grouped_matmul.helpers import tgmm_float64 as tgmm_loop
 
 # --- oracles and helpers ----------------------------------------------------------------
+# The float64 loops are the suite's shared independent oracle (tests/grouped_matmul/helpers.py).
 
 
 def _normal(rng, shape, dtype=np.float32) -> jax.Array:
     return jnp.asarray(rng.standard_normal(shape), dtype)
-
-
-def _bounds(sizes) -> tuple[np.ndarray, np.ndarray]:
-    ends = np.cumsum(np.asarray(sizes, np.int64))
-    return ends - np.asarray(sizes, np.int64), ends
-
-
-def gmm_loop(lhs, rhs, sizes, *, offset=0, existing=None, transpose_rhs=False) -> np.ndarray:
-    """float64: out[rows of g + offset] (+)= lhs[those rows] @ rhs[g]; other rows existing."""
-    lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
-    rhs = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
-    out = np.zeros((lhs.shape[0], rhs.shape[2]))
-    if existing is not None:
-        out += np.asarray(existing, np.float64)
-    starts, ends = _bounds(sizes)
-    for g in range(rhs.shape[0]):
-        s, e = starts[offset + g], ends[offset + g]
-        out[s:e] += lhs[s:e] @ rhs[g]
-    return out
-
-
-def tgmm_loop(lhs, rhs, sizes, *, num_groups, offset=0, existing=None) -> np.ndarray:
-    """float64: out[g] (+)= lhs[:, rows of g + offset] @ rhs[those rows]; lhs is [k, m]."""
-    lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
-    out = np.zeros((num_groups, lhs.shape[0], rhs.shape[1]))
-    if existing is not None:
-        out += np.asarray(existing, np.float64)
-    starts, ends = _bounds(sizes)
-    for g in range(num_groups):
-        s, e = starts[offset + g], ends[offset + g]
-        out[g] += lhs[:, s:e] @ rhs[s:e]
-    return out
 
 
 def _close(actual, expected, rtol=1e-5):
