@@ -28,7 +28,14 @@ from tqdm.contrib import DummyTqdmFile
 
 from bench.report import BenchRow, format_table, machine_description, write_json
 
-SECTIONS = ("host_layer", "segment_masks", "launcher", "attention", "grouped_matmul")
+SECTIONS = (
+    "host_layer",
+    "segment_masks",
+    "launcher",
+    "attention",
+    "grouped_matmul",
+    "splash_masks",
+)
 
 
 def _prefer_cpu_without_gpu() -> None:

@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 from jax_bridge import grouped_matmul, transposed_grouped_matmul, varlen_attention
 
 IMPLEMENTATIONS = ("xla", "triton")
+# Off a TPU the Pallas kernels run in the TPU interpreter inside a checked shard_map.
+ATTENTION_IMPLEMENTATIONS = (*IMPLEMENTATIONS, "pallas")
 SHARDS = 4
 
 
@@ -46,7 +48,7 @@ def _global_cu(cu, lengths, tokens=48):
     return np.asarray(bounds, np.int32)
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", ATTENTION_IMPLEMENTATIONS)
 def test_data_parallel_attention_forward_and_gradient(mesh, implementation):
     q, k, v, sinks, cu, lengths = _attention_problem()
     options = dict(causal=True, sliding_window=(17, None), implementation=implementation)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.attention import triton, xla
+from jax_bridge.attention import pallas, triton, xla
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
@@ -30,13 +30,14 @@ from jax_bridge.core.validation import (
     require,
 )
 from jax_bridge.core.vma import cotangent_like
+from pallas_tpu.splash.config import BlockSizes
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 
 __all__ = ["AttentionOptions", "varlen_attention"]
 
 _OP = "varlen_attention"
 _FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-_BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton})
+_BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +68,7 @@ def varlen_attention(
     alibi_slopes: jax.Array | None = None,
     return_lse: bool = False,
     precision: Any = None,
-    config: AttentionConfigs | AttentionKernelConfig | None = None,
+    config: AttentionConfigs | AttentionKernelConfig | BlockSizes | None = None,
     implementation: str = "auto",
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention over packed variable-length sequences (FlashAttention varlen layout).
@@ -120,9 +121,12 @@ def varlen_attention(
       config: the Triton kernels' launch configuration: an `AttentionConfigs` (one
         `AttentionKernelConfig` per kernel, None fields keep their defaults), or one
         `AttentionKernelConfig` for all three kernels. None: chosen by head_dim, dtype
-        and GPU. Ignored by the XLA backend.
-      implementation: "auto" (Triton on GPUs, XLA elsewhere), "triton" (on a CPU it runs
-        through Triton's interpreter: slow) or "xla".
+        and GPU. With implementation="pallas": a splash `BlockSizes` (multiples of 128;
+        None fields default; the packed axes are padded to the blocks). Ignored by XLA.
+      implementation: "auto" (Triton on GPUs, the Pallas splash kernels on TPUs, XLA
+        elsewhere), "triton" (on a CPU it runs through Triton's interpreter: slow),
+        "pallas" (off a TPU in Pallas' interpret mode: slow; no `alibi_slopes`; float32
+        products at the TPU's default dot precision) or "xla".
 
     Returns:
       out: [total_q, num_q_heads, head_dim] in q's dtype; with `return_lse`, also
@@ -168,7 +172,7 @@ def varlen_attention(
     options = AttentionOptions(
         implementation=impl,
         precision=canonicalize_precision(precision, _OP),
-        config=_check_config(config),
+        config=_check_config(config, impl),
         spec=spec,
     )
     out, lse = _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
@@ -291,13 +295,21 @@ def _check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
     return x
 
 
-def _check_config(config: Any) -> AttentionConfigs | None:
-    if config is None or isinstance(config, AttentionConfigs):
+def _check_config(config: Any, implementation: str) -> AttentionConfigs | BlockSizes | None:
+    """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both."""
+    if implementation == "pallas" and isinstance(config, (BlockSizes, type(None))):
         return config
-    if isinstance(config, AttentionKernelConfig):
+    if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):
+        return config
+    if implementation != "pallas" and isinstance(config, AttentionKernelConfig):
         return AttentionConfigs(config, config, config)
+    expected = (
+        "a splash BlockSizes"
+        if implementation == "pallas"
+        else "an AttentionConfigs or an AttentionKernelConfig"
+    )
     raise TypeError(
-        f"{_OP}: config must be an AttentionConfigs, an AttentionKernelConfig or None, "
+        f"{_OP}: config for implementation={implementation!r} must be {expected} or None, "
         f"got {type(config).__name__}."
     )
 

@@ -1,11 +1,12 @@
 """The one place that decides which implementation of an op runs.
 
 `implementation="auto"` picks Triton on cuda/rocm, Pallas on TPU and XLA anywhere else,
-among the backends an op has (today no op has a Pallas backend, so TPUs run XLA); an
+among the backends an op has (an op without a Pallas backend runs XLA on a TPU); an
 explicit choice always wins. Asking for one that cannot run says why.
 
-The Triton implementation also runs on the CPU, through Triton's interpreter (slow, meant
-for tests), so `implementation="triton"` is accepted everywhere.
+The Triton implementation also runs on the CPU, through Triton's interpreter, and the
+Pallas one off-TPU in Pallas' interpret mode (both slow, meant for tests), so an
+explicit "triton" or "pallas" is accepted everywhere.
 
 Each op keeps a `BackendTable`: its implementations by name, each a module with the op's
 small backend contract. Adding a backend is one module and one table entry.
@@ -61,11 +62,6 @@ def resolve_implementation(
         raise ValueError(
             f"{op}: implementation={implementation!r} is not available for this op; "
             f"it has {tuple(supported)}."
-        )
-    if implementation == "pallas" and platform != "tpu":
-        raise ValueError(
-            f"{op}: implementation='pallas' needs a TPU, but JAX runs on {platform!r}. "
-            "Use implementation='xla' (or 'auto')."
         )
     return implementation
 

@@ -235,6 +235,12 @@ def classify_blocks(mask: mask_lib.Mask, block_shape: tuple[int, int]) -> Array:
     if intervals is not None and ranges is not None:
         traced = isinstance(intervals[0], jax.core.Tracer) or isinstance(intervals[0], jax.Array)
         return _classify_intervals(jnp if traced else np, *intervals, block_q, ranges)
+    if getattr(mask, "traced", False):
+        raise ValueError(
+            "classify_blocks: a DocumentMask built from traced arrays needs a kv_sequence "
+            "whose kv blocks each hold consecutive ascending positions (e.g. the "
+            "load-balanced order with chunks a multiple of block_kv), or kv_sequence=None"
+        )
     return _classify_dense(mask[:, :], block_q, block_kv)
 
 
@@ -486,11 +492,10 @@ def _process_static(
     )
     if shrink_grid and rows_are_shards and len(unique_masks) == 1:
         block_mask, data_next, mask_next = _shrink(block_mask, data_next, mask_next, grid, is_dkv)
-    if downcast_smem_data:
-        q_local = grid.q_blocks // grid.q_seq_shards
+    if downcast_smem_data:  # the smallest type holding the largest value, as JAX does
         block_mask = _downcast(block_mask, FULL)
-        data_next = _downcast(data_next, q_local if is_dkv else grid.kv_blocks)
-        mask_next = _downcast(mask_next, 0 if blocks is None else len(blocks))
+        data_next = _downcast(data_next, int(data_next.max(initial=0)))
+        mask_next = None if mask_next is None else _downcast(mask_next, int(mask_next.max()))
     else:
         block_mask, data_next = block_mask.astype(np.int32), data_next.astype(np.int32)
         mask_next = None if mask_next is None else mask_next.astype(np.int32)
@@ -511,7 +516,7 @@ def _process_traced(mask: mask_lib.DocumentMask, grid: _Grid, is_dkv, downcast_s
     int_type = jnp.int32
     if downcast_smem_data:
         block_mask = block_mask.astype(jnp.int8)
-        bound = grid.q_blocks // grid.q_seq_shards if is_dkv else grid.kv_blocks
+        bound = (grid.q_blocks // grid.q_seq_shards if is_dkv else grid.kv_blocks) - 1
         int_type = _downcast(np.zeros(1, np.int32), bound).dtype
     element = _element_mask(mask)
     mask_next = jnp.zeros(shape, int_type)
@@ -640,8 +645,8 @@ def _process_dynamic(mask, block_shape, is_dkv, downcast_smem_data, head_shards,
         blocks = blocks.swapaxes(1, 2)
     if downcast_smem_data:
         classes = classes.astype(jnp.int8)
-        data_next = data_next.astype(_downcast(np.zeros(1, np.int32), max(nq, nk)).dtype)
-        mask_next = mask_next.astype(_downcast(np.zeros(1, np.int32), h * nq * nk).dtype)
+        data_next = data_next.astype(_downcast(np.zeros(1, np.int32), max(nq, nk) - 1).dtype)
+        mask_next = mask_next.astype(_downcast(np.zeros(1, np.int32), h * nq * nk - 1).dtype)
     return MaskInfo(data_next, mask_next, classes, blocks, None, is_dynamic_mask=True), None
 
 

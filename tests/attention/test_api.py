@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
-from jax_bridge import flash_attention, varlen_attention
+from jax_bridge import AttentionConfigs, flash_attention, varlen_attention
 from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.reference import allowed_mask
 from jax_bridge.attention.spec import AttentionSpec
@@ -259,7 +259,16 @@ BAD_CALLS = {
     "max_seqlen_small": ({"max_seqlen_q": 3}, ValueError, "max_seqlen_q=3"),
     "max_seqlen_type": ({"max_seqlen_k": 2.0}, TypeError, "max_seqlen_k"),
     "implementation": ({"implementation": "cuda"}, ValueError, "implementation"),
-    "pallas_on_cpu": ({"implementation": "pallas"}, ValueError, "implementation"),
+    "pallas_alibi": (
+        {"implementation": "pallas", "alibi_slopes": jnp.full((4,), 0.5)},
+        ValueError,
+        "alibi_slopes",
+    ),
+    "pallas_triton_config": (
+        {"implementation": "pallas", "config": AttentionConfigs()},
+        TypeError,
+        "BlockSizes",
+    ),
 }
 
 

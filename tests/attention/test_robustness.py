@@ -17,7 +17,7 @@ import pytest
 
 from jax_bridge import attention_reference, flash_attention, unpack, varlen_attention
 
-IMPLEMENTATIONS = ("xla", "triton")
+IMPLEMENTATIONS = ("xla", "triton", "pallas")
 LENGTHS = (23, 0, 1, 30, 17)  # documents, one empty and one of length 1
 TOTAL = 80  # 71 real tokens and 9 of padding
 

@@ -37,8 +37,14 @@ def test_unavailable_choices_say_why():
         resolve_implementation("cudnn", op="op", supported=("xla",))
     with pytest.raises(ValueError, match="not available for this op"):
         resolve_implementation("pallas", op="gmm", supported=("triton", "xla"))
-    with pytest.raises(ValueError, match="needs a TPU"):
+
+
+def test_explicit_pallas_runs_off_tpu():
+    # Off a TPU the Pallas kernels run in Pallas' interpret mode (the backend decides).
+    assert (
         resolve_implementation("pallas", op="op", supported=("pallas", "xla"), platform="cpu")
+        == "pallas"
+    )
 
 
 # --- BackendTable: one table per op -------------------------------------------------

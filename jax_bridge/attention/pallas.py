@@ -1,0 +1,163 @@
+"""The Pallas backend of varlen attention: the splash kernels of `pallas_tpu.splash`.
+
+The packed batch becomes one block-sparse problem: a `DocumentMask` of the (traced)
+cu_seqlens, causal / windowed inside each document, processed under jit into a forward
+and a dK/dV `MaskInfo` in O(tokens + blocks) with static shapes, so batches whose
+document boundaries change every step never re-trace. Empty blocks (other documents,
+outside the window) are never loaded; partial blocks are masked in the kernel from
+per-token document ids and positions.
+
+Compiled on a TPU; elsewhere the same kernels run in Pallas' interpret mode (slow, for
+tests). Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`,
+`backward`, plus `check_supported` for the options these kernels do not have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from jax_bridge.attention.sinks import row_delta, sink_gradient
+from jax_bridge.core.numerics import cdiv
+from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
+from pallas_tpu.splash.config import NUM_LANES, BlockSizes, KernelOptions
+from pallas_tpu.splash.forward import splash_forward
+from pallas_tpu.splash.mask_info import ElementMask, MaskInfo, process_mask, process_mask_dkv
+from pallas_tpu.splash.masks import DocumentMask
+
+if TYPE_CHECKING:
+    from jax_bridge.attention.api import AttentionOptions
+
+HEAD_DIMS = (1, 2**16)  # whole head_dim per tile: no kernel limit beyond VMEM
+_MAX_DEFAULT_BLOCK = 512
+
+
+def check_supported(options: AttentionOptions, has_alibi: bool, op: str) -> None:
+    """Refuses, at trace time, what the splash kernels do not compute."""
+    if has_alibi:
+        raise ValueError(
+            f"{op}: alibi_slopes is not supported by implementation='pallas' (the splash "
+            "kernels have no position bias); use implementation='xla' or 'triton'."
+        )
+    if options.config is not None and not isinstance(options.config, BlockSizes):
+        raise TypeError(
+            f"{op}: implementation='pallas' takes config=BlockSizes(...) (splash tiles), "
+            f"got {type(options.config).__name__}."
+        )
+
+
+def _default_block(total: int) -> int:
+    """A multiple of 128 (a TPU lane row), at most 512, no larger than the padded length."""
+    return min(_MAX_DEFAULT_BLOCK, NUM_LANES * max(cdiv(total, NUM_LANES), 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Padded lengths, kernel options and the traversals of one call."""
+
+    q_len: int
+    kv_len: int
+    kernel: KernelOptions
+    forward_info: MaskInfo
+    dq_info: MaskInfo
+    dkv_info: MaskInfo
+    element: ElementMask
+    dkv_element: ElementMask
+
+
+def _block_sizes(options: AttentionOptions, total_q: int, total_k: int) -> BlockSizes:
+    given = options.config or BlockSizes()
+    block_q = given.block_q or _default_block(total_q)
+    block_kv = given.block_kv or _default_block(total_k)
+    return dataclasses.replace(given, block_q=block_q, block_kv=block_kv)
+
+
+def _plan(options: AttentionOptions, cu_q, cu_k, total_q: int, total_k: int) -> _Plan:
+    requested = _block_sizes(options, total_q, total_k)
+    # Pad both sequences to a multiple of every block: padded tokens belong to no
+    # document, so they attend nothing and nothing attends them.
+    q_multiple = max(requested.block_q, requested.block_q_dkv or 0, requested.block_q_dq or 0)
+    kv_multiple = max(requested.block_kv, requested.block_kv_dkv or 0, requested.block_kv_dq or 0)
+    q_len, kv_len = q_multiple * cdiv(total_q, q_multiple), kv_multiple * cdiv(total_k, kv_multiple)
+    blocks = requested.resolve(q_len, kv_len)
+    spec = options.spec
+    # Invalid cu_seqlens under plain jit give garbage, never out-of-range documents.
+    cu_q = jnp.clip(jax.lax.cummax(cu_q.astype(jnp.int32)), 0, total_q)
+    cu_k = jnp.clip(jax.lax.cummax(cu_k.astype(jnp.int32)), 0, total_k)
+    mask = DocumentMask(
+        cu_q, cu_k, shape=(q_len, kv_len), window=(spec.window_left, spec.window_right)
+    )
+    forward_info, element = process_mask(mask, (blocks.block_q, blocks.block_kv))
+    dq_info, _ = process_mask(mask, (blocks.block_q_dq, blocks.block_kv_dq))
+    dkv_info, dkv_element = process_mask_dkv(mask, (blocks.block_q_dkv, blocks.block_kv_dkv))
+    kernel = KernelOptions(
+        softmax_scale=spec.softmax_scale,
+        logits_soft_cap=spec.logits_soft_cap,
+        block_sizes=blocks,
+        interpret=jax.default_backend() != "tpu",
+    )
+    return _Plan(q_len, kv_len, kernel, forward_info, dq_info, dkv_info, element, dkv_element)
+
+
+def _heads_first(x: jax.Array, rows: int) -> jax.Array:
+    """[T, H, D] -> [H, rows, D], zero padded on the token axis."""
+    return jnp.pad(x, ((0, rows - x.shape[0]), (0, 0), (0, 0))).transpose(1, 0, 2)
+
+
+def _pad_last(x: jax.Array, rows: int, value: float) -> jax.Array:
+    return jnp.pad(x, ((0, 0), (0, rows - x.shape[1])), constant_values=value)
+
+
+def _no_keys(q, v, sinks):
+    """No kv token at all: every row sees only its sink (or nothing)."""
+    out = jnp.zeros((*q.shape[:2], v.shape[-1]), q.dtype)
+    lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
+    if sinks is not None:
+        lse = jnp.broadcast_to(sinks.astype(jnp.float32)[:, None], lse.shape)
+    return out, lse
+
+
+def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
+    """(out [Tq, Hq, D], lse float32 [Hq, Tq])."""
+    check_supported(options, alibi is not None, "varlen_attention")
+    total_q, total_k = q.shape[0], k.shape[0]
+    if total_q == 0 or total_k == 0:
+        return _no_keys(q, v, sinks)
+    plan = _plan(options, cu_q, cu_k, total_q, total_k)
+    out, lse = splash_forward(
+        _heads_first(q, plan.q_len),
+        _heads_first(k, plan.kv_len),
+        _heads_first(v, plan.kv_len),
+        plan.forward_info,
+        plan.element,
+        sinks=sinks,
+        options=plan.kernel,
+    )
+    return out[:, :total_q].transpose(1, 0, 2), lse[:, :total_q]
+
+
+def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options):
+    """(dq, dk, dv, d_sinks) of `forward`; an lse cotangent enters as a shift of delta."""
+    check_supported(options, alibi is not None, "varlen_attention")
+    total_q, total_k = q.shape[0], k.shape[0]
+    delta = row_delta(out, d_out, d_lse)
+    d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
+    if total_q == 0 or total_k == 0:
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
+    plan = _plan(options, cu_q, cu_k, total_q, total_k)
+    # Padded rows: no keys (lse -inf, the kernels' fully masked convention) and no delta.
+    args = (
+        _heads_first(q, plan.q_len),
+        _heads_first(k, plan.kv_len),
+        _heads_first(v, plan.kv_len),
+        _heads_first(d_out, plan.q_len),
+        _pad_last(lse, plan.q_len, -jnp.inf),
+        _pad_last(delta, plan.q_len, 0.0),
+    )
+    dq = splash_backward_dq(*args, plan.dq_info, plan.element, options=plan.kernel)
+    dk, dv = splash_backward_dkv(*args, plan.dkv_info, plan.dkv_element, options=plan.kernel)
+    unpad = lambda x, total: x[:, :total].transpose(1, 0, 2)
+    return unpad(dq, total_q), unpad(dk, total_k), unpad(dv, total_k), d_sinks

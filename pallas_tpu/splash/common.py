@@ -1,0 +1,372 @@
+"""Pieces shared by the forward, dQ and dK/dV splash kernels.
+
+Two tile orientations exist. The forward and dQ kernels walk (head, q block, kv block)
+and compute tiles [block_q, block_kv] (kv on the lane axis). The dK/dV kernel walks
+(kv block, head, q block) and computes transposed tiles [block_kv, block_q] (q on the
+lane axis). `Traversal` maps a grid position to blocks for both, and the helpers below
+bring per-token vectors (segment ids, positions, documents) to a tile in either one.
+
+Per-token vectors live in HBM in the layout their tile wants, so that a block load is a
+plain (8, 128)-aligned copy: the side of the tile on sublanes reads a lane-broadcast
+column [len, 128]; the side on lanes reads a sublane-broadcast row [8, len].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, SegmentIds
+from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
+
+EMPTY, PARTIAL, FULL = 0, 1, 2  # MaskInfo.block_mask values
+NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
+NN_DIMS = (((1,), (0,)), ((), ()))  # a @ b
+
+Ref = Any
+
+
+def block_entry(ref: Ref, h, row, col) -> jax.Array:
+    """ref[h, row, col] as int32; head 0 when the schedule is shared by every head.
+
+    Scalar-memory arrays may be int8/int16 (`downcast_smem_data`), hence the upcast.
+    """
+    head = 0 if ref.shape[0] == 1 else h
+    return ref[head, row, col].astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Traversal:
+    """How a kernel's grid position maps to a MaskInfo cell and to blocks.
+
+    Every index function takes `(*grid_ids, data_next, block_mask, mask_next)`, the
+    signature of a `PrefetchScalarGridSpec` index map, so the same functions serve the
+    BlockSpecs and the kernel bodies (which pass `pl.program_id`s and the refs).
+
+    Attributes:
+      kv_in_lanes: True for forward/dQ (grid (h, qi, j), tile [bq, bkv], the loaded
+        block is a kv block); False for dK/dV (grid (ki, h, j), tile [bkv, bq], the
+        loaded block is a q block).
+      block_q, block_kv: memory block sizes of this traversal.
+      group: q heads per kv head (GQA); kv head = h // group.
+    """
+
+    kv_in_lanes: bool
+    block_q: int
+    block_kv: int
+    group: int
+
+    def cell(self, a, b, c) -> tuple[Any, Any, Any]:
+        """(h, q row, kv col) of the MaskInfo cell at grid position (a, b, c)."""
+        return (a, b, c) if self.kv_in_lanes else (b, c, a)
+
+    def head(self, *args) -> Any:
+        return self.cell(*args[:3])[0]
+
+    def kv_head(self, *args) -> Any:
+        h = self.head(*args)
+        return h if self.group == 1 else lax.div(h, self.group)
+
+    def q_block(self, *args) -> Any:
+        h, row, col = self.cell(*args[:3])
+        return row if self.kv_in_lanes else block_entry(args[3], h, row, col)
+
+    def kv_block(self, *args) -> Any:
+        h, row, col = self.cell(*args[:3])
+        # Forward/dQ: the UNSHRUNK kv block from data_next (the grid column may be a
+        # compacted index); dK/dV: the grid's kv axis is never shrunk.
+        return block_entry(args[3], h, row, col) if self.kv_in_lanes else col
+
+    def kind(self, *args) -> jax.Array:
+        """block_mask at this grid position: EMPTY, PARTIAL or FULL."""
+        return block_entry(args[4], *self.cell(*args[:3]))
+
+    def mask_block(self, *args) -> Any:
+        return block_entry(args[5], *self.cell(*args[:3]))
+
+
+class MaskOperands(NamedTuple):
+    """Per-token mask inputs of a kernel (HBM arrays, their BlockSpecs, or their refs).
+
+    None fields are absent (pytrees drop them). Segment ids apply to every computed
+    block; the element mask (`partial` blocks, or `q_sequence` with the optional
+    positions and documents) only to partial blocks.
+    """
+
+    q_segment: Any = None
+    kv_segment: Any = None
+    q_sequence: Any = None
+    kv_sequence: Any = None
+    q_document: Any = None
+    kv_document: Any = None
+    partial: Any = None
+
+    @property
+    def has_block_mask(self) -> bool:
+        """Whether partial blocks have an element mask to apply."""
+        return self.partial is not None or self.q_sequence is not None
+
+
+def _column(x: jax.Array) -> jax.Array:
+    """[len] -> [len, 128], every lane a copy (sublane axis = tokens)."""
+    return lax.broadcast_in_dim(x.astype(jnp.int32), (x.shape[0], NUM_LANES), (0,))
+
+
+def _row(x: jax.Array) -> jax.Array:
+    """[len] -> [8, len], every sublane a copy (lane axis = tokens)."""
+    return lax.broadcast_in_dim(x.astype(jnp.int32), (NUM_SUBLANES, x.shape[0]), (1,))
+
+
+def mask_operands(
+    kv_in_lanes: bool,
+    element_mask: ElementMask | None,
+    partial_mask_blocks: jax.Array | None,
+    segment_ids: SegmentIds | None,
+) -> MaskOperands:
+    """The per-token arrays in the layout of one tile orientation.
+
+    Exactly one element-mask source is used: the loaded `partial_mask_blocks` when
+    present, else the `element_mask` evaluated in the kernel.
+    """
+    q_layout, kv_layout = (_column, _row) if kv_in_lanes else (_row, _column)
+    lay_q = lambda x: None if x is None else q_layout(x)
+    lay_kv = lambda x: None if x is None else kv_layout(x)
+    ops = MaskOperands()
+    if segment_ids is not None:
+        ops = ops._replace(q_segment=lay_q(segment_ids.q), kv_segment=lay_kv(segment_ids.kv))
+    if partial_mask_blocks is not None:
+        blocks = partial_mask_blocks
+        # Dynamic masks keep [heads, q_blocks, kv_blocks, ...] leading axes: flatten them.
+        return ops._replace(partial=blocks.reshape(-1, *blocks.shape[-2:]))
+    if element_mask is not None:
+        ops = ops._replace(
+            q_sequence=lay_q(element_mask.q_sequence),
+            kv_sequence=lay_kv(element_mask.kv_sequence),
+            q_document=lay_q(element_mask.q_document),
+            kv_document=lay_kv(element_mask.kv_document),
+        )
+    return ops
+
+
+def mask_specs(ops: MaskOperands, trav: Traversal) -> MaskOperands:
+    """BlockSpecs for `mask_operands(...)` on this traversal (None where absent)."""
+    bq, bkv = trav.block_q, trav.block_kv
+    if trav.kv_in_lanes:
+        q_spec = pl.BlockSpec((bq, NUM_LANES), lambda *a: (trav.q_block(*a), 0))
+        kv_spec = pl.BlockSpec((NUM_SUBLANES, bkv), lambda *a: (0, trav.kv_block(*a)))
+        partial_shape = (None, bq, bkv)
+    else:
+        q_spec = pl.BlockSpec((NUM_SUBLANES, bq), lambda *a: (0, trav.q_block(*a)))
+        kv_spec = pl.BlockSpec((bkv, NUM_LANES), lambda *a: (trav.kv_block(*a), 0))
+        partial_shape = (None, bkv, bq)
+    partial_spec = pl.BlockSpec(partial_shape, lambda *a: (trav.mask_block(*a), 0, 0))
+    sides = MaskOperands(q_spec, kv_spec, q_spec, kv_spec, q_spec, kv_spec, partial_spec)
+    return MaskOperands(*(None if x is None else s for x, s in zip(ops, sides, strict=True)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TileView:
+    """One compute tile: [block_q, width] (kv in lanes) or [width, block_q].
+
+    Attributes:
+      trav: the traversal (orientation and block sizes).
+      start: offset of the tile's first kv row inside the loaded kv block.
+      width: kv extent of the tile (a compute slice of the kv block).
+    """
+
+    trav: Traversal
+    start: int
+    width: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        bq = self.trav.block_q
+        return (bq, self.width) if self.trav.kv_in_lanes else (self.width, bq)
+
+    @property
+    def kv_axis(self) -> int:
+        return 1 if self.trav.kv_in_lanes else 0
+
+    def q_side(self, ref: Ref) -> jax.Array:
+        """A q-side vector block broadcast to the tile."""
+        if self.trav.kv_in_lanes:  # ref: [bq, 128] column
+            return jnp.tile(ref[...], (1, self.width // NUM_LANES))
+        return jnp.broadcast_to(ref[:1, :], self.shape)  # ref: [8, bq] row
+
+    def kv_side(self, ref: Ref) -> jax.Array:
+        """A kv-side vector block (this tile's slice) broadcast to the tile."""
+        kv = pl.ds(self.start, self.width)
+        if self.trav.kv_in_lanes:  # ref: [8, bkv] row
+            return jnp.broadcast_to(ref[:1, kv], self.shape)
+        return jnp.tile(ref[kv, :], (1, self.trav.block_q // NUM_LANES))  # [bkv, 128]
+
+    def kv_positions(self, kv_block) -> jax.Array:
+        """Global kv index of every tile element (the default kv positions)."""
+        offset = kv_block * self.trav.block_kv + self.start
+        return offset + lax.broadcasted_iota(jnp.int32, self.shape, self.kv_axis)
+
+    def partial(self, ref: Ref) -> jax.Array:
+        kv = pl.ds(self.start, self.width)
+        return ref[:, kv] if self.trav.kv_in_lanes else ref[kv, :]
+
+
+def _and(terms: list[jax.Array]) -> jax.Array | None:
+    return functools.reduce(jnp.logical_and, terms) if terms else None
+
+
+def _element_term(refs: MaskOperands, tile: TileView, rule, kv_block) -> jax.Array | None:
+    """rule(q_pos, kv_pos) & (q_doc == kv_doc), from the in-kernel ElementMask refs."""
+    terms = []
+    if rule is not None:
+        q_pos = tile.q_side(refs.q_sequence)
+        if refs.kv_sequence is not None:
+            kv_pos = tile.kv_side(refs.kv_sequence)
+        else:
+            kv_pos = tile.kv_positions(kv_block)
+        allowed = rule(q_pos, kv_pos)
+        if allowed.dtype != jnp.bool_:
+            raise ValueError(f"mask rule must return bool, got {allowed.dtype}")
+        terms.append(allowed)
+    if refs.q_document is not None:
+        terms.append(tile.q_side(refs.q_document) == tile.kv_side(refs.kv_document))
+    return _and(terms)
+
+
+def tile_mask(
+    refs: MaskOperands, tile: TileView, rule, kv_block, *, partial_block: bool
+) -> jax.Array | None:
+    """bool tile of allowed pairs, or None when every pair is allowed.
+
+    `partial_block` (static) selects whether the element mask applies: full blocks skip
+    it by definition of block_mask == FULL; segment ids apply to every block.
+    """
+    terms = []
+    if partial_block and refs.partial is not None:
+        terms.append(tile.partial(refs.partial))
+    elif partial_block and refs.q_sequence is not None:
+        term = _element_term(refs, tile, rule, kv_block)
+        if term is not None:
+            terms.append(term)
+    if refs.q_segment is not None:
+        terms.append(tile.q_side(refs.q_segment) == tile.kv_side(refs.kv_segment))
+    return _and(terms)
+
+
+def logits(a: jax.Array, b: jax.Array, softmax_scale: float, soft_cap: float | None):
+    """(scaled, capped) logits of a @ b.T in float32; scaled is what the cap saw.
+
+    a: [m, d], b: [n, d] -> both [m, n].
+    """
+    scaled = lax.dot_general(a, b, NT_DIMS, preferred_element_type=jnp.float32)
+    if softmax_scale != 1.0:
+        scaled = scaled * softmax_scale
+    if soft_cap is None:
+        return scaled, scaled
+    return scaled, soft_cap * jnp.tanh(scaled / soft_cap)
+
+
+def soft_cap_grad(ds: jax.Array, scaled: jax.Array, soft_cap: float | None) -> jax.Array:
+    """d/d(scaled) of c * tanh(scaled / c) applied to ds: ds * (1 - tanh^2)."""
+    if soft_cap is None:
+        return ds
+    t = jnp.tanh(scaled / soft_cap)
+    return ds * (1.0 - t * t)
+
+
+def apply_mask(s: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Masked logits are -inf: they contribute exp(-inf) = 0 everywhere."""
+    return s if mask is None else jnp.where(mask, s, -jnp.inf)
+
+
+def fit_lanes(x: jax.Array, width: int) -> jax.Array:
+    """[rows, 128] lane-broadcast vector -> [rows, width] (tile, then trim)."""
+    reps = -(-width // NUM_LANES)
+    return jnp.tile(x, (1, reps))[:, :width] if width != NUM_LANES else x
+
+
+def scalar_prefetch(info: MaskInfo) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(data_next, block_mask, mask_next) for the grid spec; a dummy mask_next when None.
+
+    The dummy is never read: `mask_block` runs only when partial blocks are loaded.
+    """
+    mask_next = info.mask_next
+    if mask_next is None:
+        mask_next = jnp.zeros((1, 1, 1), jnp.int32)
+    return jnp.asarray(info.data_next), jnp.asarray(info.block_mask), jnp.asarray(mask_next)
+
+
+def run_by_kind(kind: jax.Array, has_block_mask: bool, body: Callable[[bool], None]) -> None:
+    """Runs body(partial_block) for non-empty blocks; empty blocks are never computed.
+
+    With an element mask, partial and full blocks get separate traced bodies so that
+    full blocks skip the mask arithmetic.
+    """
+    if not has_block_mask:
+        pl.when(kind != EMPTY)(lambda: body(False))
+        return
+    pl.when(kind == PARTIAL)(lambda: body(True))
+    pl.when(kind == FULL)(lambda: body(False))
+
+
+def check_mask_info(info: MaskInfo, trav: Traversal, heads: int, q_len: int, kv_len: int):
+    """Raises ValueError when `info` was built for other block sizes or head counts."""
+    q_blocks, kv_blocks = q_len // trav.block_q, kv_len // trav.block_kv
+    shape = tuple(info.data_next.shape)
+    if len(shape) != 3 or shape[0] not in (1, heads) or tuple(info.block_mask.shape) != shape:
+        raise ValueError(
+            f"MaskInfo.data_next/block_mask must be [1 or {heads}, q_blocks, kv_blocks] "
+            f"and equal, got {shape} and {tuple(info.block_mask.shape)}"
+        )
+    fixed, compacted = (q_blocks, kv_blocks) if trav.kv_in_lanes else (kv_blocks, q_blocks)
+    got_fixed, got_compacted = (shape[1], shape[2]) if trav.kv_in_lanes else (shape[2], shape[1])
+    if got_fixed != fixed or not 0 < got_compacted <= compacted:
+        raise ValueError(
+            f"MaskInfo of shape {shape} does not fit blocks ({trav.block_q}, "
+            f"{trav.block_kv}) of q_len={q_len}, kv_len={kv_len}: was it built with "
+            "the same block sizes (and the dK/dV processing for the dK/dV kernel)?"
+        )
+    if info.partial_mask_blocks is not None:
+        want = (trav.block_q, trav.block_kv) if trav.kv_in_lanes else (trav.block_kv, trav.block_q)
+        got = tuple(info.partial_mask_blocks.shape[-2:])
+        if got != want:
+            raise ValueError(f"MaskInfo.partial_mask_blocks blocks are {got}, expected {want}")
+
+
+def _varying_axes(x: jax.Array) -> frozenset:
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax 0.10: ManualAxisType; earlier: aval.vma
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _most_varying(like: tuple[jax.Array, ...]) -> jax.Array | None:
+    """The input varying over the most `shard_map` axes (None outside shard_map)."""
+    best = max(like, key=lambda x: len(_varying_axes(x)))
+    return best if _varying_axes(best) else None
+
+
+def out_struct(shape, dtype, *like: jax.Array) -> jax.ShapeDtypeStruct:
+    """A kernel output type varying over the same shard_map axes as its inputs, as
+    `shard_map`'s default check_vma=True asks of a pallas_call's outputs."""
+    source = _most_varying(like)
+    if source is None:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    aval = jax.typeof(source)
+    if getattr(aval, "mat", None) is not None:
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.mat)
+    return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
+
+
+def interpret_mode(interpret, *like: jax.Array):
+    """pallas_call's `interpret=`: off a TPU inside a checked shard_map the plain HLO
+    interpreter cannot type its constants (JAX limitation), the TPU interpreter can."""
+    if interpret is True and _most_varying(like) is not None:
+        return pltpu.InterpretParams()
+    return interpret

@@ -1,0 +1,148 @@
+"""Static configuration of the splash kernels: block sizes and segment ids."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+
+NUM_LANES = 128  # TPU vreg lane width: the minor dimension of every tile.
+NUM_SUBLANES = 8  # TPU vreg sublane count: the second-minor dimension of a tile.
+
+DEFAULT_BLOCK = 512  # forward blocks when none is given, capped at the sequence length
+_DEFAULT_CANDIDATES = (512, 256, 128)
+
+
+class SegmentIds(NamedTuple):
+    """Packed-sequence ids: a (q, kv) pair attends only if its ids are equal.
+
+    Attributes:
+      q: int32 [q_len]
+      kv: int32 [kv_len]
+    """
+
+    q: jax.Array
+    kv: jax.Array
+
+
+def _default_block(length: int) -> int:
+    """The largest of 512/256/128 dividing `length`, else min(512, length).
+
+    The fallback fails validation with a message naming the block, which is what a
+    sequence length that no multiple of 128 divides deserves (pad it).
+    """
+    for block in _DEFAULT_CANDIDATES:
+        if block <= length and length % block == 0:
+            return block
+    return min(DEFAULT_BLOCK, length)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes of the three kernels (JAX splash's field names).
+
+    Forward: `block_q` x `block_kv` blocks of the mask, the kv block walked in
+    `block_kv_compute` slices. dK/dV: `block_q_dkv` x `block_kv_dkv`, computed in
+    `block_kv_dkv_compute` slices. dQ: `block_q_dq` x `block_kv_dq`.
+
+    None means "default"; `resolve` fills every None in one place. Every block is a
+    multiple of 128: kv blocks are the lane axis of the forward and dQ tiles, q blocks the
+    lane axis of the dK/dV tile and of the per-row lse / delta vectors.
+    """
+
+    block_q: int | None = None
+    block_kv: int | None = None
+    block_kv_compute: int | None = None
+    block_q_dkv: int | None = None
+    block_kv_dkv: int | None = None
+    block_kv_dkv_compute: int | None = None
+    block_q_dq: int | None = None
+    block_kv_dq: int | None = None
+
+    def resolve(self, q_len: int, kv_len: int) -> BlockSizes:
+        """Every field filled and validated against the sequence lengths.
+
+        Defaults: forward blocks 512 (the largest of 512/256/128 that divides the
+        length); `block_kv_compute` = `block_kv`; backward blocks = the forward's;
+        `block_kv_dkv_compute` = `block_kv_dkv`.
+
+        Raises:
+          ValueError: naming the field, for a block that is not a positive multiple of
+            128, does not divide its sequence length, or whose compute slice does not
+            divide it.
+        """
+        pick = lambda value, default: default if value is None else value
+        block_q = pick(self.block_q, _default_block(q_len))
+        block_kv = pick(self.block_kv, _default_block(kv_len))
+        block_kv_dkv = pick(self.block_kv_dkv, block_kv)
+        resolved = BlockSizes(
+            block_q=block_q,
+            block_kv=block_kv,
+            block_kv_compute=pick(self.block_kv_compute, block_kv),
+            block_q_dkv=pick(self.block_q_dkv, block_q),
+            block_kv_dkv=block_kv_dkv,
+            block_kv_dkv_compute=pick(self.block_kv_dkv_compute, block_kv_dkv),
+            block_q_dq=pick(self.block_q_dq, block_q),
+            block_kv_dq=pick(self.block_kv_dq, block_kv),
+        )
+        resolved.validate(q_len, kv_len)
+        return resolved
+
+    def validate(self, q_len: int, kv_len: int) -> None:
+        """Checks a resolved instance; see `resolve`."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"BlockSizes.{field.name} must be a positive int, got {value!r}")
+            if value % NUM_LANES:
+                raise ValueError(
+                    f"BlockSizes.{field.name}={value} must be a multiple of {NUM_LANES} "
+                    "(the TPU lane width)"
+                )
+        lengths = {"q": q_len, "kv": kv_len}
+        for name in (
+            "block_q",
+            "block_q_dkv",
+            "block_q_dq",
+            "block_kv",
+            "block_kv_dkv",
+            "block_kv_dq",
+        ):
+            side = "q" if name.startswith("block_q") else "kv"
+            value = getattr(self, name)
+            if lengths[side] % value:
+                raise ValueError(
+                    f"BlockSizes.{name}={value} must divide {side}_len={lengths[side]} "
+                    f"(pad the sequence to a multiple of {value} or pick another block)"
+                )
+        for memory, compute in (
+            ("block_kv", "block_kv_compute"),
+            ("block_kv_dkv", "block_kv_dkv_compute"),
+        ):
+            if getattr(self, memory) % getattr(self, compute):
+                raise ValueError(
+                    f"BlockSizes.{compute}={getattr(self, compute)} must divide "
+                    f"{memory}={getattr(self, memory)}"
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """Static options shared by the forward, dQ and dK/dV kernels (hashable: a jit key).
+
+    Attributes:
+      softmax_scale: multiplies q . k before the soft cap.
+      logits_soft_cap: c in s = c * tanh(s / c), or None for no cap.
+      block_sizes: resolved against the sequence lengths by each kernel wrapper.
+      interpret: run the Pallas kernels in interpret mode (CPU).
+    """
+
+    softmax_scale: float = 1.0
+    logits_soft_cap: float | None = None
+    block_sizes: BlockSizes = BlockSizes()
+    interpret: bool = False
+
+    def __post_init__(self):
+        if self.logits_soft_cap is not None and not self.logits_soft_cap > 0:
+            raise ValueError(f"logits_soft_cap must be positive, got {self.logits_soft_cap}")
