@@ -42,6 +42,8 @@ class _Config:
     is_mqa: bool
     save_residuals: bool
     is_dynamic_mask: bool | None = None
+    head_shards: int = 1
+    q_seq_shards: int = 1
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -74,7 +76,9 @@ def _attention_bwd(options, residuals, cotangents):
     dsinks = None
     if sinks is not None:
         # d out / d sink = -exp(sink - lse) * out and d lse / d sink = exp(sink - lse).
-        weight = jnp.exp(sinks.astype(jnp.float32)[:, None] - lse)
+        # lse >= sink; lse = -inf only with a -inf sink, whose weight is 0.
+        finite = jnp.isfinite(lse)
+        weight = jnp.where(finite, jnp.exp(sinks.astype(jnp.float32)[:, None] - lse), 0.0)
         dsinks = (-jnp.sum(weight * delta, axis=-1)).astype(sinks.dtype)
     return None, dq, dk, dv, None, dsinks
 
@@ -91,20 +95,23 @@ def _check_inputs(config: _Config, q, k, v, segment_ids, sinks) -> None:
         )
     if k.shape[-1] != q.shape[-1] or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"incompatible q {q.shape}, k {k.shape}, v {v.shape}")
-    if (q.shape[1], k.shape[-2]) != (config.q_len, config.kv_len):
+    q_len = config.q_len // config.q_seq_shards
+    if (q.shape[1], k.shape[-2]) != (q_len, config.kv_len):
         raise ValueError(
-            f"the kernel was built for q_len={config.q_len}, kv_len={config.kv_len}; "
-            f"got {q.shape[1]} and {k.shape[-2]}"
+            f"the kernel was built for q_len={config.q_len} in {config.q_seq_shards} q "
+            f"shard(s) (a shard holds {q_len}; q_seq_shards > 1 runs inside shard_map "
+            f"with manual_sharding_spec) and kv_len={config.kv_len}; got "
+            f"{q.shape[1]} and {k.shape[-2]}"
         )
     if not config.is_mqa and q.shape[0] % k.shape[0]:
         raise ValueError(f"num_q_heads={q.shape[0]} is not a multiple of {k.shape[0]} kv heads")
     if sinks is not None and sinks.shape != (q.shape[0],):
         raise ValueError(f"sinks must be [num_q_heads]={(q.shape[0],)}, got {sinks.shape}")
     if segment_ids is not None and (
-        segment_ids.q.shape != (config.q_len,) or segment_ids.kv.shape != (config.kv_len,)
+        segment_ids.q.shape != (q_len,) or segment_ids.kv.shape != (config.kv_len,)
     ):
         raise ValueError(
-            f"segment ids must be q [{config.q_len}], kv [{config.kv_len}]; got "
+            f"segment ids must be q [{q_len}], kv [{config.kv_len}]; got "
             f"{segment_ids.q.shape}, {segment_ids.kv.shape}"
         )
 
@@ -161,6 +168,8 @@ class SplashAttentionKernel:
         options: KernelOptions,
         is_mqa: bool = False,
         save_residuals: bool = False,
+        head_shards: int = 1,
+        q_seq_shards: int = 1,
     ) -> SplashAttentionKernel:
         """A kernel over MaskInfos processed elsewhere (e.g. per shard).
 
@@ -174,8 +183,39 @@ class SplashAttentionKernel:
         if element_mask is not None:
             element_mask = jax.tree_util.tree_map(jnp.asarray, element_mask)
         masks = _Masks(_as_arrays(fwd), _as_arrays(dq), _as_arrays(dkv), element_mask)
-        config = _Config(options, q_len, kv_len, is_mqa, save_residuals, fwd.is_dynamic_mask)
+        config = _Config(
+            options, q_len, kv_len, is_mqa, save_residuals, fwd.is_dynamic_mask, head_shards,
+            q_seq_shards,
+        )
         return cls(masks, config)
+
+    def manual_sharding_spec(self, head_axis: str | None, q_axis: str | None):
+        """PartitionSpecs of this kernel's arrays for `jax.shard_map` (the kernel is
+        passed as an argument): per-block arrays split over heads (`head_axis`, matching
+        `head_shards`) and q blocks (`q_axis`, matching `q_seq_shards`); q-side token
+        arrays over `q_axis`; partial blocks and kv-side arrays replicated."""
+        spec = jax.sharding.PartitionSpec
+        per_block, q_tokens, whole = spec(head_axis, q_axis, None), spec(q_axis), spec()
+
+        def info(i: MaskInfo) -> MaskInfo:
+            return MaskInfo(
+                *(None if a is None else per_block for a in (i.data_next, i.mask_next)),
+                per_block,
+                None if i.partial_mask_blocks is None else whole,
+                None if i.q_sequence is None else q_tokens,
+            )
+
+        element = self.masks.element
+        if element is not None:
+            element = ElementMask(
+                element.rule,
+                q_tokens,
+                None if element.kv_sequence is None else whole,
+                None if element.q_document is None else q_tokens,
+                None if element.kv_document is None else whole,
+            )
+        masks = _Masks(info(self.masks.fwd), info(self.masks.dq), info(self.masks.dkv), element)
+        return SplashAttentionKernel(masks, self.config)
 
     def tree_flatten(self):
         return (self.masks,), self.config
@@ -246,6 +286,8 @@ def make_splash_mha(
         kv_len=kv_len,
         options=KernelOptions(softmax_scale, attn_logits_soft_cap, blocks, interpret),
         save_residuals=save_residuals,
+        head_shards=head_shards,
+        q_seq_shards=q_seq_shards,
     )
 
 
