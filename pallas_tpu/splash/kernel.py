@@ -184,7 +184,13 @@ class SplashAttentionKernel:
             element_mask = jax.tree_util.tree_map(jnp.asarray, element_mask)
         masks = _Masks(_as_arrays(fwd), _as_arrays(dq), _as_arrays(dkv), element_mask)
         config = _Config(
-            options, q_len, kv_len, is_mqa, save_residuals, fwd.is_dynamic_mask, head_shards,
+            options,
+            q_len,
+            kv_len,
+            is_mqa,
+            save_residuals,
+            fwd.is_dynamic_mask,
+            head_shards,
             q_seq_shards,
         )
         return cls(masks, config)

@@ -210,7 +210,7 @@ BAD_CALLS = {
         ValueError,
         "head_dim must be in [16, 256] for implementation='triton', got 8",
     ),
-    "config_type": ({"config": (16, 16)}, TypeError, "varlen_attention: config must be"),
+    "config_type": ({"config": (16, 16)}, TypeError, "varlen_attention: config for implementation"),
     "cu_int64_overflow": (
         {"cu_seqlens_q": np.array([0, 2, 2**40], np.int64)},
         ValueError,

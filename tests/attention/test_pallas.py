@@ -115,7 +115,7 @@ def test_vmap_over_packed_batches():
 def test_refused_options_name_themselves():
     x = _inputs(6)
     args = (x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"])
-    with pytest.raises(ValueError, match="alibi_slopes.*pallas"):
+    with pytest.raises(ValueError, match=r"alibi_slopes.*pallas"):
         varlen_attention(*args, alibi_slopes=x["slopes"], implementation="pallas")
     with pytest.raises(ValueError, match="block_kv"):
         varlen_attention(*args, config=BlockSizes(block_kv=100), implementation="pallas")
