@@ -140,8 +140,8 @@ def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
 
 
 def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options):
-    """(dq, dk, dv, d_sinks) of `forward`; an lse cotangent enters as a shift of delta."""
-    check_supported(options, alibi is not None, "varlen_attention")
+    """(dq, dk, dv, d_sinks) of `forward` (which refused what these kernels lack); an lse
+    cotangent enters as a shift of delta."""
     total_q, total_k = q.shape[0], k.shape[0]
     delta = row_delta(out, d_out, d_lse)
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)

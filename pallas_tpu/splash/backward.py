@@ -15,9 +15,7 @@ and written at its last (deterministic, no atomics).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +26,6 @@ from pallas_tpu.splash import common
 from pallas_tpu.splash.config import NUM_SUBLANES, KernelOptions, SegmentIds
 from pallas_tpu.splash.isolation import isolated_dot
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """Everything static a backward body needs."""
-
-    options: KernelOptions
-    trav: common.Traversal
-    block_kv_compute: int
-    grid_width: int
-    rule: Callable | None  # ElementMask.rule (static)
-    has_block_mask: bool
 
 
 def _rows(x: jax.Array) -> jax.Array:
@@ -60,7 +46,7 @@ def _probabilities(s_masked: jax.Array, lse: jax.Array) -> jax.Array:
     return jnp.where(s_masked == -jnp.inf, 0.0, jnp.exp(s_masked - lse))
 
 
-def _ds(st: _Static, s_scaled, p, dp, delta) -> jax.Array:
+def _ds(st: common.BodyStatic, s_scaled, p, dp, delta) -> jax.Array:
     """d loss / d (scaled logits) for one tile, times the softmax scale.
 
     Exactly 0 where p is 0 (a select, not a product): dp, delta or the logits of a masked
@@ -189,7 +175,7 @@ def _prepare(q, v, mask_info, element_mask, segment_ids, trav, block_kv_compute,
         trav.kv_in_lanes, element_mask, mask_info.partial_mask_blocks, segment_ids
     )
     grid_width = mask_info.data_next.shape[2 if trav.kv_in_lanes else 1]
-    st = _Static(
+    st = common.BodyStatic(
         options=options,
         trav=trav,
         block_kv_compute=block_kv_compute,

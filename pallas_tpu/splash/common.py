@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, SegmentIds
+from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, KernelOptions, SegmentIds
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # MaskInfo.block_mask values
@@ -32,6 +32,19 @@ NT_DIMS = (((1,), (1,)), ((), ()))  # a @ b.T
 NN_DIMS = (((1,), (0,)), ((), ()))  # a @ b
 
 Ref = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyStatic:
+    """Everything static a kernel body (forward, dQ or dK/dV) needs."""
+
+    options: KernelOptions
+    trav: Traversal
+    block_kv_compute: int
+    grid_width: int
+    rule: Callable | None  # ElementMask.rule (static)
+    has_block_mask: bool
+    has_sinks: bool = False  # forward only: the backward takes sinks outside the kernels
 
 
 def block_entry(ref: Ref, h, row, col) -> jax.Array:

@@ -8,9 +8,7 @@ in [block_q, head_dim_v] float32 scratch; the last step normalises and writes.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,20 +21,7 @@ from pallas_tpu.splash.isolation import isolated_dot
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
 
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """Everything static the forward body needs."""
-
-    options: KernelOptions
-    trav: common.Traversal
-    block_kv_compute: int
-    grid_width: int
-    rule: Callable | None  # ElementMask.rule (static)
-    has_block_mask: bool
-    has_sinks: bool
-
-
-def _init(st: _Static, h, sinks_ref, m_ref, l_ref, acc_ref) -> None:
+def _init(st: common.BodyStatic, h, sinks_ref, m_ref, l_ref, acc_ref) -> None:
     acc_ref[...] = jnp.zeros_like(acc_ref)
     if st.has_sinks:
         # The sink joins the softmax as one extra logit with no value: start the
@@ -161,7 +146,7 @@ def splash_forward(
     trav = common.Traversal(True, blocks.block_q, blocks.block_kv, num_q_heads // num_kv_heads)
     common.check_mask_info(mask_info, trav, num_q_heads, q_len, kv_len)
     ops = common.mask_operands(True, element_mask, mask_info.partial_mask_blocks, segment_ids)
-    st = _Static(
+    st = common.BodyStatic(
         options=options,
         trav=trav,
         block_kv_compute=blocks.block_kv_compute,

@@ -411,13 +411,16 @@ def _shrink(block_mask, data_next, mask_next, grid: _Grid, is_dkv: bool):
     return joined
 
 
-def _downcast(array, max_value: int):
-    if array is None:
-        return None
+def _smallest_int(max_value: int) -> np.dtype:
+    """The smallest of int8/int16/int32 holding 0..max_value."""
     for dtype in (np.int8, np.int16):
         if max_value <= np.iinfo(dtype).max:
-            return array.astype(dtype)
-    return array.astype(np.int32)
+            return np.dtype(dtype)
+    return np.dtype(np.int32)
+
+
+def _downcast(array, max_value: int):
+    return None if array is None else array.astype(_smallest_int(max_value))
 
 
 # ---- processing
@@ -517,7 +520,7 @@ def _process_traced(mask: mask_lib.DocumentMask, grid: _Grid, is_dkv, downcast_s
     if downcast_smem_data:
         block_mask = block_mask.astype(jnp.int8)
         bound = (grid.q_blocks // grid.q_seq_shards if is_dkv else grid.kv_blocks) - 1
-        int_type = _downcast(np.zeros(1, np.int32), bound).dtype
+        int_type = _smallest_int(bound)
     element = _element_mask(mask)
     mask_next = jnp.zeros(shape, int_type)
     info = MaskInfo(
@@ -645,8 +648,8 @@ def _process_dynamic(mask, block_shape, is_dkv, downcast_smem_data, head_shards,
         blocks = blocks.swapaxes(1, 2)
     if downcast_smem_data:
         classes = classes.astype(jnp.int8)
-        data_next = data_next.astype(_downcast(np.zeros(1, np.int32), max(nq, nk) - 1).dtype)
-        mask_next = mask_next.astype(_downcast(np.zeros(1, np.int32), h * nq * nk - 1).dtype)
+        data_next = data_next.astype(_smallest_int(max(nq, nk) - 1))
+        mask_next = mask_next.astype(_smallest_int(h * nq * nk - 1))
     return MaskInfo(data_next, mask_next, classes, blocks, None, is_dynamic_mask=True), None
 
 
