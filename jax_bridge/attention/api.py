@@ -329,10 +329,13 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 #
 # Backend contract: every module in `_BACKENDS` exports
 #   HEAD_DIMS: (smallest, largest) head_dim it runs;
-#   forward(q, k, v, cu_q, cu_k, sinks, alibi, options) -> (out, lse);
-#   backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options)
-#     -> (dq, dk, dv, d_sinks), with d_lse None for a zero lse cotangent.
-# Arrays are as documented on `varlen_attention`, already validated.
+#   forward(q, k, v, cu_q, cu_k, sinks, alibi, options, shift=None) -> (out, lse);
+#   backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options,
+#     shift=None) -> (dq, dk, dv, d_sinks), with d_lse None for a zero lse cotangent.
+# Arrays are as documented on `varlen_attention`, already validated. `shift` (int32
+# [batch] or None) puts query 0 of sequence b at key position shift[b] instead of the
+# bottom-right len_k - len_q: ring attention's pieces of one document need it (a backend
+# that lacks it raises NotImplementedError); varlen_attention never passes it.
 
 
 def _forward(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):

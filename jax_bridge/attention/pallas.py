@@ -102,6 +102,17 @@ def _plan(options: AttentionOptions, cu_q, cu_k, total_q: int, total_k: int) -> 
     return _Plan(q_len, kv_len, kernel, forward_info, dq_info, dkv_info, element, dkv_element)
 
 
+def _refuse_shift(shift) -> None:
+    # The splash DocumentMask aligns every document bottom-right; a per-document shift
+    # would need its relative positions offset (kernels and block classification).
+    if shift is not None:
+        raise NotImplementedError(
+            "implementation='pallas' aligns every document bottom-right and does not take a "
+            "per-sequence shift yet (ring_attention with a sliding_window needs one); use "
+            "implementation='xla' or 'triton'."
+        )
+
+
 def _heads_first(x: jax.Array, rows: int) -> jax.Array:
     """[T, H, D] -> [H, rows, D], zero padded on the token axis."""
     return jnp.pad(x, ((0, rows - x.shape[0]), (0, 0), (0, 0))).transpose(1, 0, 2)
@@ -120,9 +131,10 @@ def _no_keys(q, v, sinks):
     return out, lse
 
 
-def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
+def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions, shift=None):
     """(out [Tq, Hq, D], lse float32 [Hq, Tq])."""
     check_supported(options, alibi is not None, "varlen_attention")
+    _refuse_shift(shift)
     total_q, total_k = q.shape[0], k.shape[0]
     if total_q == 0 or total_k == 0:
         return _no_keys(q, v, sinks)
@@ -139,9 +151,10 @@ def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
     return out[:, :total_q].transpose(1, 0, 2), lse[:, :total_q]
 
 
-def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options):
+def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options, shift=None):
     """(dq, dk, dv, d_sinks) of `forward` (which refused what these kernels lack); an lse
     cotangent enters as a shift of delta."""
+    _refuse_shift(shift)
     total_q, total_k = q.shape[0], k.shape[0]
     delta = row_delta(out, d_out, d_lse)
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)

@@ -38,18 +38,37 @@ def _positions(cu_seqlens: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarr
     return seq, np.where(inside, token - cu[seq_in], 0), np.where(inside, lengths[seq_in], 0)
 
 
+def _diagonal(
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    total_q: int,
+    shift: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence id, key position aligned with the query) of every packed query.
+
+    `shift[b]` is the key position aligned with query 0 of sequence b; None is
+    bottom-right alignment, `len_k - len_q`.
+    """
+    seq_q, pos_q, len_q = _positions(cu_seqlens_q, total_q)
+    if shift is None:
+        len_k_of_q = np.append(np.diff(np.asarray(cu_seqlens_k, np.int64)), 0)[seq_q]
+        return seq_q, pos_q + len_k_of_q - len_q
+    shift_of_q = np.append(np.asarray(shift, np.int64), 0)[seq_q]
+    return seq_q, pos_q + shift_of_q
+
+
 def allowed_mask(
     cu_seqlens_q: np.ndarray,
     cu_seqlens_k: np.ndarray,
     total_q: int,
     total_k: int,
     spec: AttentionSpec,
+    shift: np.ndarray | None = None,
 ) -> np.ndarray:
-    """bool [total_q, total_k]: which key each query may attend (bottom-right aligned)."""
-    seq_q, pos_q, len_q = _positions(cu_seqlens_q, total_q)
+    """bool [total_q, total_k]: which key each query may attend (bottom-right aligned, or
+    with query 0 of sequence b at key position `shift[b]`)."""
+    seq_q, diag = _diagonal(cu_seqlens_q, cu_seqlens_k, total_q, shift)
     seq_k, pos_k, _ = _positions(cu_seqlens_k, total_k)
-    len_k_of_q = np.append(np.diff(np.asarray(cu_seqlens_k, np.int64)), 0)[seq_q]
-    diag = pos_q + len_k_of_q - len_q  # key position aligned with each query
     offset = pos_k[None, :] - diag[:, None]  # j - diag(i)
     # Tokens past cu_seqlens[-1] belong to no sequence: they attend and are attended by nothing.
     allowed = (seq_q[:, None] == seq_k[None, :]) & (seq_q < len(cu_seqlens_q) - 1)[:, None]
@@ -61,12 +80,15 @@ def allowed_mask(
 
 
 def alibi_distance(
-    cu_seqlens_q: np.ndarray, cu_seqlens_k: np.ndarray, total_q: int, total_k: int
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    total_q: int,
+    total_k: int,
+    shift: np.ndarray | None = None,
 ) -> np.ndarray:
     """float [total_q, total_k]: |diag(i) - j| (meaningful only within a sequence)."""
-    seq_q, pos_q, len_q = _positions(cu_seqlens_q, total_q)
+    _, diag = _diagonal(cu_seqlens_q, cu_seqlens_k, total_q, shift)
     _, pos_k, _ = _positions(cu_seqlens_k, total_k)
-    diag = pos_q + np.append(np.diff(np.asarray(cu_seqlens_k, np.int64)), 0)[seq_q] - len_q
     return np.abs(diag[:, None] - pos_k[None, :]).astype(np.float32)
 
 
@@ -79,6 +101,7 @@ def dense_attention(
     spec: AttentionSpec,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    shift: np.ndarray | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Dense varlen attention under `spec`.
 
@@ -87,6 +110,9 @@ def dense_attention(
       cu_seqlens_q, cu_seqlens_k: concrete int [batch + 1].
       spec: the attention options.
       sinks: [num_q_heads] or None. alibi_slopes: [num_q_heads] or None.
+      shift: concrete int [batch] or None: query 0 of sequence b sits at key position
+        `shift[b]` (what ring attention's pieces of one document need); None is the
+        bottom-right alignment `len_k - len_q`.
 
     Returns:
       out: [total_q, num_q_heads, head_dim] in q's dtype (computed in q's dtype's
@@ -102,9 +128,9 @@ def dense_attention(
     if spec.logits_soft_cap is not None:
         s = spec.logits_soft_cap * jnp.tanh(s / spec.logits_soft_cap)
     if alibi_slopes is not None:
-        distance = alibi_distance(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+        distance = alibi_distance(cu_seqlens_q, cu_seqlens_k, total_q, total_k, shift)
         s = s - alibi_slopes.astype(compute)[:, None, None] * distance[None]
-    allowed = allowed_mask(cu_seqlens_q, cu_seqlens_k, total_q, total_k, spec)[None]
+    allowed = allowed_mask(cu_seqlens_q, cu_seqlens_k, total_q, total_k, spec, shift)[None]
     s = jnp.where(allowed, s, -jnp.inf)
     if sinks is not None:
         sink_column = jnp.broadcast_to(

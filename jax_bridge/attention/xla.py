@@ -84,7 +84,16 @@ def _sequence_of(cu_seqlens: jax.Array, num_tokens: int) -> tuple[jax.Array, jax
     return token, jnp.clip(seq, 0, max(batch - 1, 0)), seq >= 0
 
 
-def _query_rows(cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: AttentionSpec) -> _Rows:
+def _shift_of(
+    seq: jax.Array, len_q: jax.Array, len_k: jax.Array, shift: jax.Array | None
+) -> jax.Array:
+    """Key position aligned with query 0 of each token's sequence (bottom-right: len_k - len_q)."""
+    return len_k - len_q if shift is None else shift[seq]
+
+
+def _query_rows(
+    cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: AttentionSpec, shift: jax.Array | None
+) -> _Rows:
     """Key interval of every query slot in `[0, num_rows)` (slots past the data: empty)."""
     if cu_q.shape[0] == 1:  # no sequences: nothing attends anything
         zeros = jnp.zeros((num_rows,), jnp.int32)
@@ -92,7 +101,7 @@ def _query_rows(cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: Attention
     token, seq, real = _sequence_of(cu_q, num_rows)
     len_q = cu_q[seq + 1] - cu_q[seq]
     len_k = cu_k[seq + 1] - cu_k[seq]
-    diag = token - cu_q[seq] + len_k - len_q  # key position aligned with the query
+    diag = token - cu_q[seq] + _shift_of(seq, len_q, len_k, shift)  # key aligned with the query
     # lo <= hi always: diag - left <= diag + right + 1 and clipping is monotone.
     lo = 0 if spec.window_left is None else jnp.clip(diag - spec.window_left, 0, len_k)
     hi = len_k if spec.window_right is None else jnp.clip(diag + spec.window_right + 1, 0, len_k)
@@ -105,12 +114,13 @@ def _query_rows(cu_q: jax.Array, cu_k: jax.Array, num_rows: int, spec: Attention
 
 
 def _key_rows(
-    cu_q: jax.Array, cu_k: jax.Array, num_keys: int, spec: AttentionSpec
+    cu_q: jax.Array, cu_k: jax.Array, num_keys: int, spec: AttentionSpec, shift: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
     """Query interval `[qlo[j], qhi[j])` attending each key slot in `[0, num_keys)`.
 
     Key position j of a sequence is allowed for query i iff diag(i) - left <= j <=
-    diag(i) + right with diag(i) = i + len_k - len_q; solved for i this is an interval.
+    diag(i) + right with diag(i) = i + shift (len_k - len_q by default); solved for i this
+    is an interval.
     """
     if cu_q.shape[0] == 1:
         zeros = jnp.zeros((num_keys,), jnp.int32)
@@ -118,7 +128,7 @@ def _key_rows(
     token, seq, real = _sequence_of(cu_k, num_keys)
     len_q = cu_q[seq + 1] - cu_q[seq]
     len_k = cu_k[seq + 1] - cu_k[seq]
-    j = token - cu_k[seq] - (len_k - len_q)  # key position moved onto the query axis
+    j = token - cu_k[seq] - _shift_of(seq, len_q, len_k, shift)  # key moved onto the query axis
     lo = 0 if spec.window_right is None else jnp.clip(j - spec.window_right, 0, len_q)
     hi = len_q if spec.window_left is None else jnp.clip(j + spec.window_left + 1, 0, len_q)
     end = cu_q[-1]
@@ -254,6 +264,7 @@ def attention_forward_xla(
     precision: lax.Precision = lax.Precision.HIGHEST,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    shift: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Blockwise varlen attention forward.
 
@@ -262,6 +273,8 @@ def attention_forward_xla(
       cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] (validated by the caller).
       spec: the attention options. sinks, alibi_slopes: [Hq] or None.
       precision: of every matmul. block_q, block_k: tile sizes (static).
+      shift: int32 [batch] or None: query 0 of sequence b sits at key position
+        `shift[b]` (None: bottom-right, `len_k - len_q`).
 
     Returns:
       out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q].
@@ -275,7 +288,7 @@ def attention_forward_xla(
     bq = _block_size(block_q, total_q)
     bk = _block_size(block_k, total_k)
     chunks = _chunks(cu_seqlens_q, cu_seqlens_k, total_q, bq)
-    rows = _query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec)
+    rows = _query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec, shift)
     # Padding past the end (bq query rows, bk keys): a block starting below the end is
     # sliced whole (dynamic_slice would otherwise clamp its start and misalign it).
     qh = _heads_first(q, total_q + bq)
@@ -431,11 +444,11 @@ def _dq_pass(b: _Backward, cu_q: jax.Array, cu_k: jax.Array, total_q: int) -> ja
 
 
 def _dkdv_pass(
-    b: _Backward, cu_q: jax.Array, cu_k: jax.Array, total_k: int
+    b: _Backward, cu_q: jax.Array, cu_k: jax.Array, total_k: int, shift: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
     """float32 (dk, dv) [Hkv, total_k, D]: key chunks, each over the query rows attending it."""
     num_kv, _, dim = b.kh.shape
-    key_lo, key_hi = _key_rows(cu_q, cu_k, total_k + b.bk, b.spec)
+    key_lo, key_hi = _key_rows(cu_q, cu_k, total_k + b.bk, b.spec, shift)
 
     def dkv_chunk(_, chunk):
         k_blk, v_blk, keys = b.key_block(chunk.start, chunk.start, chunk.row_end)
@@ -478,11 +491,13 @@ def attention_backward_xla(
     precision: lax.Precision = lax.Precision.HIGHEST,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    shift: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """Gradients of `attention_forward_xla` from its saved output and log-sum-exp.
 
     Args:
-      q, k, v, cu_seqlens_*, spec, sinks, alibi_slopes, precision: as for the forward.
+      q, k, v, cu_seqlens_*, spec, sinks, alibi_slopes, precision, shift: as for the
+        forward.
       out: [total_q, Hq, D] and lse: float32 [Hq, total_q], the forward's results.
       d_out: [total_q, Hq, D] cotangent of out.
       d_lse: float32 [Hq, total_q] cotangent of lse, or None for zero. Since
@@ -510,7 +525,7 @@ def attention_backward_xla(
         delta=pad(delta),
         kh=_heads_first(k, total_k + bk),
         vh=_heads_first(v, total_k + bk),
-        rows=_query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec),
+        rows=_query_rows(cu_seqlens_q, cu_seqlens_k, total_q + bq, spec, shift),
         slopes=None if alibi_slopes is None else alibi_slopes.astype(_F32),
         spec=spec,
         precision=precision,
@@ -518,7 +533,8 @@ def attention_backward_xla(
         bk=bk,
     )
     dq = jnp.swapaxes(_dq_pass(b, cu_seqlens_q, cu_seqlens_k, total_q), 0, 1)
-    dk, dv = (jnp.swapaxes(x, 0, 1) for x in _dkdv_pass(b, cu_seqlens_q, cu_seqlens_k, total_k))
+    dkdv = _dkdv_pass(b, cu_seqlens_q, cu_seqlens_k, total_k, shift)
+    dk, dv = (jnp.swapaxes(x, 0, 1) for x in dkdv)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_sinks
 
 
@@ -528,7 +544,7 @@ def attention_backward_xla(
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
+def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions, shift=None):
     """The backend contract's forward: `attention_forward_xla` under `options`."""
     return attention_forward_xla(
         q,
@@ -540,11 +556,14 @@ def forward(q, k, v, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
         sinks=sinks,
         alibi_slopes=alibi,
         precision=options.precision,
+        shift=shift,
     )
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options: AttentionOptions):
+def backward(
+    q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options: AttentionOptions, shift=None
+):
     """The backend contract's backward: `attention_backward_xla` under `options`."""
     return attention_backward_xla(
         q,
@@ -560,4 +579,5 @@ def backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options:
         alibi_slopes=alibi,
         d_lse=d_lse,
         precision=options.precision,
+        shift=shift,
     )
