@@ -8,6 +8,11 @@ Packed rows that belong to no sequence (past `cu_seqlens[-1]`) are covered too: 
 kernels see two extra sequences, the query tail with no keys and the key tail with no
 queries, so such query rows get output 0 and lse -inf (or the sink), such key rows get
 zero gradients, and every output element is written.
+
+An optional per-sequence diagonal shift (`shift`, int32 [B]: query 0 of sequence b at key
+position shift[b] instead of the bottom-right len_k - len_q) reaches the kernels as their
+`shift_ptr`; without one they get a float32 placeholder instead, which compiles the
+bottom-right kernels, unchanged (the kernels choose by the pointer's element type).
 """
 
 from __future__ import annotations
@@ -90,13 +95,38 @@ def _per_head(x: jax.Array | None) -> jax.Array:
     return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
 
 
-def _spec_arguments(spec: AttentionSpec) -> tuple[tuple, dict]:
-    """The kernels' runtime scalars (scale, cap, windows) and their constexpr flags."""
+def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array | None:
+    """`shift` as int32 [B] (B = len(cu_seqlens_q) - 1), or None; its shape is checked
+    because the kernels index it by sequence."""
+    if shift is None:
+        return None
+    shift = jnp.asarray(shift)
+    batch = cu_seqlens_q.shape[0] - 1
+    if not jnp.issubdtype(shift.dtype, jnp.integer):
+        raise TypeError(f"shift must be an integer array, got {shift.dtype}.")
+    if shift.shape != (batch,):
+        raise ValueError(f"shift must have shape [batch] = ({batch},), got {tuple(shift.shape)}.")
+    return shift.astype(jnp.int32)
+
+
+def _shift_pointer(shift: jax.Array | None) -> jax.Array:
+    """The kernels' `shift_ptr`: int32 [B + 2] for a shift [B] (the two tail sequences of
+    `_with_tail_sequences` have no keys or no queries: their entry, 0, changes nothing),
+    or a float32 placeholder, never read, that selects the bottom-right kernels."""
+    if shift is None:
+        return jnp.zeros((1,), jnp.float32)
+    return jnp.concatenate([shift, jnp.zeros((2,), jnp.int32)])
+
+
+def _spec_arguments(spec: AttentionSpec, shift: jax.Array | None = None) -> tuple[tuple, dict]:
+    """The kernels' runtime arguments of the attention pattern (scale, cap, windows, then
+    `shift_ptr`, see `_shift_pointer`) and their constexpr flags."""
     scalars = (
         np.float32(spec.softmax_scale),
         np.float32(spec.logits_soft_cap or 1.0),
         spec.window_left or 0,  # < UNBOUNDED_WINDOW (the spec's invariant): an int32
         spec.window_right or 0,
+        _shift_pointer(shift),
     )
     flags = dict(
         HAS_WINDOW_LEFT=spec.window_left is not None,
@@ -115,6 +145,7 @@ def forward(
     sinks: jax.Array | None,
     alibi_slopes: jax.Array | None,
     options: AttentionOptions,
+    shift: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Varlen attention forward with the Triton kernel.
 
@@ -124,6 +155,9 @@ def forward(
       cu_seqlens_q, cu_seqlens_k: int32 [B + 1].
       sinks, alibi_slopes: [Hq] or None.
       options: the call's static options (spec, precision, launch configs).
+      shift: int32 [B] or None: query i of sequence b sits at key position i + shift[b]
+        (None: the bottom-right i + len_k - len_q). Any value: rows whose window misses
+        every key get output 0 and lse -inf (or the sink).
 
     Returns:
       out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q] (natural log; -inf for
@@ -134,12 +168,13 @@ def forward(
     """
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
+    shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
     config = _config(options, head_dim, q.dtype, "forward")
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
     chunks = _chunk_indices(cu_q, total_q, config.block_m)
-    scalars, flags = _spec_arguments(options.spec)
+    scalars, flags = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
         k,
@@ -220,11 +255,13 @@ def backward(
     sinks: jax.Array | None,
     alibi_slopes: jax.Array | None,
     options: AttentionOptions,
+    shift: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """Gradients of `forward` with respect to q, k, v and the sinks.
 
     Args:
-      q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes, options: as the forward.
+      q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, alibi_slopes, options, shift: as the
+        forward.
       out: [total_q, Hq, D], lse: float32 [Hq, total_q]: the forward's results.
       d_out: [total_q, Hq, D]; d_lse: float32 [Hq, total_q] or None: the cotangents.
 
@@ -234,13 +271,14 @@ def backward(
     """
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
+    shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # every probability is 0: only sinks have a gradient
         delta = row_delta(out, d_out, d_lse)
         d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
     delta = _delta(out, d_out, d_lse, options)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    scalars, flags = _spec_arguments(options.spec)
+    scalars, flags = _spec_arguments(options.spec, shift)
     inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
     constexprs = dict(
         NUM_Q_HEADS=num_q_heads,

@@ -1,6 +1,7 @@
 """Varlen FlashAttention-2 backward kernels: preprocess, dK/dV, dQ.
 
-Same layout, tile lists and conventions as `flash_attention_fwd` (read its docstring).
+Same layout, tile lists and conventions (the optional per-sequence diagonal shift
+`shift_ptr` included) as `flash_attention_fwd` (read its docstring).
 With P = exp(S - lse) (lse includes the sink, so P is the true probability) and
 delta = rowsum(dO * O) = sum_j P_j dP_j:
 
@@ -24,6 +25,7 @@ from triton_kernels.flash_attention.forward import (
     _alibi_slope_log2,
     _chunk_bounds,
     _column_phases,
+    _diagonal_shift,
     _load_rows,
     _score_constants,
     _scores_log2,
@@ -118,7 +120,8 @@ def _dkdv_query_tiles(
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end).
 
     The tile is transposed: rows are this program's keys, columns are queries, so
-    the window's right bound is the lower one (`shift = len_q - len_k`).
+    the window's right bound is the lower one and `shift` is minus the query-side one
+    (`len_q - len_k` without a given shift).
     """
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -168,6 +171,7 @@ def attention_backward_dkdv_kernel(
     logits_soft_cap,
     window_left,
     window_right,
+    shift_ptr,
     dk_ptr,
     dv_ptr,
     NUM_Q_HEADS: tl.constexpr,
@@ -186,7 +190,8 @@ def attention_backward_dkdv_kernel(
 
     Grid: (num_key_chunks, NUM_KV_HEADS); `chunk_indices` lists (sequence, key tile)
     from cu_seqlens_k. lse_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q]; dk_ptr, dv_ptr:
-    [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments as the forward kernel.
+    [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
+    as the forward kernel.
     """
     chunk = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -219,8 +224,9 @@ def attention_backward_dkdv_kernel(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
 
-    # Key j is seen by queries i with j - window_right <= diag(i) <= j + window_left.
-    shift = len_q - len_k
+    # Key j is seen by queries i with j - window_right <= diag(i) <= j + window_left,
+    # diag(i) = i + s: the key's centre on the query axis is j - s.
+    shift = -_diagonal_shift(shift_ptr, seq, len_q, len_k)
     key_last = tl.minimum(n0 + BLOCK_N, len_k) - 1
     start, full_start, full_end, end = _column_phases(
         n0, key_last, shift, len_q, window_right, window_left,
@@ -344,6 +350,7 @@ def attention_backward_dq_kernel(
     logits_soft_cap,
     window_left,
     window_right,
+    shift_ptr,
     dq_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
@@ -397,7 +404,7 @@ def attention_backward_dq_kernel(
     slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    shift = len_k - len_q
+    shift = _diagonal_shift(shift_ptr, seq, len_q, len_k)
     row_last = tl.minimum(m0 + BLOCK_M, len_q) - 1
     start, full_start, full_end, end = _column_phases(
         m0, row_last, shift, len_k, window_left, window_right,

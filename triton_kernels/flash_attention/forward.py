@@ -4,7 +4,8 @@ Layout (packed, variable-length): `q: [total_q, NUM_Q_HEADS, HEAD_DIM]`,
 `k, v: [total_k, NUM_KV_HEADS, HEAD_DIM]`, all contiguous; sequence b owns query rows
 `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and key rows `[cu_seqlens_k[b], cu_seqlens_k[b+1])`.
 The semantics (bottom-right aligned causal/windows, soft cap, ALiBi, sinks, fully masked
-rows) are those of `jax_bridge.attention.spec`.
+rows) are those of `jax_bridge.attention.spec`; an optional per-sequence diagonal shift
+(`shift_ptr`, below) moves the diagonal.
 
 Conventions of every kernel here and in `flash_attention_bwd`:
 
@@ -14,12 +15,22 @@ Conventions of every kernel here and in `flash_attention_bwd`:
   static bound (`cdiv(total, BLOCK) + batch`), not `batch * cdiv(max_seqlen, BLOCK)`.
 * Scores live in the log2 domain (`s * log2(e)`, folded into the scale) so the online
   softmax uses exp2; the log-sum-exp the kernels exchange is natural-log.
+* Query i of sequence b sits at key position `diag(i) = i + s`, with `s = shift[b]` when
+  the kernel is given a shift and `s = len_k - len_q` (bottom-right) otherwise; causal,
+  windows and ALiBi's |diag(i) - j| all use it. `shift_ptr` is an int32 [batch] array of
+  shifts, or a placeholder of any other element type (the bridge passes a 1-element
+  float32 array) for none: the choice is a compile-time specialisation on the pointer's
+  type (`_diagonal_shift`), so the unshifted kernels compile exactly as they would
+  without the parameter. Any shift is allowed (negative, past len_k: rows then see no
+  key) as long as `diag(i) - window_left` and `diag(i) + window_right + 1` fit in int32.
 * For a row r with centre `c(r) = r + shift`, the allowed columns are
   `[c - below, c + above] ∩ [0, n_cols)`. In the forward/dQ kernels rows are queries,
-  columns keys, `shift = len_k - len_q`, below/above = window left/right. In the dK/dV
-  kernel rows are keys, columns queries, `shift = len_q - len_k`, below/above = window
-  right/left. `_column_phases` splits a row tile's column range into masked edges and an
-  unmasked middle whose tiles are allowed for every row and lie inside the sequence.
+  columns keys, `shift = s`, below/above = window left/right. In the dK/dV kernel rows
+  are keys, columns queries, `shift = -s`, below/above = window right/left.
+  `_column_phases` splits a row tile's column range into masked edges and an unmasked
+  middle whose tiles are allowed for every row and lie inside the sequence; for every
+  shift each phase is empty or inside [0, n_cols), so no tile outside the sequence is
+  visited, and a row tile that sees no column visits at most one (masked) tile.
 * The head dim is padded to BLOCK_D (a power of two) inside the kernel by masked loads,
   never in HBM; padded columns load as 0 and are never stored.
 """
@@ -59,6 +70,12 @@ def _column_phases(
     allowed for all rows of the tile and lies inside [0, n_cols). start, full_start and
     full_end are multiples of BLOCK unless a phase is empty; columns outside
     [start, end) are masked for every row, so they are never visited.
+
+    For any shift, each of the three ranges is either empty (its start >= its end) or
+    inside [0, n_cols]: start >= 0, and full_start <= full_end <= end <= n_cols unless
+    end < 0 (every row's window ends left of column 0), when full_start = full_end =
+    end. Windows entirely right of the columns (lo >= n_cols) give full_start = end =
+    n_cols and start > n_cols - BLOCK: at most one masked tile.
     """
     lo = row_first * 0
     full_lo = row_first * 0
@@ -87,6 +104,18 @@ def _chunk_bounds(chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, 
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
     return tile_index, q_start, len_q, k_start, len_k
+
+
+@triton.jit
+def _diagonal_shift(shift_ptr, seq, len_q, len_k):
+    """Key position of query 0 of sequence `seq`: `shift[seq]` when `shift_ptr` points to
+    int32 (a shift is given), else the bottom-right `len_k - len_q`. The test is on the
+    pointer's type, so each case compiles to its own kernel."""
+    if shift_ptr.dtype.element_ty == tl.int32:
+        shift = tl.load(shift_ptr + seq)
+    else:
+        shift = len_k - len_q
+    return shift
 
 
 @triton.jit
@@ -274,6 +303,7 @@ def attention_forward_kernel(
     logits_soft_cap,
     window_left,
     window_right,
+    shift_ptr,
     out_ptr,
     lse_ptr,
     NUM_Q_HEADS: tl.constexpr,
@@ -301,6 +331,8 @@ def attention_forward_kernel(
       total_q: rows of q (the lse row stride).
       softmax_scale, logits_soft_cap: float32; window_left, window_right: int32 (read
         only if HAS_SOFT_CAP / HAS_WINDOW_*; causal is window_right = 0).
+      shift_ptr: int32 [batch]: key position of each sequence's query 0; a pointer of
+        another element type (a placeholder, never read): bottom-right, len_k - len_q.
       out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype; lse_ptr: float32
         [NUM_Q_HEADS, total_q], natural log.
     """
@@ -345,7 +377,7 @@ def attention_forward_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    shift = len_k - len_q
+    shift = _diagonal_shift(shift_ptr, seq, len_q, len_k)
     row_last = tl.minimum(m0 + BLOCK_M, len_q) - 1
     start, full_start, full_end, end = _column_phases(
         m0, row_last, shift, len_k, window_left, window_right,
