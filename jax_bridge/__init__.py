@@ -2,13 +2,15 @@
 
 Each op lives in its own package (`attention`, `grouped_matmul`) and picks its backend
 from a table (`jax_bridge.core.backend`): Triton on GPUs, XLA elsewhere. The host-side
-sequence layer is `host`, the Triton launcher `launch`. Importing this package never
-imports `jax_triton`.
+sequence layer is `host`, the Triton launcher `launch`; `moe` holds the mixture-of-experts
+layers built on grouped matmul, and `attention.ring` context-parallel ring attention.
+Importing this package never imports `jax_triton`.
 """
 
 from jax_bridge.attention.api import varlen_attention
 from jax_bridge.attention.padded import flash_attention
 from jax_bridge.attention.reference import attention_reference
+from jax_bridge.attention.ring import RingStats, ring_attention, ring_attention_shard
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.numerics import (
@@ -53,6 +55,19 @@ from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import KernelReport, static_kernel_report
 from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
+from jax_bridge.moe import (
+    Dispatched,
+    MoEParams,
+    Routing,
+    all_to_all_combine,
+    all_to_all_dispatch,
+    expert_parallel_moe_feed_forward,
+    init_moe_params,
+    moe_feed_forward,
+    route,
+    top_k_router,
+    unroute,
+)
 from triton_kernels.config import KernelConfig
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
@@ -63,25 +78,34 @@ __all__ = [
     "AttentionConfigs",
     "AttentionKernelConfig",
     "AttentionSpec",
+    "Dispatched",
     "GroupedMatmulConfig",
     "KernelConfig",
     "KernelReport",
+    "MoEParams",
+    "RingStats",
+    "Routing",
     "SegmentMasks",
+    "all_to_all_combine",
+    "all_to_all_dispatch",
     "attention_reference",
     "cdiv",
     "chunk_array",
     "cuda_lowering",
+    "expert_parallel_moe_feed_forward",
     "flash_attention",
     "get_corrected_named_sharding",
     "grouped_matmul",
     "grouped_matmul_reference",
     "identity_dtype_convert",
+    "init_moe_params",
     "inverse_load_balanced_positions",
     "is_segment_mask",
     "load_balanced_positions",
     "log_sum_exp",
     "lower_for_cuda",
     "mask_to_segment_ids",
+    "moe_feed_forward",
     "pack",
     "prepare_chunk_indices",
     "prepare_chunk_offsets",
@@ -93,13 +117,18 @@ __all__ = [
     "prepare_token_indices",
     "reorder_sequence",
     "resolve_implementation",
+    "ring_attention",
+    "ring_attention_shard",
+    "route",
     "safe_divide",
     "segment_ids_to_mask",
     "static_kernel_report",
+    "top_k_router",
     "transposed_grouped_matmul",
     "transposed_grouped_matmul_reference",
     "triton_call",
     "unchunk_array",
     "unpack",
+    "unroute",
     "varlen_attention",
 ]

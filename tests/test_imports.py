@@ -6,6 +6,7 @@ Static rules (read from each module's import statements):
   jax_bridge.launch   imports only core (jax_triton lazily: checked at run time below);
   an op package       imports core, host, launch, triton_kernels, pallas_tpu and its own
                       modules, never another op's; only its api.py imports its backends;
+  jax_bridge.moe      (layers built on ops) imports core and the grouped matmul op;
   triton_kernels      never imports jax; pallas_tpu never imports jax_bridge.
 """
 
@@ -81,6 +82,13 @@ def test_op_packages_import_lower_layers_own_modules_and_kernels(op):
             parts = name.split(".")
             if parts[:2] == ["jax_bridge", op] and parts[2:3] and parts[2] in BACKENDS:
                 assert path.name == "api.py", f"only api.py may import a backend: {where}"
+
+
+def test_moe_builds_on_the_grouped_matmul_op_only():
+    allowed = {"jax_bridge.core", "jax_bridge.grouped_matmul", "jax_bridge.moe"}
+    for path in _modules("jax_bridge/moe"):
+        for name in _first_party(_imported_modules(path)):
+            assert _within(name, allowed), f"{path.relative_to(ROOT)} imports {name}"
 
 
 def test_every_op_has_one_backend_table_in_its_api():

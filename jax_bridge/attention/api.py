@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.attention import pallas, triton, xla
+from jax_bridge.attention.sinks import apply_sink_limits
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
@@ -37,7 +38,7 @@ __all__ = ["AttentionOptions", "varlen_attention"]
 
 _OP = "varlen_attention"
 _FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-_BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
+BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,7 +151,7 @@ def varlen_attention(
     Raises:
       TypeError / ValueError naming the offending argument.
     """
-    impl = _BACKENDS.resolve(implementation)
+    impl = BACKENDS.resolve(implementation)
     _check_qkv(q, k, v, impl)
     total_q, num_q_heads, head_dim = q.shape
     total_k = k.shape[0]
@@ -182,41 +183,39 @@ def varlen_attention(
 # ---------------------------------------------------------------------------- checks
 
 
-def _check_qkv(q: Any, k: Any, v: Any, implementation: str) -> None:
+def _check_qkv(q: Any, k: Any, v: Any, implementation: str, op: str = _OP) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{_OP}: {name} must be an array, got {type(x).__name__}.")
+            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__}.")
         if x.ndim != 3:
             raise ValueError(
-                f"{_OP}: {name} must have shape [tokens, heads, head_dim], got {tuple(x.shape)}."
+                f"{op}: {name} must have shape [tokens, heads, head_dim], got {tuple(x.shape)}."
             )
         if jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
-            raise TypeError(f"{_OP}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
+            raise TypeError(f"{op}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(
-                f"{_OP}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
+                f"{op}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
             )
     if k.shape != v.shape:
         raise ValueError(
-            f"{_OP}: v must have the shape of k [total_k, num_kv_heads, head_dim], got "
+            f"{op}: v must have the shape of k [total_k, num_kv_heads, head_dim], got "
             f"k {tuple(k.shape)} and v {tuple(v.shape)}."
         )
     head_dim = q.shape[2]
     if k.shape[2] != head_dim:
-        raise ValueError(
-            f"{_OP}: k's head_dim ({k.shape[2]}) must equal q's head_dim ({head_dim})."
-        )
-    smallest, largest = _BACKENDS[implementation].HEAD_DIMS
+        raise ValueError(f"{op}: k's head_dim ({k.shape[2]}) must equal q's head_dim ({head_dim}).")
+    smallest, largest = BACKENDS[implementation].HEAD_DIMS
     if not smallest <= head_dim <= largest:
         raise ValueError(
-            f"{_OP}: q's head_dim must be in [{smallest}, {largest}] for "
+            f"{op}: q's head_dim must be in [{smallest}, {largest}] for "
             f"implementation={implementation!r}, got {head_dim}."
         )
     num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:
         raise ValueError(
-            f"{_OP}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
+            f"{op}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
             f"({num_kv_heads})."
         )
 
@@ -240,23 +239,24 @@ def _make_spec(
     sliding_window: Any,
     logits_soft_cap: Any,
     softmax_scale: Any,
+    op: str = _OP,
 ) -> AttentionSpec:
     if not isinstance(causal, bool | np.bool_):
-        raise TypeError(f"{_OP}: causal must be a bool, got {causal!r}.")
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r}.")
     if sliding_window is not None:
         if not isinstance(sliding_window, tuple | list) or len(sliding_window) != 2:
             raise ValueError(
-                f"{_OP}: sliding_window must be a pair (left, right) of ints >= 0 or None, "
+                f"{op}: sliding_window must be a pair (left, right) of ints >= 0 or None, "
                 f"got {sliding_window!r}."
             )
-        sliding_window = tuple(_window_side(side, sliding_window) for side in sliding_window)
+        sliding_window = tuple(_window_side(side, sliding_window, op) for side in sliding_window)
     if isinstance(logits_soft_cap, numbers.Real) and logits_soft_cap == 0:
         logits_soft_cap = None  # FlashAttention's softcap=0.0: off
     for name, value in (("logits_soft_cap", logits_soft_cap), ("softmax_scale", softmax_scale)):
         if value is not None and (
             is_traced(value) or isinstance(value, bool) or not isinstance(value, numbers.Real)
         ):
-            raise TypeError(f"{_OP}: {name} must be a static Python float or None, got {value!r}.")
+            raise TypeError(f"{op}: {name} must be a static Python float or None, got {value!r}.")
     try:
         return AttentionSpec.create(
             head_dim,
@@ -266,36 +266,38 @@ def _make_spec(
             softmax_scale=softmax_scale,
         )
     except ValueError as err:  # the spec's messages name the argument already
-        raise ValueError(f"{_OP}: {err}") from None
+        raise ValueError(f"{op}: {err}") from None
 
 
-def _window_side(side: Any, window: Any) -> int | None:
+def _window_side(side: Any, window: Any, op: str = _OP) -> int | None:
     """One side of a sliding window: an int >= 0, or None (unbounded). -1 also means
     unbounded, as FlashAttention's `window_size=(-1, -1)` does."""
     if side is None:
         return None
     if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
         raise ValueError(
-            f"{_OP}: sliding_window entries must be ints >= 0, -1 or None (unbounded), "
+            f"{op}: sliding_window entries must be ints >= 0, -1 or None (unbounded), "
             f"got {window!r}."
         )
     return None if side == -1 else int(side)
 
 
-def _check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
+def _check_per_head(x: Any, name: str, num_q_heads: int, op: str = _OP) -> jax.Array | None:
     if x is None:
         return None
     x = x if is_traced(x) else jnp.asarray(x)
     if x.shape != (num_q_heads,):
         raise ValueError(
-            f"{_OP}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
+            f"{op}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
         )
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{_OP}: {name} must have a float dtype, got {x.dtype}.")
+        raise TypeError(f"{op}: {name} must have a float dtype, got {x.dtype}.")
     return x
 
 
-def _check_config(config: Any, implementation: str) -> AttentionConfigs | BlockSizes | None:
+def _check_config(
+    config: Any, implementation: str, op: str = _OP
+) -> AttentionConfigs | BlockSizes | None:
     """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both."""
     if implementation == "pallas" and isinstance(config, (BlockSizes, type(None))):
         return config
@@ -309,7 +311,7 @@ def _check_config(config: Any, implementation: str) -> AttentionConfigs | BlockS
         else "an AttentionConfigs or an AttentionKernelConfig"
     )
     raise TypeError(
-        f"{_OP}: config for implementation={implementation!r} must be {expected} or None, "
+        f"{op}: config for implementation={implementation!r} must be {expected} or None, "
         f"got {type(config).__name__}."
     )
 
@@ -327,7 +329,7 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 
 # ------------------------------------------------------------------- custom_vjp wiring
 #
-# Backend contract: every module in `_BACKENDS` exports
+# Backend contract: every module in `BACKENDS` exports
 #   HEAD_DIMS: (smallest, largest) head_dim it runs;
 #   forward(q, k, v, cu_q, cu_k, sinks, alibi, options, shift=None) -> (out, lse);
 #   backward(q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi, options,
@@ -340,18 +342,8 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 
 def _forward(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
     """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
-    out, lse = _BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
-    return (out, lse) if sinks is None else _apply_sink_limits(out, lse, sinks)
-
-
-def _apply_sink_limits(out: jax.Array, lse: jax.Array, sinks: jax.Array):
-    """The documented limits of non-finite sinks, the same on every backend: a NaN sink
-    makes its head's rows NaN; a +inf sink takes all the probability (output 0, lse +inf).
-    Finite sinks (and -inf: a sink that is never there) pass through unchanged."""
-    sink = sinks.astype(jnp.float32)[:, None]  # [Hq, 1]: broadcasts over [Tq, Hq, D]
-    is_nan, is_inf = jnp.isnan(sink), sink == jnp.inf
-    out = jnp.where(is_nan, jnp.nan, jnp.where(is_inf, 0, out)).astype(out.dtype)
-    return out, jnp.where(is_nan | is_inf, sink, lse)
+    out, lse = BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    return (out, lse) if sinks is None else apply_sink_limits(out, lse, sinks)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -371,7 +363,7 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     # The lse cotangent is zeros when lse does not reach the loss (symbolic zeros would
     # skip it, but JAX does not support them under an eager shard_map).
     d_out, d_lse = cotangents
-    backward = functools.partial(_BACKENDS[options.implementation].backward, options=options)
+    backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
     dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
         q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
     )

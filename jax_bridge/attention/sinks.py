@@ -1,4 +1,5 @@
-"""Backward-pass pieces every attention backend shares: delta and the sinks' gradient."""
+"""Sink pieces every attention backend shares: the non-finite limits, delta and the
+sinks' gradient."""
 
 from __future__ import annotations
 
@@ -35,3 +36,16 @@ def row_delta(out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None) -> jax.
     """
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).T
     return delta if d_lse is None else delta - d_lse.astype(jnp.float32)
+
+
+def apply_sink_limits(out: jax.Array, lse: jax.Array, sinks: jax.Array):
+    """The documented limits of non-finite sinks, the same on every backend: a NaN sink
+    makes its head's rows NaN; a +inf sink takes all the probability (output 0, lse +inf).
+    Finite sinks (and -inf: a sink that is never there) pass through unchanged.
+
+    out: [total_q, Hq, D]; lse: float32 [Hq, total_q]; sinks: [Hq].
+    """
+    sink = sinks.astype(jnp.float32)[:, None]  # [Hq, 1]: broadcasts over [Tq, Hq, D]
+    is_nan, is_inf = jnp.isnan(sink), sink == jnp.inf
+    out = jnp.where(is_nan, jnp.nan, jnp.where(is_inf, 0, out)).astype(out.dtype)
+    return out, jnp.where(is_nan | is_inf, sink, lse)

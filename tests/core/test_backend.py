@@ -93,7 +93,7 @@ def test_every_op_table_lists_its_backends():
 
     for table, contract, backends in (
         (
-            attention_api._BACKENDS,
+            attention_api.BACKENDS,
             ("HEAD_DIMS", "forward", "backward"),
             {"xla", "triton", "pallas"},
         ),

@@ -1,0 +1,239 @@
+"""Ring attention on 2..8 fake CPU devices against a dense oracle on the whole sequence.
+
+The oracle is written here from the definition (global positions, segment ids, window),
+independent of the varlen machinery the ring reuses. Work skipping is checked against
+the same dense mask: a ring step (or chunk pair) must run a kernel exactly when one of its
+(query, key) pairs is allowed.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from jax_bridge import flash_attention, reorder_sequence
+from jax_bridge.attention.ring import ring_attention
+
+BATCH, SEQ, HEAD_DIM = 2, 48, 16
+
+
+def _mesh(ring_size: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:ring_size]), ("cp",))
+
+
+def _segment_ids(rng) -> np.ndarray:
+    """Documents of random lengths (some crossing every shard boundary) and padding."""
+    rows = []
+    for _ in range(BATCH):
+        lengths = rng.integers(1, 20, size=SEQ)
+        ids = np.repeat(np.arange(1, SEQ + 1), lengths)[:SEQ]
+        ids[rng.integers(SEQ // 2, SEQ) :] = 0  # trailing padding
+        rows.append(ids)
+    return np.stack(rows).astype(np.int32)
+
+
+def _allowed(ids: np.ndarray, causal: bool, window) -> np.ndarray:
+    """bool [batch, seq, seq] in natural order: query p may attend key p'."""
+    pos = np.arange(SEQ)
+    diff = pos[None, :] - pos[:, None]  # p' - p
+    allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] > 0)
+    left, right = window if window is not None else (None, None)
+    right = 0 if causal else right
+    if left is not None:
+        allowed &= diff >= -left
+    if right is not None:
+        allowed &= diff <= right
+    return allowed
+
+
+def _oracle(q, k, v, allowed, sinks=None):
+    """Dense float32 attention over the whole sequence; a row with nothing allowed is 0."""
+    group = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") / np.sqrt(q.shape[-1])
+    s = jnp.where(allowed[:, None], s, -jnp.inf)
+    if sinks is not None:
+        column = jnp.broadcast_to(sinks[None, :, None, None], (*s.shape[:3], 1))
+        s = jnp.concatenate([s, column], axis=-1)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(s - m)
+    p = e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
+    if sinks is not None:
+        p = p[..., :-1]
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
+
+
+def _device_positions(ring_size: int, layout: str) -> np.ndarray:
+    """[R, chunks, chunk_len]: natural positions of each device's chunks."""
+    order = np.arange(SEQ)
+    if layout == "load_balanced":
+        order = np.asarray(reorder_sequence(order[None], ring_size))[0]
+        return order.reshape(ring_size, 2, -1)
+    return order.reshape(ring_size, 1, -1)
+
+
+def _expected_work(allowed: np.ndarray, ring_size: int, layout: str):
+    """Per device (steps with an allowed pair, chunk pairs with an allowed pair)."""
+    chunks = _device_positions(ring_size, layout)
+    steps, calls = np.zeros(ring_size, int), np.zeros(ring_size, int)
+    for rank in range(ring_size):
+        for step in range(ring_size):
+            source = (rank - step) % ring_size
+            busy = [allowed[:, qc][:, :, kc].any() for qc in chunks[rank] for kc in chunks[source]]
+            calls[rank] += sum(busy)
+            steps[rank] += any(busy)
+    return steps, calls
+
+
+def _problem(seed: int, num_q: int, num_kv: int, with_ids: bool):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((BATCH, SEQ, num_q, HEAD_DIM)), jnp.float32)
+    k, v = (
+        jnp.asarray(rng.standard_normal((BATCH, SEQ, num_kv, HEAD_DIM)), jnp.float32) for _ in "kv"
+    )
+    ids = _segment_ids(rng) if with_ids else None
+    weights = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    sinks = jnp.asarray(rng.standard_normal(num_q), jnp.float32)
+    return q, k, v, ids, weights, sinks
+
+
+def _ring_fn(ring_size, layout, ids, **kw):
+    """q, k, v (natural order) -> (out natural order, stats), through the layout."""
+    mesh = _mesh(ring_size)
+    balanced = layout == "load_balanced"
+    to_layout = (lambda x: reorder_sequence(x, ring_size)) if balanced else (lambda x: x)
+    back = (
+        (lambda x: reorder_sequence(x, ring_size, to_contiguous=True))
+        if balanced
+        else (lambda x: x)
+    )
+    ids_in = None if ids is None else to_layout(jnp.asarray(ids))
+
+    def run(q, k, v, sinks=None):
+        out, stats = ring_attention(
+            to_layout(q), to_layout(k), to_layout(v),
+            mesh=mesh, axis_name="cp", segment_ids=ids_in, sinks=sinks,
+            sequence_layout=layout, implementation=kw.pop("implementation", "xla"),
+            return_stats=True, **kw,
+        )  # fmt: skip
+        return back(out), stats
+
+    return run
+
+
+CASES = [
+    # ring, layout, causal, window, documents, (q heads, kv heads), sinks, gradients
+    (1, "contiguous", True, None, True, (4, 2), False, True),
+    (2, "load_balanced", True, None, True, (4, 2), True, True),
+    (3, "contiguous", False, (5, 3), True, (2, 2), False, True),
+    (3, "load_balanced", True, (9, None), True, (2, 1), False, True),
+    (4, "contiguous", True, None, False, (2, 2), False, True),
+    (4, "load_balanced", False, None, True, (4, 2), False, False),
+    (8, "load_balanced", True, None, True, (4, 2), False, True),
+    (8, "contiguous", True, (6, None), True, (2, 2), True, False),
+    (2, "contiguous", False, (None, 4), False, (2, 1), False, False),
+]
+
+
+@pytest.mark.parametrize(
+    "ring_size, layout, causal, window, docs, heads, with_sinks, grads",
+    CASES,
+    ids=[f"R{c[0]}-{c[1]}-causal{int(c[2])}-w{c[3]}-docs{int(c[4])}" for c in CASES],
+)
+def test_ring_equals_whole_sequence(
+    ring_size, layout, causal, window, docs, heads, with_sinks, grads
+):
+    q, k, v, ids, weights, sinks = _problem(ring_size, *heads, docs)
+    ids_np = ids if docs else np.ones((BATCH, SEQ), np.int32)
+    allowed = _allowed(ids_np, causal, window)
+    sinks = sinks if with_sinks else None
+    run = jax.jit(_ring_fn(ring_size, layout, ids, causal=causal, sliding_window=window))
+    out, stats = run(q, k, v, sinks)
+    np.testing.assert_allclose(out, _oracle(q, k, v, allowed, sinks), atol=2e-5, rtol=1e-5)
+    steps, calls = _expected_work(allowed, ring_size, layout)
+    np.testing.assert_array_equal(stats.active_steps, steps)
+    np.testing.assert_array_equal(stats.kernel_calls, calls)
+    if not grads:
+        return
+    argnums = (0, 1, 2, 3) if with_sinks else (0, 1, 2)
+    loss = lambda q, k, v, s: jnp.sum(run(q, k, v, s)[0] * weights)
+    ref_loss = lambda q, k, v, s: jnp.sum(_oracle(q, k, v, allowed, s) * weights)
+    got = jax.grad(loss, argnums)(q, k, v, sinks)
+    want = jax.grad(ref_loss, argnums)(q, k, v, sinks)
+    for name, g, w in zip("q k v sinks".split(), got, want, strict=False):
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
+def test_ring_equals_flash_attention_and_skips_by_causality():
+    """Contiguous causal ring: rank r works on exactly r + 1 steps; the balanced order
+    gives every rank the same number of pair kernels."""
+    q, k, v, ids, _, _ = _problem(11, 4, 2, True)
+    want = flash_attention(q, k, v, q_segment_ids=jnp.asarray(ids), causal=True)
+    ones = np.ones((BATCH, SEQ), np.int32)
+    for layout in ("contiguous", "load_balanced"):
+        out, _ = _ring_fn(4, layout, ids, causal=True)(q, k, v)
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
+        _, stats_dense = _ring_fn(4, layout, None, causal=True)(q, k, v)
+        expected = _expected_work(_allowed(ones, True, None), 4, layout)
+        np.testing.assert_array_equal(stats_dense.active_steps, expected[0])
+        if layout == "contiguous":
+            np.testing.assert_array_equal(stats_dense.active_steps, [1, 2, 3, 4])
+        else:
+            np.testing.assert_array_equal(stats_dense.kernel_calls, [3 + 2 * 3] * 4)
+
+
+def test_nan_in_one_document_stays_there():
+    q, k, v, ids, _, _ = _problem(5, 2, 2, True)
+    poisoned = ids[0] == ids[0, SEQ // 4]  # a document of row 0
+    k = k.at[0, np.flatnonzero(poisoned)[0]].set(jnp.nan)
+    out, _ = _ring_fn(3, "contiguous", ids, causal=False)(q, k, v)
+    clean = np.ones((BATCH, SEQ), bool)
+    clean[0, poisoned] = False
+    assert np.isfinite(np.asarray(out)[clean]).all()
+    assert np.isnan(np.asarray(out)[0, poisoned]).all()
+
+
+@pytest.mark.parametrize("implementation", ["triton", "pallas"])
+def test_kernel_backends_in_the_ring(implementation):
+    """The Triton (interpreter) and Pallas (interpret mode) kernels run the same pairs."""
+    q, k, v, ids, _, _ = _problem(3, 2, 1, True)
+    window = (7, None) if implementation == "triton" else None
+    allowed = _allowed(ids, True, window)
+    out, stats = _ring_fn(
+        2, "load_balanced", ids, causal=True, sliding_window=window, implementation=implementation
+    )(q, k, v)
+    np.testing.assert_allclose(out, _oracle(q, k, v, allowed), atol=2e-5, rtol=1e-5)
+    np.testing.assert_array_equal(
+        stats.kernel_calls, _expected_work(allowed, 2, "load_balanced")[1]
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(sequence_layout="zigzag"), ValueError, "sequence_layout"),
+        (dict(sequence_layout="load_balanced", ring=5), ValueError, "divisible by 10"),
+        (dict(ring=5), ValueError, "divisible by 5"),
+        (dict(implementation="pallas", sliding_window=(4, 0)), ValueError, "pallas"),
+        (dict(axis_name="sp"), ValueError, "axis_name"),
+        (dict(segment_ids=np.tile(np.repeat([1, 2, 1], 16), (BATCH, 1))), ValueError, "contiguous"),
+        (dict(segment_ids=np.ones((BATCH, SEQ), np.float32)), TypeError, "integer"),
+        (dict(causal=1), TypeError, "causal"),
+        (dict(sinks=jnp.ones(3)), ValueError, "sinks"),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs, error, match):
+    q, k, v, _, _, _ = _problem(0, 2, 2, False)
+    ring = kwargs.pop("ring", 2)
+    kwargs.setdefault("axis_name", "cp")
+    with pytest.raises(error, match=match) as info:
+        ring_attention(q, k, v, mesh=_mesh(ring), **kwargs)
+    assert "ring_attention" in str(info.value)
+
+
+def test_k_must_match_q_sequence():
+    q, k, v, _, _, _ = _problem(0, 2, 2, False)
+    with pytest.raises(ValueError, match="ring_attention: q and k must have the same"):
+        ring_attention(q, k[:, :24], v[:, :24], mesh=_mesh(2), axis_name="cp")
