@@ -42,9 +42,11 @@ accumulators take one more hop and are home. No device ever holds the full seque
 Sinks join the softmax once, after the ring; their gradient is summed over the ring.
 
 Scope of testing: on 8 fake CPU devices (`--xla_force_host_platform_device_count`), ring
-sizes 1, 2, 3, 4 and 8, both layouts, the XLA backend (the Triton and Pallas backends run
-the same pairs). Nothing here is host-side or per-device Python: the same program runs on
-a multi-controller (multi-host) mesh, but that was not tested on real hosts.
+sizes 1, 2, 3, 4 and 8, both layouts, with the XLA backend; the Triton kernels (through
+Triton's interpreter) and the splash kernels (Pallas interpret mode, in an unchecked
+`shard_map`: off-TPU a checked one needs Pallas' slow TPU interpreter) on a ring of 2.
+Nothing here is host-side or per-device Python: the same program runs on a
+multi-controller (multi-host) mesh, but that was not tested on real hosts.
 """
 
 from __future__ import annotations
@@ -453,7 +455,9 @@ def ring_attention(
         seq (and segment_ids) already in `reorder_sequence(x, R)` order (seq % 2R == 0),
         which gives every rank the same causal work. The output is in the same order.
       implementation: the local kernel: "auto" (Triton on GPUs, Pallas on TPUs, XLA
-        elsewhere), "triton", "pallas" or "xla".
+        elsewhere), "triton", "pallas" or "xla". Off a TPU, "pallas" inside this
+        function's checked `shard_map` runs Pallas' TPU interpreter: minutes per call;
+        use `ring_attention_shard` in a `shard_map(check_vma=False)` to try it there.
       return_stats: also return `RingStats` (per device: steps that did work, pairs
         computed), e.g. to check the balance of a layout.
 
@@ -463,7 +467,7 @@ def ring_attention(
 
     Differentiation: reverse mode in q, k, v and sinks (a reverse ring; the segment ids
     get none); higher-order derivatives raise NotImplementedError. Works under `jax.jit`
-    and `jax.remat`. Not `vmap`-able (batch is already an axis).
+    and `jax.remat`. `vmap` is untested (batch already is an axis: fold a batch into it).
 
     Tested on fake CPU devices (ring sizes 1, 2, 3, 4, 8); the code has no host-side
     gather or per-device Python, so it is the same on a multi-host mesh (not tested).
