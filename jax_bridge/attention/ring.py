@@ -513,14 +513,18 @@ def ring_attention(
 # -------------------------------------------------------------------------- checks
 
 
-def _check_global(q, k, v, segment_ids, ring_size: int, layout: str) -> None:
-    """Global shapes the shards must divide; documents contiguous (when concrete)."""
+def _check_rank(q, k, v) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "ndim") or x.ndim != 4:
             shape = getattr(x, "shape", type(x).__name__)
             raise ValueError(
                 f"{_OP}: {name} must have shape [batch, seq, heads, head_dim], got {shape}."
             )
+
+
+def _check_global(q, k, v, segment_ids, ring_size: int, layout: str) -> None:
+    """Global shapes the shards must divide; documents contiguous (when concrete)."""
+    _check_rank(q, k, v)
     seq = q.shape[1]
     chunks = 2 * ring_size if layout == "load_balanced" else ring_size
     if layout in SEQUENCE_LAYOUTS and seq % chunks:
@@ -550,12 +554,7 @@ def _plan(
     logits_soft_cap, softmax_scale, layout, implementation, precision, config,
 ):  # fmt: skip
     """Validates one shard's arguments; returns (_Ring, int32 segment ids | None, sinks)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "ndim") or x.ndim != 4:
-            shape = getattr(x, "shape", type(x).__name__)
-            raise ValueError(
-                f"{_OP}: {name} must have shape [batch, seq, heads, head_dim], got {shape}."
-            )
+    _check_rank(q, k, v)
     if layout not in SEQUENCE_LAYOUTS:
         raise ValueError(
             f"{_OP}: sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {layout!r}."
