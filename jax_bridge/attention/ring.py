@@ -480,9 +480,9 @@ def ring_attention(
         )
     ring_size = mesh.shape[axis_name]
     _check_global(q, k, v, segment_ids, ring_size, sequence_layout)
-    shard = functools.partial(
-        ring_attention_shard,
-        axis_name=axis_name,
+    if isinstance(sliding_window, list):  # static options key the cache: hashable
+        sliding_window = tuple(sliding_window)
+    static = dict(
         causal=causal,
         sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap,
@@ -491,23 +491,33 @@ def ring_attention(
         implementation=implementation,
         precision=precision,
         config=config,
-        return_stats=True,
     )
+    has = (segment_ids is not None, sinks is not None)
+    try:
+        run = _sharded_ring(mesh, axis_name, *has, **static)
+    except TypeError:  # an unhashable option: build it for this call only
+        run = _sharded_ring.__wrapped__(mesh, axis_name, *has, **static)
+    out, stats = run(q, k, v, segment_ids, sinks)
+    return (out, RingStats(stats[:, 0], stats[:, 1])) if return_stats else out
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_ring(mesh: Mesh, axis_name, has_ids: bool, has_sinks: bool, **static):
+    """The jitted `shard_map` of one configuration, built once: run eagerly, a shard_map
+    executes op by op (a minute for a small ring on a CPU); under an outer jit or grad
+    the inner jit is inlined."""
     seq = P(None, axis_name)
 
     def body(q, k, v, ids, sinks):
-        out, stats = shard(q, k, v, segment_ids=ids, sinks=sinks)
+        out, stats = ring_attention_shard(
+            q, k, v, axis_name=axis_name, segment_ids=ids, sinks=sinks, return_stats=True,
+            **static,
+        )  # fmt: skip
         return out, jnp.stack([stats.active_steps, stats.kernel_calls])[None]
 
-    ids_spec = None if segment_ids is None else seq
-    sinks_spec = None if sinks is None else P()
-    out, stats = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(seq, seq, seq, ids_spec, sinks_spec),
-        out_specs=(seq, P(axis_name)),
-    )(q, k, v, segment_ids, sinks)
-    return (out, RingStats(stats[:, 0], stats[:, 1])) if return_stats else out
+    in_specs = (seq, seq, seq, seq if has_ids else None, P() if has_sinks else None)
+    ring = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(axis_name)))
+    return jax.jit(ring)
 
 
 # -------------------------------------------------------------------------- checks
