@@ -186,6 +186,17 @@ def test_ring_equals_flash_attention_and_skips_by_causality():
             np.testing.assert_array_equal(stats_dense.kernel_calls, [3 + 2 * 3] * 4)
 
 
+def test_vmap_and_empty_inputs():
+    q, k, v, _, _, _ = _problem(6, 2, 2, False)
+    ring = lambda q, k, v: ring_attention(q, k, v, mesh=_mesh(2), axis_name="cp", causal=True)
+    stacked = jnp.stack([q, q[::-1]])
+    batched = jax.vmap(ring, in_axes=(0, None, None))(stacked, k, v)
+    for i in range(2):
+        np.testing.assert_allclose(batched[i], ring(stacked[i], k, v), atol=1e-6)
+    assert ring(q[:0], k[:0], v[:0]).shape == (0, *q.shape[1:])
+    assert ring(q[:, :0], k[:, :0], v[:, :0]).shape == (BATCH, 0, *q.shape[2:])
+
+
 def test_nan_in_one_document_stays_there():
     q, k, v, ids, _, _ = _problem(5, 2, 2, True)
     poisoned = ids[0] == ids[0, SEQ // 4]  # a document of row 0
