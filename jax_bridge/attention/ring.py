@@ -74,6 +74,7 @@ from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.sinks import apply_sink_limits, row_delta, sink_gradient
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import is_traced
 from jax_bridge.core.vma import cotangent_like, varying_like
 from jax_bridge.host.context_parallel import inverse_load_balanced_positions
@@ -483,6 +484,10 @@ def ring_attention(
     _check_global(q, k, v, segment_ids, ring_size, sequence_layout)
     if isinstance(sliding_window, list):  # static options key the cache: hashable
         sliding_window = tuple(sliding_window)
+    # Validated before the cache lookup: a cached configuration equal to a bad one
+    # (causal=1 == True) must not skip the checks.
+    _make_spec(q.shape[3], causal, sliding_window, logits_soft_cap, softmax_scale, op=_OP)
+    precision = canonicalize_precision(precision, _OP)
     static = dict(
         causal=causal,
         sliding_window=sliding_window,
@@ -502,7 +507,7 @@ def ring_attention(
     return (out, RingStats(stats[:, 0], stats[:, 1])) if return_stats else out
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64, typed=True)
 def _sharded_ring(mesh: Mesh, axis_name, has_ids: bool, has_sinks: bool, **static):
     """The jitted `shard_map` of one configuration, built once: run eagerly, a shard_map
     executes op by op (a minute for a small ring on a CPU); under an outer jit or grad
@@ -517,8 +522,7 @@ def _sharded_ring(mesh: Mesh, axis_name, has_ids: bool, has_sinks: bool, **stati
         return out, jnp.stack([stats.active_steps, stats.kernel_calls])[None]
 
     in_specs = (seq, seq, seq, seq if has_ids else None, P() if has_sinks else None)
-    ring = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(axis_name)))
-    return jax.jit(ring)
+    return jit_shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(axis_name)))
 
 
 # -------------------------------------------------------------------------- checks

@@ -39,6 +39,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import check_static_int, naming_op
 from jax_bridge.grouped_matmul.api import grouped_matmul
 from jax_bridge.moe.dispatch import all_to_all_combine, all_to_all_dispatch
@@ -337,4 +338,4 @@ def _sharded_block(mesh, axis_name, dispatch, top_k, capacity, implementation, p
     )
     tokens = P() if dispatch == "replicated" else P(axis_name)
     specs = MoEParams(router=P(), w_up=P(axis_name), w_down=P(axis_name))
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(tokens, specs), out_specs=tokens))
+    return jit_shard_map(body, mesh=mesh, in_specs=(tokens, specs), out_specs=tokens)

@@ -197,6 +197,28 @@ def test_vmap_and_empty_inputs():
     assert ring(q[:, :0], k[:, :0], v[:, :0]).shape == (BATCH, 0, *q.shape[2:])
 
 
+def test_make_mesh_explicit_axes_and_inputs_sharded_otherwise():
+    """`jax.make_mesh` gives explicit axes, where a jitted shard_map refuses inputs not
+    laid out as its spec: the op reshards them (here batch over "data", heads over "cp")."""
+    q, k, v, ids, weights, sinks = _problem(21, 4, 2, True)
+    mesh = jax.make_mesh((2, 2), ("data", "cp"), devices=jax.devices()[:4])
+    assert jax.sharding.AxisType.Explicit in mesh.axis_types
+    put = lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+    placed = [put(x, P("data", None, "cp")) for x in (q, k, v)]
+    ring = lambda q, k, v, s: ring_attention(
+        q, k, v, mesh=mesh, axis_name="cp", segment_ids=put(ids, P("data")), sinks=s,
+        causal=True, implementation="xla",
+    )  # fmt: skip
+    allowed = _allowed(ids, True, None)
+    np.testing.assert_allclose(ring(*placed, sinks), _oracle(q, k, v, allowed, sinks), atol=2e-5)
+    loss = lambda ring: lambda *a: jnp.sum(ring(*a) * weights)
+    oracle = lambda q, k, v, s: _oracle(q, k, v, allowed, s)
+    got = jax.jit(jax.grad(loss(ring), (0, 1, 2, 3)))(*placed, sinks)
+    want = jax.grad(loss(oracle), (0, 1, 2, 3))(q, k, v, sinks)
+    for name, g, w in zip("q k v sinks".split(), got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+
+
 def test_nan_in_one_document_stays_there():
     q, k, v, ids, _, _ = _problem(5, 2, 2, True)
     poisoned = ids[0] == ids[0, SEQ // 4]  # a document of row 0

@@ -65,6 +65,24 @@ def test_outputs_and_weight_gradients_are_sharded_as_documented():
     assert grads.router.sharding.is_fully_replicated
 
 
+@pytest.mark.parametrize("dispatch", ["replicated", "all_to_all"])
+def test_make_mesh_explicit_axes_and_inputs_sharded_otherwise(dispatch):
+    """`jax.make_mesh` gives explicit axes, where a jitted shard_map refuses inputs not
+    laid out as its spec: the block reshards them (tokens over "data", weights whole)."""
+    x, params = problem(13)
+    mesh = jax.make_mesh((2, 2), ("data", "expert"), devices=jax.devices()[:4])
+    assert jax.sharding.AxisType.Explicit in mesh.axis_types
+    x_in = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("data")))
+    block = functools.partial(
+        expert_parallel_moe_feed_forward, mesh=mesh, axis_name="expert", dispatch=dispatch
+    )
+    expected = moe_feed_forward(x, params, top_k=TOP_K)
+    assert_close(block(x_in, params), expected, "forward")
+    loss = lambda block: lambda x, p: jnp.sum(block(x, p) ** 2)
+    grads = jax.jit(jax.grad(loss(block), (0, 1)))(x_in, params)
+    assert_tree_close(grads, jax.grad(loss(moe_feed_forward), (0, 1))(x, params))
+
+
 def _dispatch_round_trip(x, expert_ids, mesh, capacity):
     """Per device: route, dispatch, identity experts, combine. Returns (the combined rows
     [T*K, hidden], the routing's sorted rows, rows received per local expert)."""
