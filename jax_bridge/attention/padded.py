@@ -16,11 +16,12 @@ From segment ids to sequences (per batch row, all vectorised, static sizes):
   "gap" slot followed by the paired slot, and each row ends with one more gap slot:
   `batch * (2 * q_seq + 1)` sequences in all, most of them empty.
 
-Cost of the empty sequences: the Triton kernels size their grids as
-`cdiv(total, BLOCK) + num_sequences`, so segment ids add up to `batch * (2 * q_seq + 1)`
-programs per head to each launch. They exit at once (no loads), but for long rows they
-can outnumber the real tiles; the XLA implementation walks fixed query tiles and is not
-affected. Without segment ids each row is exactly one sequence.
+Cost of the empty sequences: the Triton grids and the XLA chunk scan are sized by
+`chunk_bound(total, BLOCK, num_sequences)`, which counts at most `total` non-empty
+sequences, not the `batch * (2 * q_seq + 1)` slots: at most `total` surplus programs per
+head (before this bound: up to twice as many), each exiting at once. A bound that does
+not grow with the number of documents needs tiles that span documents (not done yet).
+Without segment ids each row is exactly one sequence.
 
 This requires every document to be one contiguous run in each row (an id must not
 reappear after a different id) and the documents to appear in the same order in the

@@ -17,7 +17,7 @@ bottom-right kernels, unchanged (the kernels choose by the pointer's element typ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from triton_kernels.flash_attention.backward import (
 from triton_kernels.flash_attention.config import (
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
+    AttentionFeatures,
     AttentionKernelConfig,
     block_d,
     default_attention_config,
@@ -51,13 +52,52 @@ if TYPE_CHECKING:
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
 
 
-def _config(options: AttentionOptions, head_dim: int, dtype: jnp.dtype, kind: str):
+def _features(spec: AttentionSpec, sinks: Any, alibi_slopes: Any) -> AttentionFeatures:
+    """The call's options that change the kernels' code (and so their best tiles)."""
+    return AttentionFeatures(
+        causal=spec.causal,
+        window_left=spec.window_left is not None,
+        window_right=spec.window_right is not None,
+        soft_cap=spec.logits_soft_cap is not None,
+        alibi=alibi_slopes is not None,
+        sinks=sinks is not None,
+    )
+
+
+def _config(
+    options: AttentionOptions,
+    head_dim: int,
+    dtype: jnp.dtype,
+    kind: str,
+    features: AttentionFeatures,
+) -> AttentionKernelConfig:
     """The launch configuration of kernel `kind`: the caller's, or the default."""
     config = None if options.config is None else getattr(options.config, kind)
     if config is not None:
         return config
     capability = launch_target().compute_capability
-    return default_attention_config(head_dim, jnp.dtype(dtype).name, capability, kind)
+    name = jnp.dtype(dtype).name
+    return default_attention_config(head_dim, name, capability, kind, features=features)
+
+
+def _raw_score_max(spec: AttentionSpec, features: AttentionFeatures) -> bool:
+    """Whether the forward may take its row max on raw q.k: max commutes with a positive
+    scale and nothing else (a soft cap or ALiBi) transforms the scores."""
+    return spec.softmax_scale > 0 and not (features.soft_cap or features.alibi)
+
+
+def _heaviest_first(chunks: jax.Array, features: AttentionFeatures) -> jax.Array:
+    """Query tiles ordered by descending tile index when keys are bounded on the right.
+
+    Under causal (or a right window) a query tile's work grows with its index, and
+    programs start in grid order: light tiles first leave the last wave half empty, so the
+    heavy ones go first. The order of the (sequence, tile) rows changes, never the set;
+    the -1 rows (no work) sort last.
+    """
+    if not (features.causal or features.window_right):
+        return chunks
+    order = jnp.argsort(-chunks[:, 1], stable=True)  # -1 rows have tile -1: last
+    return chunks[order]
 
 
 def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
@@ -85,7 +125,8 @@ def _with_tail_sequences(
 
 
 def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
-    """int32 [cdiv(total, block) + batch, 2]: the (sequence, chunk) work items; -1 past them."""
+    """int32 [chunk_bound(total, block, batch), 2]: the (sequence, chunk) work items; -1
+    past them (the bound ignores empty sequences)."""
     return prepare_chunk_indices(cu_seqlens, block, total_tokens=total).astype(jnp.int32)
 
 
@@ -163,17 +204,18 @@ def forward(
       out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q] (natural log; -inf for
       rows with nothing allowed and no sink).
 
-    The grid is `cdiv(total_q, block_m) + B + 2` query tiles (surplus programs exit at
-    once), never sized by the longest sequence.
+    The grid is `chunk_bound(total_q, block_m, B + 2)` query tiles (surplus programs exit
+    at once): never sized by the longest sequence, nor by the empty ones.
     """
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
     shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
-    config = _config(options, head_dim, q.dtype, "forward")
+    features = _features(options.spec, sinks, alibi_slopes)
+    config = _config(options, head_dim, q.dtype, "forward", features)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    chunks = _chunk_indices(cu_q, total_q, config.block_m)
+    chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     scalars, flags = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
@@ -204,6 +246,7 @@ def forward(
         HAS_SINKS=sinks is not None,
         HAS_ALIBI=alibi_slopes is not None,
         INPUT_PRECISION=_input_precision(options, q.dtype),
+        RAW_SCORE_MAX=_raw_score_max(options.spec, features),
         **flags,
     )
 
@@ -289,7 +332,8 @@ def backward(
         INPUT_PRECISION=_input_precision(options, q.dtype),
         **flags,
     )
-    config = _config(options, head_dim, q.dtype, "backward_dkdv")
+    features = _features(options.spec, sinks, alibi_slopes)
+    config = _config(options, head_dim, q.dtype, "backward_dkdv", features)
     key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
     dk, dv = triton_call(
         *inputs,
@@ -306,8 +350,8 @@ def backward(
         **_launch(config, "varlen_attention_bwd_dkdv"),
         **constexprs,
     )
-    config = _config(options, head_dim, q.dtype, "backward_dq")
-    query_chunks = _chunk_indices(cu_q, total_q, config.block_m)
+    config = _config(options, head_dim, q.dtype, "backward_dq", features)
+    query_chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     dq = triton_call(
         *inputs,
         query_chunks,

@@ -7,7 +7,7 @@ Layout of the computation
 -------------------------
 The packed query axis is cut into chunks of `block_q` rows of ONE sequence each: the
 (sequence, chunk) work items of `prepare_chunk_indices`, as the Triton kernels use them
-(`cdiv(total_q, block_q) + batch` of them, a static bound). Every query row `i` may attend
+(`chunk_bound(total_q, block_q, batch)` of them, a static bound). Every query row `i` may attend
 exactly one contiguous interval of the packed key axis, `[lo[i], hi[i])`: its own
 sequence's keys, narrowed by causality and the window. Both ends are non-decreasing in `i`
 within a sequence, so a chunk's rows together need only the union of their intervals. A
@@ -143,7 +143,7 @@ class _Chunks(NamedTuple):
     Every chunk is `block` consecutive rows of ONE sequence, so everything it reads on the
     other axis can be selected by that sequence's range: a NaN or Inf in another document
     (or in padding) is never multiplied, not even by a zero probability. All [n] int32,
-    n = cdiv(total, block) + batch; surplus entries are empty (row_end == start == 0).
+    n = chunk_bound(total, block, batch); surplus entries are empty (row_end == start == 0).
     """
 
     start: jax.Array  # first packed row of the chunk

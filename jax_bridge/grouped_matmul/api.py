@@ -39,7 +39,7 @@ from jax_bridge.core.validation import naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from jax_bridge.launch.target import interpreting
-from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+from triton_kernels.grouped_matmul.config import DEFAULT_TILING, GroupedMatmulConfig
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
 
@@ -83,7 +83,7 @@ def grouped_matmul(
     rhs: jax.Array,
     group_sizes: jax.Array,
     preferred_element_type: Any = jnp.float32,
-    tiling: checks.TilingArg = (128, 128, 128),
+    tiling: checks.TilingArg = DEFAULT_TILING,
     group_offset: jax.Array | int | None = None,
     existing_out: jax.Array | None = None,
     transpose_rhs: bool = False,
@@ -166,7 +166,7 @@ def transposed_grouped_matmul(
     rhs: jax.Array,
     group_sizes: jax.Array,
     preferred_element_type: Any = jnp.float32,
-    tiling: checks.TilingArg = (128, 128, 128),
+    tiling: checks.TilingArg = DEFAULT_TILING,
     group_offset: jax.Array | int | None = None,
     num_groups: int | None = None,
     existing_out: jax.Array | None = None,

@@ -182,6 +182,18 @@ def _chunk_indices(chunk_offsets: jax.Array, num_chunks: int) -> jax.Array:
     return jnp.where(real[:, None], jnp.stack([seq, chunk_in_seq], axis=1), FILL_INDEX)
 
 
+def chunk_bound(total_tokens: int, chunk_size: int, num_sequences: int) -> int:
+    """A static bound on the chunks of `num_sequences` sequences of `total_tokens` in all.
+
+    Only non-empty sequences have chunks, and there are at most n = min(num_sequences,
+    total_tokens) of them; sum_i cdiv(len_i, C) <= (total + n * (C - 1)) // C. It does not
+    grow with the empty sequences (segment ids make most of theirs empty), and it is at
+    most `cdiv(total, C) + num_sequences`. At least 1, so a grid is never empty.
+    """
+    nonempty = min(num_sequences, total_tokens)
+    return max(1, (total_tokens + nonempty * (chunk_size - 1)) // chunk_size)
+
+
 def prepare_chunk_indices(
     cu_seqlens: Any,
     chunk_size: int,
@@ -198,7 +210,7 @@ def prepare_chunk_indices(
       cu_seqlens: ``[batch + 1]``.
       chunk_size: static positive int ``C``.
       num_chunks: static number of output rows ``N``. If omitted: with ``total_tokens``
-        the static bound ``cdiv(total_tokens, C) + batch`` (always enough, since each
+        the static bound `chunk_bound(total_tokens, C, batch)` (always enough, since each
         sequence adds at most one partial chunk); otherwise, on concrete input only,
         the exact count.
       total_tokens: static packed length, used only to derive the bound above.
@@ -214,7 +226,7 @@ def prepare_chunk_indices(
         if total_tokens is not None:
             total_tokens = check_static_int(total_tokens, "total_tokens")
             check_token_capacity(cu_seqlens, total_tokens, "total_tokens")
-            num_chunks = cdiv(total_tokens, chunk_size) + batch
+            num_chunks = chunk_bound(total_tokens, chunk_size, batch)
         elif is_traced(cu_seqlens):
             raise ValueError(
                 "prepare_chunk_indices: num_chunks or total_tokens must be given as a static "

@@ -2,8 +2,10 @@
 
 Compiles for an NVIDIA target with no GPU present (Triton's compiler and its bundled
 `ptxas`/`cuobjdump` need no driver) and reads off what decides a kernel's speed before
-it ever runs: registers per thread, spills, shared memory, and whether the Hopper
-warpgroup tensor-core instructions (`wgmma`, SASS `HGMMA`) were emitted.
+it ever runs: registers per thread, spills, shared memory, CTAs per SM, whether the Hopper
+warpgroup tensor-core instructions (`wgmma`, SASS `HGMMA`) were emitted, and the static
+throughput proxy: warp-instructions of the innermost tensor-core loop per MFLOP of the
+tensor-core work that loop does (`InnerLoop`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,108 @@ import triton.compiler
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 
+# Per-SM limits by compute capability: (registers, shared memory bytes, resident warps,
+# resident CTAs), from NVIDIA's occupancy tables. 1 KiB of each CTA's shared memory is
+# reserved by the system on sm_80 and later.
+_SM_LIMITS = {
+    80: (65536, 164 * 1024, 64, 32),
+    86: (65536, 100 * 1024, 48, 16),
+    89: (65536, 100 * 1024, 48, 24),
+    90: (65536, 228 * 1024, 64, 32),
+    100: (65536, 228 * 1024, 64, 32),
+}
+_RESERVED_SHARED_PER_CTA = 1024
+_REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerLoop:
+    """The innermost loop holding tensor-core instructions, read off the SASS.
+
+    Attributes:
+      start, end: byte addresses of its first instruction and of its backward branch.
+      instructions: instructions per iteration, per warp (every warp runs the loop body).
+      mma_flops: tensor-core FLOPs one iteration does for the whole CTA, from the shapes of
+        its HGMMA (per warpgroup: 2*M*N*K) and HMMA (per warp: 2*M*N*K) instructions.
+    """
+
+    start: int
+    end: int
+    instructions: int
+    mma_flops: int
+
+    def instructions_per_mflop(self, num_warps: int) -> float:
+        """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
+        (a config of the same algorithm with bigger tiles amortises its softmax and address
+        arithmetic over more matmul work)."""
+        return self.instructions * num_warps / (self.mma_flops / 1e6)
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
+_BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+_HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+_HMMA_SHAPE = re.compile(r"HMMA\.(16)(8)(16|8|4)")
+
+
+def _mma_flops(opcode: str, num_warps: int) -> int:
+    """Tensor-core FLOPs of one SASS instruction, executed by the whole CTA."""
+    if match := _HGMMA_SHAPE.match(opcode):  # one per warpgroup of 4 warps
+        m, n, k = map(int, match.groups())
+        return 2 * m * n * k * max(1, num_warps // 4)
+    if match := _HMMA_SHAPE.match(opcode):  # one per warp
+        m, n, k = map(int, match.groups())
+        return 2 * m * n * k * num_warps
+    return 0
+
+
+def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
+    """The cheapest innermost loop of `sass` (cuobjdump output) that does tensor-core work.
+
+    A loop is a backward branch and its target; innermost means it holds no other loop.
+    Kernels here keep a masked copy of their main loop for the tiles at the mask's edges;
+    it does the same matmuls plus the mask, so the cheapest loop with MMAs is the unmasked
+    one. None when no loop holds an MMA.
+    """
+    body = [(int(a, 16), op, rest) for a, op, rest in _INSTRUCTION.findall(sass)]
+    loops = []
+    for address, opcode, rest in body:
+        target = _BRANCH_TARGET.search(rest) if opcode.startswith("BRA") else None
+        if target and int(target.group(1), 16) < address:  # a self-branch is no loop
+            loops.append((int(target.group(1), 16), address))
+    inner = [
+        (lo, hi)
+        for lo, hi in loops
+        if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)
+    ]
+    found = []
+    for lo, hi in inner:
+        ops = [op for address, op, _ in body if lo <= address <= hi]
+        flops = sum(_mma_flops(op, num_warps) for op in ops)
+        if flops:
+            found.append(InnerLoop(lo, hi, len(ops), flops))
+    return min(found, key=lambda loop: loop.instructions, default=None)
+
+
+def ctas_per_sm(
+    compute_capability: int, num_warps: int, registers: int, shared_memory_bytes: int
+) -> int:
+    """Resident CTAs per SM, the smallest of what registers, shared memory, warps and the
+    CTA limit allow (sm_90's tables for an unknown capability)."""
+    reg_limit, smem_limit, warp_limit, cta_limit = _SM_LIMITS.get(
+        compute_capability, _SM_LIMITS[90]
+    )
+    unit = _REGISTER_ALLOCATION_UNIT
+    regs_per_warp = -(-max(registers, 1) * 32 // unit) * unit
+    by_registers = reg_limit // (regs_per_warp * num_warps)
+    by_shared = smem_limit // (shared_memory_bytes + _RESERVED_SHARED_PER_CTA)
+    return max(0, min(by_registers, by_shared, warp_limit // num_warps, cta_limit))
+
+
+def max_shared_memory_per_cta(compute_capability: int) -> int:
+    """The opt-in shared-memory limit of one CTA (bytes)."""
+    smem = _SM_LIMITS.get(compute_capability, _SM_LIMITS[90])[1]
+    return smem - _RESERVED_SHARED_PER_CTA
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelReport:
@@ -39,6 +143,8 @@ class KernelReport:
       uses_wgmma: Hopper warpgroup MMA (`wgmma` in PTX, `HGMMA` in SASS) is used.
       uses_mma: any tensor-core MMA is used (`HMMA` or `HGMMA` in SASS).
       sass_opcodes: how often each SASS opcode (without modifiers) appears.
+      inner_loop: the innermost tensor-core loop (None without one), for the throughput
+        proxy `instructions_per_mflop`.
     """
 
     kernel: str
@@ -53,10 +159,27 @@ class KernelReport:
     uses_wgmma: bool
     uses_mma: bool
     sass_opcodes: Mapping[str, int]
+    inner_loop: InnerLoop | None = None
 
     @property
     def spills(self) -> bool:
         return self.spill_store_bytes + self.spill_load_bytes > 0
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return ctas_per_sm(
+            self.compute_capability, self.num_warps, self.registers, self.shared_memory_bytes
+        )
+
+    @property
+    def exceeds_shared_memory(self) -> bool:
+        return self.shared_memory_bytes > max_shared_memory_per_cta(self.compute_capability)
+
+    @property
+    def instructions_per_mflop(self) -> float | None:
+        if self.inner_loop is None:
+            return None
+        return self.inner_loop.instructions_per_mflop(self.num_warps)
 
     def summary(self) -> str:
         return (
@@ -101,15 +224,18 @@ def _ptxas_statistics(ptx: str, compute_capability: int) -> dict[str, int]:
     }
 
 
-def _sass_opcodes(cubin: bytes) -> collections.Counter[str]:
+def _sass(cubin: bytes) -> str:
     cuobjdump = os.path.join(os.path.dirname(get_ptxas(80).path), "cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        sass = subprocess.run(
+        return subprocess.run(
             [cuobjdump, "-sass", path], capture_output=True, text=True, check=True
         ).stdout
+
+
+def _sass_opcodes(sass: str) -> collections.Counter[str]:
     # Instruction lines look like `/*0070*/  @!P0 HGMMA.64x128x16.F32 ... ;`.
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     return collections.Counter(opcodes)
@@ -160,7 +286,8 @@ def static_kernel_report(
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
     statistics = _ptxas_statistics(compiled.asm["ptx"], compute_capability)
-    opcodes = _sass_opcodes(compiled.asm["cubin"])
+    sass = _sass(compiled.asm["cubin"])
+    opcodes = _sass_opcodes(sass)
     return KernelReport(
         kernel=kernel.__name__,
         compute_capability=compute_capability,
@@ -170,5 +297,19 @@ def static_kernel_report(
         uses_wgmma="wgmma" in compiled.asm["ptx"] or opcodes["HGMMA"] > 0,
         uses_mma=opcodes["HMMA"] + opcodes["HGMMA"] > 0,
         sass_opcodes=types.MappingProxyType(dict(opcodes)),
+        inner_loop=innermost_mma_loop(sass, num_warps),
         **statistics,
+    )
+
+
+def variant_report(variant: Any, compute_capability: int) -> KernelReport:
+    """`static_kernel_report` of a `triton_kernels.catalog.KernelVariant` (anything with
+    its kernel, signature, constexprs, num_warps and num_stages)."""
+    return static_kernel_report(
+        variant.kernel,
+        variant.signature,
+        variant.constexprs,
+        compute_capability=compute_capability,
+        num_warps=variant.num_warps,
+        num_stages=variant.num_stages,
     )

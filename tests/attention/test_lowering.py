@@ -21,18 +21,13 @@ pytest.importorskip("jax_triton")
 from jax_bridge import cuda_lowering, varlen_attention
 from jax_bridge.launch import target
 from jax_bridge.launch.lowering import lower_for_cuda
-from jax_bridge.launch.report import static_kernel_report
-from triton_kernels.flash_attention.backward import (
-    attention_backward_dkdv_kernel,
-    attention_backward_dq_kernel,
-    attention_backward_preprocess_kernel,
+from jax_bridge.launch.report import variant_report
+from triton_kernels.catalog import (
+    ATTENTION_KERNELS,
+    attention_preprocess_variant,
+    attention_variant,
 )
-from triton_kernels.flash_attention.config import (
-    block_d,
-    default_attention_config,
-    preprocess_block_t,
-)
-from triton_kernels.flash_attention.forward import attention_forward_kernel
+from triton_kernels.flash_attention.config import AttentionFeatures
 
 TOTAL_Q, TOTAL_K, BATCH = 384, 256, 3
 Q_HEADS, KV_HEADS = 8, 2
@@ -146,80 +141,26 @@ def test_default_precision_compiles_exact_float32_products():
 
 # --- static report ------------------------------------------------------------------------
 
-_SCALARS = dict(
-    total_q="i32",
-    softmax_scale="fp32",
-    logits_soft_cap="fp32",
-    window_left="i32",
-    window_right="i32",
-)
-_KERNELS = {
-    "forward": attention_forward_kernel,
-    "backward_dkdv": attention_backward_dkdv_kernel,
-    "backward_dq": attention_backward_dq_kernel,
-}
+HEAVY = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
+FEATURES = [AttentionFeatures(causal=True), AttentionFeatures(), HEAVY]
 
 
-def _signature(kernel, element: str) -> dict[str, str]:
-    """Triton types of a kernel's runtime parameters: tensors of `element`, float32
-    statistics and per-head vectors, int32 offsets."""
-    float32 = {"lse_ptr", "delta_ptr", "sinks_ptr", "alibi_slopes_ptr"}
-    int32 = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
-    signature = {}
-    for name in kernel.arg_names:
-        if name in _SCALARS:
-            signature[name] = _SCALARS[name]
-        elif name in float32:
-            signature[name] = "*fp32"
-        elif name in int32:
-            signature[name] = "*i32"
-        elif name.endswith("_ptr"):
-            signature[name] = f"*{element}"
-    return signature
+def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bfloat16", **kw):
+    """The static report of one kernel (GQA) at its default configuration for the
+    problem (causal unless `features` says otherwise), or at `config`."""
+    variant = attention_variant(kind, head_dim, compute_capability, dtype_name, **kw)
+    return variant_report(variant, compute_capability)
 
 
-_TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
-
-def attention_kernel_report(
-    kind: str, head_dim: int, compute_capability: int, dtype_name: str = "bfloat16", config=None
-):
-    """The static report of one kernel (causal, GQA) at its default configuration for
-    `dtype_name`, or at `config`."""
-    if config is None:
-        config = default_attention_config(head_dim, dtype_name, compute_capability, kind)
-    kernel = _KERNELS[kind]
-    constexprs = dict(
-        NUM_Q_HEADS=Q_HEADS,
-        NUM_KV_HEADS=KV_HEADS,
-        HEAD_DIM=head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=block_d(head_dim),
-        HAS_WINDOW_LEFT=False,
-        HAS_WINDOW_RIGHT=True,
-        HAS_SOFT_CAP=False,
-        HAS_ALIBI=False,
-        INPUT_PRECISION="ieee",  # exact fp32 products: the default precision
-    )
-    if kind == "forward":
-        constexprs["HAS_SINKS"] = False
-    return static_kernel_report(
-        kernel,
-        _signature(kernel, _TRITON_TYPES[dtype_name]),
-        constexprs,
-        compute_capability=compute_capability,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-
-
-@pytest.mark.parametrize("kind", list(_KERNELS))
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
+@pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize(
     "compute_capability, head_dim", [(80, 64), (80, 128), (90, 64), (90, 128), (90, 256)]
 )
-def test_static_report_at_default_configs(compute_capability, head_dim, kind):
-    report = attention_kernel_report(kind, head_dim, compute_capability)
+def test_static_report_at_default_configs(compute_capability, head_dim, kind, features):
+    """Every feature set's default tiles: no spills at head_dim <= 128, tensor cores,
+    and wgmma on sm_90."""
+    report = attention_kernel_report(kind, head_dim, compute_capability, features=features)
     print(report.summary())
     assert report.uses_mma
     if head_dim <= 128:
@@ -228,7 +169,7 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind):
         assert report.uses_wgmma, report.summary()
 
 
-@pytest.mark.parametrize("kind", list(_KERNELS))
+@pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_static_report_float32(head_dim, kind):
     """float32 defaults to exact products, which run on CUDA cores (no mma for "ieee"
@@ -240,17 +181,5 @@ def test_static_report_float32(head_dim, kind):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_static_report_preprocess(head_dim):
-    report = static_kernel_report(
-        attention_backward_preprocess_kernel,
-        _signature(attention_backward_preprocess_kernel, "bf16"),
-        dict(
-            NUM_Q_HEADS=Q_HEADS,
-            HEAD_DIM=head_dim,
-            BLOCK_T=preprocess_block_t(head_dim),
-            BLOCK_D=block_d(head_dim),
-        ),
-        compute_capability=90,
-        num_warps=4,
-        num_stages=1,
-    )
+    report = variant_report(attention_preprocess_variant(head_dim), 90)
     assert not report.spills, report.summary()

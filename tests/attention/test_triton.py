@@ -32,7 +32,12 @@ from jax_bridge.core.precision import DEFAULT_PRECISION
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
 from jax_bridge.launch.triton_call import triton_call
 from tests.attention.helpers import assert_close, make_inputs, value_and_grads
-from triton_kernels.flash_attention.config import KINDS, block_d, default_attention_config
+from triton_kernels.flash_attention.config import (
+    KINDS,
+    AttentionFeatures,
+    block_d,
+    default_attention_config,
+)
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 
 # --- the configuration (pure Python) -----------------------------------------------------
@@ -51,6 +56,33 @@ def test_default_configs_are_valid(kind, compute_capability):
                 assert (config.block_m, config.block_n) == (16, 16)
             elif dtype_name == "float32":  # exact products on CUDA cores: small tiles
                 assert config.block_m * config.block_n <= 32 * 32
+
+
+FEATURE_SETS = [
+    AttentionFeatures(),
+    AttentionFeatures(causal=True, sinks=True),
+    AttentionFeatures(window_left=True, window_right=True),
+    AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True),
+]
+
+
+@pytest.mark.parametrize("features", FEATURE_SETS, ids=lambda f: f.describe())
+@pytest.mark.parametrize("compute_capability", COMPUTE_CAPABILITIES)
+def test_register_heavy_calls_never_get_larger_tiles(compute_capability, features):
+    """The light tables only ever enlarge tiles, and only for calls without the
+    register-heavy options; heavy calls keep the tiles proven not to spill with all on."""
+    heavy = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
+    for kind in KINDS:
+        for head_dim in (64, 128, 256):
+            config = default_attention_config(
+                head_dim, "bfloat16", compute_capability, kind, features=features
+            )
+            base = default_attention_config(
+                head_dim, "bfloat16", compute_capability, kind, features=heavy
+            )
+            assert config.block_m * config.block_n >= base.block_m * base.block_n
+            if features.register_heavy or compute_capability in (86, 89):
+                assert config == base
 
 
 @pytest.mark.parametrize(
@@ -180,6 +212,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         HAS_SINKS=False,
         HAS_ALIBI=False,
         INPUT_PRECISION=attention_triton._input_precision(options, q.dtype),
+        RAW_SCORE_MAX=True,
         **flags,
     )
     out, lse = np.asarray(out), np.asarray(lse)
@@ -189,3 +222,49 @@ def test_rows_a_launch_does_not_reach_stay_nan():
     )
     assert_close(out[:block], np.asarray(ref_out)[:block], 1e-5, "first tile")
     assert_close(lse[:, :block], np.asarray(ref_lse)[:, :block], 1e-5, "first tile lse")
+
+
+# --- launch order and the raw-score max ---------------------------------------------------
+
+
+def test_heaviest_tiles_first_keeps_every_tile_once():
+    """Under causal the query tiles are launched by descending tile index; the set of
+    (sequence, tile) rows is unchanged and the no-work rows (-1) come last."""
+    cu = jnp.asarray([0, 40, 41, 41, 90], jnp.int32)
+    chunks = attention_triton._chunk_indices(cu, 90, 16)
+    causal = attention_triton._heaviest_first(chunks, AttentionFeatures(causal=True))
+    plain = attention_triton._heaviest_first(chunks, AttentionFeatures())
+    np.testing.assert_array_equal(plain, chunks)
+    as_set = lambda c: sorted(map(tuple, np.asarray(c).tolist()))
+    assert as_set(causal) == as_set(chunks)
+    tiles = np.asarray(causal)[:, 1]
+    assert (np.diff(tiles) <= 0).all() and tiles[-1] == -1
+
+
+@pytest.mark.parametrize("softmax_scale", [-2.0, 3.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_scores_and_a_negative_scale(softmax_scale, causal):
+    """Scores spanning hundreds of units: the forward's max taken on raw q.k (positive
+    scale) or on the scaled scores (negative scale) must bound every score of its row,
+    or exp2 overflows to inf/NaN. Output, lse and gradients against the reference."""
+    inputs = make_inputs(57, [(37, 37), (20, 45)], 2, 1, 32)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    q = q * 20.0  # |q.k| in the hundreds: scaled scores far beyond exp2's float32 range
+    options = dict(causal=causal, softmax_scale=softmax_scale)
+
+    def run(fn):
+        return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
+
+    got = run(
+        lambda q, k, v, s: varlen_attention(
+            q, k, v, cu_q, cu_k, implementation="triton", return_lse=True, **options
+        )
+    )
+    want = run(
+        lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    )
+    names = ("out", "lse", "dq", "dk", "dv")
+    pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
+    for name, g, w in pairs:
+        assert np.isfinite(np.asarray(g)).all(), name
+        assert_close(g, w, 1e-4, name)

@@ -13,17 +13,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-import triton
-import triton.compiler
 
 from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
 from jax_bridge.launch.lowering import lower_for_cuda
-from jax_bridge.launch.report import KernelReport, static_kernel_report
-from triton_kernels.grouped_matmul.config import gmm_config, tgmm_config
-from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
+from jax_bridge.launch.report import KernelReport, variant_report
+from triton_kernels.catalog import GMM_KERNELS, grouped_matmul_variant
 
 SDS = jax.ShapeDtypeStruct
-DEFAULT_TILING = (128, 128, 128)  # grouped_matmul's default `tiling`
 M, K, N, GROUPS = 8192, 2048, 1408, 64  # a Mixtral-like expert layer
 
 
@@ -84,51 +80,15 @@ def test_gmm_gradient_lowers_to_three_kernels(compute_capability, transpose_rhs)
     assert _kernel_calls(hlo) == 3
 
 
-def _signature(kernel: triton.JITFunction, dtype: str) -> dict[str, str]:
-    types = {"lhs_ptr": dtype, "rhs_ptr": dtype, "init_ptr": "*fp32", "out_ptr": "*fp32"}
-    return {name: types.get(name, "*i32") for name in kernel.arg_names if name.endswith("_ptr")}
-
-
-# (kernel, launch-config function, the kernel's layout/accumulate constexprs)
-KERNEL_VARIANTS = {
-    "gmm": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=False, ACCUMULATE=False)),
-    "gmm_transposed_accumulate": (
-        gmm_kernel,
-        gmm_config,
-        dict(TRANSPOSE_RHS=True, ACCUMULATE=True),
-    ),
-    "tgmm_token_major": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False)),
-    "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
-}
-
-
 @functools.cache
-def _report(variant: str, compute_capability: int) -> KernelReport:
-    kernel, make_config, layout = KERNEL_VARIANTS[variant]
-    config = make_config(
-        M, K, N, element_bytes=2, compute_capability=compute_capability, tiling=DEFAULT_TILING
-    )
-    constexprs = dict(
-        M=M,
-        K=K,
-        N=N,
-        BLOCK_M=config.block_m,
-        BLOCK_K=config.block_k,
-        BLOCK_N=config.block_n,
-        INPUT_PRECISION="tf32",
-        **layout,
-    )
-    return static_kernel_report(
-        kernel,
-        _signature(kernel, "*bf16"),
-        constexprs,
-        compute_capability=compute_capability,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+def _report(variant: str, compute_capability: int, problem=(M, K, N)) -> KernelReport:
+    """The kernel at `grouped_matmul`'s default tiling for `problem` (bf16)."""
+    return variant_report(
+        grouped_matmul_variant(variant, compute_capability, problem=problem), compute_capability
     )
 
 
-@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
+@pytest.mark.parametrize("variant", GMM_KERNELS)
 @pytest.mark.parametrize("compute_capability", [80, 90])
 def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute_capability):
     report = _report(variant, compute_capability)
@@ -136,6 +96,16 @@ def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute
     assert report.uses_mma, report.summary()
     # Hopper must use its warpgroup MMA (HGMMA); Ampere has only HMMA.
     assert report.uses_wgmma == (compute_capability >= 90), report.summary()
+
+
+@pytest.mark.parametrize("variant", ["gmm", "gmm_transposed_accumulate"])
+def test_even_k_drops_the_k_masks_from_the_loop(variant):
+    """K a multiple of the k step compiles the loop without k (and column) masks: fewer
+    instructions per MFLOP than the same tiles on a K that is not."""
+    even = _report(variant, 90)
+    uneven = _report(variant, 90, (M, K - 48, N - 8))
+    assert even.inner_loop.mma_flops == uneven.inner_loop.mma_flops
+    assert even.instructions_per_mflop < 0.9 * uneven.instructions_per_mflop
 
 
 def test_default_precision_compiles_exact_float32_products():

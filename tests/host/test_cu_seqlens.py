@@ -19,6 +19,7 @@ from jax.experimental import checkify
 from jax_bridge.core.validation import check_cu_seqlens
 from jax_bridge.host.cu_seqlens import (
     FILL_INDEX,
+    chunk_bound,
     prepare_chunk_indices,
     prepare_chunk_offsets,
     prepare_cu_seqlens_from_mask,
@@ -129,12 +130,26 @@ def test_chunk_indices_enumerate_cdiv_chunks_per_sequence(lengths, chunk_size):
     got = np.asarray(chunk_indices_fixed(padded_cu(lengths), chunk_size))
     counts = [-(-n // chunk_size) for n in lengths]
     # The static bound from the docstring, with MAX_BATCH sequences.
-    assert got.shape == (-(-MAX_TOKENS // chunk_size) + MAX_BATCH, 2)
+    assert got.shape == (chunk_bound(MAX_TOKENS, chunk_size, MAX_BATCH), 2)
     np.testing.assert_array_equal(got, ref_chunk_indices(lengths, chunk_size, got.shape[0]))
     # Invariants: per sequence, chunk indices are 0..count-1 in order; empty ones absent.
     for seq, count in enumerate(counts):
         np.testing.assert_array_equal(got[got[:, 0] == seq, 1], np.arange(count))
     assert np.all(got[sum(counts) :] == FILL_INDEX)
+
+
+@given(lengths=lengths_lists, chunk_size=chunk_sizes, empty=st.integers(0, 300))
+def test_chunk_bound_holds_every_chunk_and_ignores_empty_sequences(lengths, chunk_size, empty):
+    """However many empty sequences join, the bound holds every chunk, never exceeds
+    the old `cdiv(total, C) + sequences`, and never exceeds the token count (tiles >= 1
+    token each) once a sequence is non-empty."""
+    total = sum(lengths)
+    sequences = len(lengths) + empty
+    bound = chunk_bound(total, chunk_size, sequences)
+    assert bound >= sum(-(-n // chunk_size) for n in lengths)
+    assert bound <= -(-total // chunk_size) + sequences or (total == 0 and bound == 1)
+    assert bound <= max(total, 1)
+    assert bound == chunk_bound(total, chunk_size, min(sequences, total))
 
 
 @given(lengths=lengths_lists, chunk_size=chunk_sizes)
@@ -186,7 +201,7 @@ def test_jit_matches_eager_and_reference(lengths):
     cu = cu_from_lengths(lengths)
     total = int(cu[-1]) + 3  # a static size with a padded tail
     chunk = 4
-    bound = -(-total // chunk) + len(lengths)
+    bound = max(1, (total + min(len(lengths), total) * (chunk - 1)) // chunk)
     calls = {
         "lens": (prepare_lens, {}),
         "sequence_ids": (prepare_sequence_ids, {"total_tokens": total}),

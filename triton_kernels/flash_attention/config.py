@@ -1,9 +1,10 @@
 """Launch configurations for the varlen flash attention kernels.
 
 Pure Python (no JAX). One function, `default_attention_config`, maps (head_dim, dtype,
-compute capability, kernel kind) to block sizes, warps and pipeline stages; callers may
-pass their own `AttentionKernelConfig` instead. `compute_capability=None` means Triton's
-CPU interpreter, where small blocks keep tests fast and still cross block boundaries.
+compute capability, kernel kind, the call's features) to block sizes, warps and pipeline
+stages; callers may pass their own `AttentionKernelConfig` instead.
+`compute_capability=None` means Triton's CPU interpreter, where small blocks keep tests
+fast and still cross block boundaries.
 
 The GPU defaults were chosen with `jax_bridge.launch.report.static_kernel_report`
 (causal):
@@ -50,6 +51,32 @@ class AttentionKernelConfig(KernelConfig):
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFeatures:
+    """The options of a call that change the kernels' code, hence their best tiles.
+
+    `causal` and `window_right` bound keys on the right (both compile the same masking);
+    `window_left`, `soft_cap` and `alibi` add per-score arithmetic and registers.
+    """
+
+    causal: bool = False
+    window_left: bool = False
+    window_right: bool = False
+    soft_cap: bool = False
+    alibi: bool = False
+    sinks: bool = False
+
+    @property
+    def register_heavy(self) -> bool:
+        """Score arithmetic beyond the scale and a right bound: the tanh of a soft cap
+        (and its gradient), ALiBi's |i - j| term, a second window bound."""
+        return self.soft_cap or self.alibi or self.window_left
+
+    def describe(self) -> str:
+        on = [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
+        return "+".join(on) if on else "plain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +136,22 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
     "backward_dkdv": {256: (16, 32, 4, 2)},
     "backward_dq": {256: (64, 16, 4, 2)},
 }
+# Calls without the register-heavy score options (`AttentionFeatures.register_heavy`):
+# the forward fits a 128x128 tile (two m64 warpgroups, a 128-key step) and dQ a 128x64
+# one without spills, which amortise the softmax and address arithmetic over twice the
+# matmul work. `python -m bench report` (bf16, causal, d=128, sm_90), warp-instructions
+# of the inner loop per MFLOP: forward 694 -> 527, dQ 610 -> 417. With a soft cap, ALiBi
+# and a left window these tiles spill at d=128, so heavy calls keep the tables above.
+# sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. sm_86/89 keep
+# the tables above (their 99 KiB of shared memory).
+_HOPPER_16BIT_LIGHT: _Table = {
+    "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
+    "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
+}
+_AMPERE_16BIT_LIGHT: _Table = {
+    "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
+    "backward_dq": {64: (128, 64, 8, 2)},
+}
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
@@ -130,6 +173,8 @@ def default_attention_config(
     dtype_name: str,
     compute_capability: int | None,
     kind: str,
+    *,
+    features: AttentionFeatures = AttentionFeatures(),
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
 
@@ -138,6 +183,7 @@ def default_attention_config(
       dtype_name: "float16", "bfloat16" or "float32".
       compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
       kind: one of `KINDS`.
+      features: the call's code-changing options (larger tiles where they do not spill).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -150,8 +196,11 @@ def default_attention_config(
     tile_d = max(64, block_d(head_dim))
     if dtype_name == "float32":
         return AttentionKernelConfig(*_FLOAT32[kind][tile_d])
-    table = _HOPPER_16BIT if compute_capability >= 90 else _AMPERE_16BIT
-    config = table[kind][tile_d]
+    hopper = compute_capability >= 90
+    config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
     if compute_capability in (86, 89):
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
+    elif not features.register_heavy:
+        light = _HOPPER_16BIT_LIGHT if hopper else _AMPERE_16BIT_LIGHT
+        config = light.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)

@@ -246,6 +246,7 @@ def _forward_key_tiles(
     HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
 ):
     """Online-softmax update of (acc [M, BLOCK_D], m_i [M], l_i [M]) over key tiles [start, end).
 
@@ -266,12 +267,23 @@ def _forward_key_tiles(
         k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-        s2, _ = _scores_log2(
-            qk, rows, cols, shift, len_k, window_left, window_right,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
-        )  # fmt: skip
-        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        if RAW_SCORE_MAX:
+            # The scale is positive and nothing else transforms a score, so the row max
+            # commutes with the scale: take it on the raw products (masked to -inf), and
+            # the scale joins exp2's argument in one fused multiply-add per score.
+            qk, _ = _scores_log2(
+                qk, rows, cols, shift, len_k, window_left, window_right, 1.0, 1.0, 1.0, 0.0,
+                APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, False, False,
+            )  # fmt: skip
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+            s2 = qk * qk_scale_log2
+        else:
+            s2, _ = _scores_log2(
+                qk, rows, cols, shift, len_k, window_left, window_right,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+            )  # fmt: skip
+            m_new = tl.maximum(m_i, tl.max(s2, 1))
         if APPLY_MASK:
             # A row with nothing allowed so far (and no sink, or a sink of -inf) keeps
             # m = -inf; shift by 0, not -inf, so that exp2 gives 0 instead of NaN.
@@ -318,6 +330,7 @@ def attention_forward_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
 
@@ -335,6 +348,8 @@ def attention_forward_kernel(
         another element type (a placeholder, never read): bottom-right, len_k - len_q.
       out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype; lse_ptr: float32
         [NUM_Q_HEADS, total_q], natural log.
+      RAW_SCORE_MAX: the row max is taken on raw q.k (valid only for softmax_scale > 0
+        without soft cap or ALiBi; the bridge decides).
     """
     chunk = tl.program_id(0)
     head = tl.program_id(1)
@@ -393,18 +408,21 @@ def attention_forward_kernel(
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
             HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+            RAW_SCORE_MAX,
         )  # fmt: skip
     acc, m_i, l_i = _forward_key_tiles(
         acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_start, full_end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+        RAW_SCORE_MAX,
     )  # fmt: skip
     acc, m_i, l_i = _forward_key_tiles(
         acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_end, end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
+        RAW_SCORE_MAX,
     )  # fmt: skip
 
     # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: output 0,

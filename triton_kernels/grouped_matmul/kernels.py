@@ -74,11 +74,23 @@ def gmm_kernel(
         rhs_ptrs = rhs_group + offs_k[:, None] * N + cols[None, :]
         rhs_step = BLOCK_K * N
 
+    # Shapes are constexpr: when BLOCK_K divides K (and BLOCK_N divides N) the loop's
+    # k (and column) masks are all-true, and compiling them away leaves only the group's
+    # row mask in the loop.
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
+    EVEN_N: tl.constexpr = N % BLOCK_N == 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_block in range(0, tl.cdiv(K, BLOCK_K)):
-        in_k = offs_k < K - k_block * BLOCK_K
-        a = tl.load(lhs_ptrs, mask=in_group[:, None] & in_k[None, :], other=0.0)
-        b = tl.load(rhs_ptrs, mask=in_k[:, None] & in_cols[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(lhs_ptrs, mask=in_group[:, None], other=0.0)
+            if EVEN_N:
+                b = tl.load(rhs_ptrs)
+            else:
+                b = tl.load(rhs_ptrs, mask=in_cols[None, :], other=0.0)
+        else:
+            in_k = offs_k < K - k_block * BLOCK_K
+            a = tl.load(lhs_ptrs, mask=in_group[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(rhs_ptrs, mask=in_k[:, None] & in_cols[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         lhs_ptrs += BLOCK_K
         rhs_ptrs += rhs_step

@@ -1,0 +1,188 @@
+"""`python -m bench report`: what the compiler makes of every Triton kernel, with no GPU.
+
+    python -m bench report [--arch 80 90] [--head-dim 64 128] [--json PATH]
+
+Each kernel of `triton_kernels.catalog.default_variants` is compiled offline at its
+default configuration for each architecture, and one line per (kernel, architecture)
+gives: registers per thread, spills, shared memory, resident CTAs per SM, tensor-core
+instructions (HGMMA on sm_90, HMMA on sm_80) and the static throughput proxy: the
+warp-instructions of the innermost unmasked tensor-core loop per MFLOP of its tensor-core
+work (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
+kernels of different tile shapes fairly, and it moves with every change to a kernel.
+
+Flags: SPILL (any spill), SMEM (over the CTA's shared-memory limit), NO-HGMMA (an sm_90
+kernel without warpgroup MMA), and OVER-TARGET (an sm_90 attention kernel at head_dim
+128 above `TARGET_PER_MFLOP`). The exit status is 1 when any line is flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TARGET_PER_MFLOP = 550
+"""Issue target: forward, dQ and dK/dV each at most this many warp-instructions per MFLOP
+on sm_90 (bf16, head_dim 128, causal)."""
+
+_TARGET_KERNELS = ("attention_forward", "attention_backward_dq", "attention_backward_dkdv")
+_COLUMNS = (
+    "kernel", "arch", "problem", "warps", "stages", "regs", "spill B", "smem KiB",
+    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "flags",
+)  # fmt: skip
+
+
+def _flags(report: Any, name: str, head_dim: int | None) -> list[str]:
+    flags = []
+    if report.spills:
+        flags.append("SPILL")
+    if report.exceeds_shared_memory:
+        flags.append("SMEM")
+    if report.compute_capability >= 90 and report.uses_mma and not report.uses_wgmma:
+        flags.append("NO-HGMMA")
+    proxy = report.instructions_per_mflop
+    if (
+        name in _TARGET_KERNELS
+        and report.compute_capability == 90
+        and head_dim == 128
+        and (proxy is None or proxy > TARGET_PER_MFLOP)
+    ):
+        flags.append("OVER-TARGET")
+    return flags
+
+
+def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str, Any]]:
+    """One dict per (kernel variant, architecture), JSON-ready."""
+    from jax_bridge.launch.report import variant_report
+    from triton_kernels.catalog import default_variants
+
+    rows = []
+    for arch in archs:
+        for variant in default_variants(arch, tuple(head_dims)):
+            report = variant_report(variant, arch)
+            mma = report.sass_opcodes.get("HGMMA", 0) + report.sass_opcodes.get("HMMA", 0)
+            loop = report.inner_loop
+            proxy = report.instructions_per_mflop
+            head_dim = variant.constexprs.get("HEAD_DIM")
+            rows.append(
+                {
+                    "kernel": variant.name,
+                    "arch": f"sm_{arch}",
+                    "problem": variant.description,
+                    "num_warps": variant.num_warps,
+                    "num_stages": variant.num_stages,
+                    "registers": report.registers,
+                    "spill_bytes": report.spill_store_bytes + report.spill_load_bytes,
+                    "shared_memory_bytes": report.shared_memory_bytes,
+                    "ctas_per_sm": report.ctas_per_sm,
+                    "mma_instructions": mma,
+                    "mma_kind": "HGMMA" if report.uses_wgmma else ("HMMA" if mma else "-"),
+                    "loop_instructions": loop.instructions if loop else None,
+                    "loop_mma_flops": loop.mma_flops if loop else None,
+                    "instructions_per_mflop": None if proxy is None else round(proxy, 1),
+                    "flags": _flags(report, variant.name, head_dim),
+                }
+            )
+    return rows
+
+
+def format_report(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as one aligned table (figures right-aligned)."""
+    cells = [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
+    left = {0, 1, 2, 12}
+
+    def line(row: Sequence[str]) -> str:
+        pairs = enumerate(zip(row, widths, strict=True))
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in pairs).rstrip()
+
+    return "\n".join([line(_COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)])
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    # fmt: off
+    return (
+        r["kernel"], r["arch"], r["problem"], str(r["num_warps"]), str(r["num_stages"]),
+        str(r["registers"]), str(r["spill_bytes"]), f"{r['shared_memory_bytes'] / 1024:.0f}",
+        str(r["ctas_per_sm"]), f"{r['mma_instructions']} {r['mma_kind']}",
+        "-" if r["loop_instructions"] is None else str(r["loop_instructions"]),
+        "-" if r["instructions_per_mflop"] is None else f"{r['instructions_per_mflop']:.0f}",
+        " ".join(r["flags"]) or "ok",
+    )
+    # fmt: on
+
+
+def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 0) -> dict:
+    """Forward programs per head of `flash_attention` with segment ids (documents of
+    random lengths in every row): the real query tiles, the grid of the old bound
+    `cdiv(total, BLOCK) + sequences`, and the grid of `chunk_bound` (what launches now)."""
+    import numpy as np
+
+    from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
+    from jax_bridge.core.numerics import cdiv
+    from jax_bridge.host.cu_seqlens import chunk_bound
+
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((batch, seq), np.int32)
+    for row in ids:
+        ends = np.sort(rng.choice(np.arange(1, seq), size=15, replace=False))
+        row[:] = np.searchsorted(ends, np.arange(seq), side="right") + 1
+    cu_q, _ = segment_ids_to_cu_seqlens(ids, ids)
+    lengths = np.diff(np.asarray(cu_q))
+    total, sequences = batch * seq, len(lengths) + 2  # the bridge adds two tail sequences
+    return {
+        "problem": f"batch {batch} x seq {seq}, 16 documents a row, BLOCK_M {block_m}",
+        "real_tiles": int(sum(-(-n // block_m) for n in lengths)),
+        "grid_before": int(cdiv(total, block_m) + sequences),
+        "grid_now": int(chunk_bound(total, block_m, sequences)),
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench report", description=__doc__.split("\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], metavar="CC")
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], metavar="D")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every row as JSON")
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    """The command line: prints the table, writes JSON, exits 1 when a line is flagged."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compiling for a GPU needs no GPU
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    rows = report_rows(args.arch, args.head_dim)
+    print(format_report(rows))
+    grid = grid_sizes()
+    print(
+        f"\nflash_attention with segment ids ({grid['problem']}): forward programs per "
+        f"head {grid['grid_before']} before the chunk bound, {grid['grid_now']} now, "
+        f"{grid['real_tiles']} with work"
+    )
+    print(
+        f"\ninstr/MFLOP: warp-instructions of the innermost unmasked tensor-core loop per "
+        f"MFLOP of its tensor-core work (target <= {TARGET_PER_MFLOP} for the sm_90 "
+        "attention kernels at bf16, head_dim 128, causal)"
+    )
+    if args.json is not None:
+        from bench.report import machine_description
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        machine = machine_description({"report": True})
+        document = {"machine": machine, "rows": rows, "grid": grid}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    flagged = [f"{r['kernel']} {r['arch']} {r['problem']}" for r in rows if r["flags"]]
+    if flagged:
+        raise SystemExit("flagged:\n  " + "\n  ".join(flagged))
+    print("no kernel flagged")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,106 @@
+"""The static report's loop finder and occupancy, on kernels whose answer is known.
+
+A K-loop of `tl.dot` over [BM, BK] x [BK, BN] tiles does exactly 2*BM*BN*BK tensor-core
+FLOPs per iteration whatever the compiler does with it, so the loop the finder returns
+must carry that many; a kernel without a loop has none. The finder's rules (innermost,
+cheapest MMA loop, self-branches ignored) are checked on hand-written SASS listings.
+"""
+
+import pytest
+import triton
+import triton.language as tl
+
+from jax_bridge.launch.report import (
+    ctas_per_sm,
+    innermost_mma_loop,
+    max_shared_memory_per_cta,
+    static_kernel_report,
+)
+
+
+@triton.jit
+def _k_loop_kernel(
+    a_ptr, b_ptr, c_ptr, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):  # fmt: skip
+    rm, rn, rk = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+    a_ptrs = a_ptr + rm[:, None] * K + rk[None, :]
+    b_ptrs = b_ptr + rk[:, None] * BN + rn[None, :]
+    acc = tl.zeros((BM, BN), tl.float32)
+    for _ in range(0, K, BK):
+        acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
+        a_ptrs += BK
+        b_ptrs += BK * BN
+    tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc.to(c_ptr.dtype.element_ty))
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("tiles, num_warps", [((128, 128, 64), 8), ((64, 64, 32), 4)])
+def test_loop_finder_finds_the_k_loop(compute_capability, tiles, num_warps):
+    bm, bn, bk = tiles
+    report = static_kernel_report(
+        _k_loop_kernel,
+        {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "K": "i32"},
+        {"BM": bm, "BN": bn, "BK": bk},
+        compute_capability=compute_capability,
+        num_warps=num_warps,
+        num_stages=3,
+    )
+    loop = report.inner_loop
+    assert loop is not None
+    assert loop.mma_flops == 2 * bm * bn * bk
+    total = sum(report.sass_opcodes.values())
+    assert 0 < loop.instructions < total
+    assert report.instructions_per_mflop == pytest.approx(
+        loop.instructions * num_warps / (2 * bm * bn * bk / 1e6)
+    )
+    assert report.ctas_per_sm >= 1 and not report.exceeds_shared_memory
+
+
+def _listing(*lines: str) -> str:
+    """A cuobjdump-style listing: one instruction per 16 bytes from address 0."""
+    return "\n".join(f"        /*{16 * i:04x}*/   {line} ;" for i, line in enumerate(lines))
+
+
+def test_finder_prefers_the_innermost_and_cheapest_mma_loop():
+    sass = _listing(
+        "MOV R1, R2",  # 0x00
+        "HMMA.16816.F32.BF16 R4, R8, R12, R4",  # 0x10: outer loop start
+        "FADD R1, R1, R2",  # 0x20: masked inner loop start
+        "HMMA.16816.F32.BF16 R4, R8, R12, R4",
+        "FMUL R1, R1, R2",
+        "ISETP.GE.AND P0, PT, R1, R2, PT",
+        "@!P0 BRA 0x20",  # 0x60: 5-instruction loop
+        "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24",  # 0x70: unmasked loop start
+        "IADD3 R1, R1, 0x1, RZ",
+        "@P1 BRA 0x70",  # 0x90: 3-instruction loop
+        "FADD R3, R3, R3",  # 0xa0: a loop without MMA
+        "@P2 BRA 0xa0",
+        "@P3 BRA 0x10",  # 0xc0: the outer loop holds both
+        "BRA 0xd0",  # 0xd0: the trailing self-branch is no loop
+    )
+    loop = innermost_mma_loop(sass, num_warps=8)
+    assert (loop.start, loop.end, loop.instructions) == (0x70, 0x90, 3)
+    assert loop.mma_flops == 2 * 64 * 128 * 16 * 2  # one HGMMA per warpgroup, 2 of them
+    only_hmma = innermost_mma_loop(sass.replace("HGMMA.64x128x16.F32.BF16", "NOP"), 4)
+    assert (only_hmma.start, only_hmma.instructions) == (0x20, 5)
+    assert only_hmma.mma_flops == 2 * 16 * 8 * 16 * 4  # one HMMA per warp
+    assert innermost_mma_loop(_listing("HMMA.16816.F32 R4, R8, R12, R4", "EXIT"), 4) is None
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((90, 4, 64, 0), 8),  # registers: 65536 / (64 * 32 * 4)
+        ((90, 8, 255, 0), 1),  # 256 registers a thread at 256 threads fill the SM
+        ((90, 4, 32, 100 * 1024), 2),  # shared memory: 228 KiB / (100 + 1 KiB)
+        ((90, 1, 16, 0), 32),  # the CTA limit
+        ((80, 8, 128, 0), 2),
+    ],
+)
+def test_ctas_per_sm(args, expected):
+    assert ctas_per_sm(*args) == expected
+
+
+def test_shared_memory_limit_per_cta():
+    assert max_shared_memory_per_cta(90) == 227 * 1024
+    assert max_shared_memory_per_cta(80) == 163 * 1024

@@ -1,0 +1,243 @@
+"""Every Triton kernel of the package as an offline-compilable variant: its parameter
+types, its constexprs and its launch configuration, as the bridge launches it.
+
+Pure Python (no JAX). The static report (`python -m bench report`), the tests of the
+default configurations and the autotuner's pruning compile kernels from these variants
+with no GPU present, so they must describe the very launch the bridge makes: the same
+pointer element types (the shift placeholder is float32: the unshifted kernel), the same
+constexprs, the default configuration of `default_attention_config` / `gmm_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import triton
+
+from triton_kernels.flash_attention.backward import (
+    attention_backward_dkdv_kernel,
+    attention_backward_dq_kernel,
+    attention_backward_preprocess_kernel,
+)
+from triton_kernels.flash_attention.config import (
+    AttentionFeatures,
+    AttentionKernelConfig,
+    block_d,
+    default_attention_config,
+    preprocess_block_t,
+)
+from triton_kernels.flash_attention.forward import attention_forward_kernel
+from triton_kernels.grouped_matmul.config import (
+    DEFAULT_TILING,
+    GroupedMatmulConfig,
+    gmm_config,
+    tgmm_config,
+)
+from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
+
+TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+ATTENTION_KERNELS = {
+    "forward": attention_forward_kernel,
+    "backward_dkdv": attention_backward_dkdv_kernel,
+    "backward_dq": attention_backward_dq_kernel,
+}
+
+CAUSAL = AttentionFeatures(causal=True)
+"""The report's attention problem: causal, no other option."""
+
+# The heads of the static problem: GQA, so the kv-head arithmetic is in the kernel.
+_Q_HEADS, _KV_HEADS = 8, 2
+# A Mixtral-like expert layer for the grouped matmul kernels (their M, K, N are constexpr).
+GMM_PROBLEM = (8192, 2048, 1408)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelVariant:
+    """One kernel at one launch configuration, ready for `static_kernel_report`.
+
+    Attributes:
+      name: what the report calls it, e.g. "attention_forward".
+      kernel: the `@triton.jit` function.
+      signature: Triton type of every runtime parameter ("*bf16", "i32", ...).
+      constexprs: the value of every `tl.constexpr` parameter.
+      num_warps, num_stages: the launch configuration.
+      description: the problem it was specialised for (dtype, head_dim, features).
+    """
+
+    name: str
+    kernel: triton.JITFunction
+    signature: Mapping[str, str]
+    constexprs: Mapping[str, Any]
+    num_warps: int
+    num_stages: int
+    description: str
+
+
+_ATTENTION_SCALARS = dict(
+    total_q="i32",
+    softmax_scale="fp32",
+    logits_soft_cap="fp32",
+    window_left="i32",
+    window_right="i32",
+)
+_FLOAT32_POINTERS = {"lse_ptr", "delta_ptr", "sinks_ptr", "alibi_slopes_ptr", "shift_ptr"}
+_INT32_POINTERS = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
+
+
+def attention_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[str, str]:
+    """Types of an attention kernel's runtime parameters: q/k/v/out and their gradients in
+    `dtype_name`; statistics, per-head vectors and the shift placeholder float32; offsets
+    int32."""
+    element = TRITON_TYPES[dtype_name]
+    signature = {}
+    for name in kernel.arg_names:
+        if name in _ATTENTION_SCALARS:
+            signature[name] = _ATTENTION_SCALARS[name]
+        elif name in _FLOAT32_POINTERS:
+            signature[name] = "*fp32"
+        elif name in _INT32_POINTERS:
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{element}"
+    return signature
+
+
+def attention_variant(
+    kind: str,
+    head_dim: int,
+    compute_capability: int,
+    dtype_name: str = "bfloat16",
+    features: AttentionFeatures = CAUSAL,
+    config: AttentionKernelConfig | None = None,
+) -> KernelVariant:
+    """One attention kernel (`kind` in forward/backward_dkdv/backward_dq) at its default
+    configuration for the problem, or at `config`."""
+    if config is None:
+        config = default_attention_config(
+            head_dim, dtype_name, compute_capability, kind, features=features
+        )
+    kernel = ATTENTION_KERNELS[kind]
+    constexprs = dict(
+        NUM_Q_HEADS=_Q_HEADS,
+        NUM_KV_HEADS=_KV_HEADS,
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=block_d(head_dim),
+        HAS_WINDOW_LEFT=features.window_left,
+        HAS_WINDOW_RIGHT=features.causal or features.window_right,
+        HAS_SOFT_CAP=features.soft_cap,
+        HAS_ALIBI=features.alibi,
+        # float32 multiplies exactly by default; 16-bit inputs ignore the setting.
+        INPUT_PRECISION="ieee",
+    )
+    if kind == "forward":
+        constexprs["HAS_SINKS"] = features.sinks
+        # A positive scale (the default 1/sqrt(d)) and no score transform: see the kernel.
+        constexprs["RAW_SCORE_MAX"] = not (features.soft_cap or features.alibi)
+    return KernelVariant(
+        name=f"attention_{kind}",
+        kernel=kernel,
+        signature=attention_signature(kernel, dtype_name),
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        description=f"{dtype_name} d={head_dim} {features.describe()} "
+        f"{config.block_m}x{config.block_n}",
+    )
+
+
+def attention_preprocess_variant(head_dim: int, dtype_name: str = "bfloat16") -> KernelVariant:
+    """The backward preprocess (delta = rowsum(dO * O)) as the bridge launches it."""
+    kernel = attention_backward_preprocess_kernel
+    return KernelVariant(
+        name="attention_backward_preprocess",
+        kernel=kernel,
+        signature=attention_signature(kernel, dtype_name),
+        constexprs=dict(
+            NUM_Q_HEADS=_Q_HEADS,
+            HEAD_DIM=head_dim,
+            BLOCK_T=preprocess_block_t(head_dim),
+            BLOCK_D=block_d(head_dim),
+        ),
+        num_warps=4,
+        num_stages=1,
+        description=f"{dtype_name} d={head_dim}",
+    )
+
+
+# name: (kernel, config function, layout constexprs)
+GMM_KERNELS = {
+    "gmm": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=False, ACCUMULATE=False)),
+    "gmm_transposed_accumulate": (
+        gmm_kernel,
+        gmm_config,
+        dict(TRANSPOSE_RHS=True, ACCUMULATE=True),
+    ),
+    "tgmm_token_major": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False)),
+    "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
+}
+
+
+def grouped_matmul_variant(
+    name: str,
+    compute_capability: int,
+    dtype_name: str = "bfloat16",
+    problem: tuple[int, int, int] = GMM_PROBLEM,
+    config: GroupedMatmulConfig | None = None,
+) -> KernelVariant:
+    """One grouped matmul kernel (a key of `GMM_KERNELS`) at its default configuration
+    for `problem` = (m, k, n), or at `config`."""
+    kernel, make_config, layout = GMM_KERNELS[name]
+    m, k, n = problem
+    element_bytes = 4 if dtype_name == "float32" else 2
+    if config is None:
+        config = make_config(
+            m,
+            k,
+            n,
+            element_bytes=element_bytes,
+            compute_capability=compute_capability,
+            tiling=DEFAULT_TILING,
+        )
+    element = TRITON_TYPES[dtype_name]
+    types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
+    types |= {"init_ptr": "*fp32", "out_ptr": "*fp32"}
+    signature = {a: types.get(a, "*i32") for a in kernel.arg_names if a.endswith("_ptr")}
+    constexprs = dict(
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=config.block_m,
+        BLOCK_K=config.block_k,
+        BLOCK_N=config.block_n,
+        INPUT_PRECISION="ieee" if dtype_name == "float32" else "tf32",
+        **layout,
+    )
+    return KernelVariant(
+        name=name,
+        kernel=kernel,
+        signature=signature,
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        description=f"{dtype_name} m={m} k={k} n={n} "
+        f"{config.block_m}x{config.block_k}x{config.block_n}",
+    )
+
+
+def default_variants(
+    compute_capability: int, head_dims: tuple[int, ...] = (64, 128)
+) -> list[KernelVariant]:
+    """Every Triton kernel at its default configuration (bf16; attention causal, GQA):
+    what `python -m bench report` lists."""
+    variants = []
+    for head_dim in head_dims:
+        for kind in ATTENTION_KERNELS:
+            variants.append(attention_variant(kind, head_dim, compute_capability))
+        variants.append(attention_preprocess_variant(head_dim))
+    variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
+    return variants
