@@ -3,7 +3,8 @@
 Each op lives in its own package (`attention`, `grouped_matmul`) and picks its backend
 from a table (`jax_bridge.core.backend`): Triton on GPUs, XLA elsewhere. The host-side
 sequence layer is `host`, the Triton launcher `launch`; `moe` holds the mixture-of-experts
-layers built on grouped matmul, and `attention.ring` context-parallel ring attention.
+layers built on grouped matmul, and `attention.ring` context-parallel ring attention;
+`tuning` holds launch parameters, heuristics and the opt-in autotuner.
 Importing this package never imports `jax_triton`.
 """
 
@@ -34,6 +35,7 @@ from jax_bridge.host.context_parallel import (
 )
 from jax_bridge.host.cu_seqlens import (
     FILL_INDEX,
+    chunk_bound,
     prepare_chunk_indices,
     prepare_chunk_offsets,
     prepare_cu_seqlens_from_mask,
@@ -52,7 +54,7 @@ from jax_bridge.host.segment_ids import (
 )
 from jax_bridge.host.sharding import get_corrected_named_sharding
 from jax_bridge.launch.lowering import lower_for_cuda
-from jax_bridge.launch.report import KernelReport, static_kernel_report
+from jax_bridge.launch.report import KernelReport, static_kernel_report, variant_report
 from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
 from jax_bridge.moe import (
@@ -68,17 +70,36 @@ from jax_bridge.moe import (
     top_k_router,
     unroute,
 )
+from jax_bridge.tuning.autotune import (
+    TuneResult,
+    autotune,
+    static_report_prune,
+    tune_attention,
+    tune_grouped_matmul,
+)
+from jax_bridge.tuning.cache import TuningCache
+from jax_bridge.tuning.device import device_fingerprint, get_device_platform
+from jax_bridge.tuning.heuristics import default_params, select_num_stages, select_num_warps
+from jax_bridge.tuning.keys import abstractify, short_hash, stable_json
+from jax_bridge.tuning.params import BwdParams, FwdParams, attention_configs
 from triton_kernels.config import KernelConfig
-from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+from triton_kernels.flash_attention.config import (
+    AttentionConfigs,
+    AttentionFeatures,
+    AttentionKernelConfig,
+)
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 __all__ = [
     "DEFAULT_PRECISION",
     "FILL_INDEX",
     "AttentionConfigs",
+    "AttentionFeatures",
     "AttentionKernelConfig",
     "AttentionSpec",
+    "BwdParams",
     "Dispatched",
+    "FwdParams",
     "GroupedMatmulConfig",
     "KernelConfig",
     "KernelReport",
@@ -86,15 +107,24 @@ __all__ = [
     "RingStats",
     "Routing",
     "SegmentMasks",
+    "TuneResult",
+    "TuningCache",
+    "abstractify",
     "all_to_all_combine",
     "all_to_all_dispatch",
+    "attention_configs",
     "attention_reference",
+    "autotune",
     "cdiv",
     "chunk_array",
+    "chunk_bound",
     "cuda_lowering",
+    "default_params",
+    "device_fingerprint",
     "expert_parallel_moe_feed_forward",
     "flash_attention",
     "get_corrected_named_sharding",
+    "get_device_platform",
     "grouped_matmul",
     "grouped_matmul_reference",
     "identity_dtype_convert",
@@ -122,13 +152,21 @@ __all__ = [
     "route",
     "safe_divide",
     "segment_ids_to_mask",
+    "select_num_stages",
+    "select_num_warps",
+    "short_hash",
+    "stable_json",
     "static_kernel_report",
+    "static_report_prune",
     "top_k_router",
     "transposed_grouped_matmul",
     "transposed_grouped_matmul_reference",
     "triton_call",
+    "tune_attention",
+    "tune_grouped_matmul",
     "unchunk_array",
     "unpack",
     "unroute",
+    "variant_report",
     "varlen_attention",
 ]

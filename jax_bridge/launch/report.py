@@ -28,12 +28,14 @@ from triton.backends.nvidia.compiler import get_ptxas
 # Per-SM limits by compute capability: (registers, shared memory bytes, resident warps,
 # resident CTAs), from NVIDIA's occupancy tables. 1 KiB of each CTA's shared memory is
 # reserved by the system on sm_80 and later.
-_SM_LIMITS = {
+SM_LIMITS = {
     80: (65536, 164 * 1024, 64, 32),
     86: (65536, 100 * 1024, 48, 16),
+    87: (65536, 164 * 1024, 48, 16),
     89: (65536, 100 * 1024, 48, 24),
     90: (65536, 228 * 1024, 64, 32),
     100: (65536, 228 * 1024, 64, 32),
+    120: (65536, 100 * 1024, 48, 32),
 }
 _RESERVED_SHARED_PER_CTA = 1024
 _REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256
@@ -112,8 +114,8 @@ def ctas_per_sm(
 ) -> int:
     """Resident CTAs per SM, the smallest of what registers, shared memory, warps and the
     CTA limit allow (sm_90's tables for an unknown capability)."""
-    reg_limit, smem_limit, warp_limit, cta_limit = _SM_LIMITS.get(
-        compute_capability, _SM_LIMITS[90]
+    reg_limit, smem_limit, warp_limit, cta_limit = SM_LIMITS.get(
+        compute_capability, SM_LIMITS[90]
     )
     unit = _REGISTER_ALLOCATION_UNIT
     regs_per_warp = -(-max(registers, 1) * 32 // unit) * unit
@@ -124,7 +126,7 @@ def ctas_per_sm(
 
 def max_shared_memory_per_cta(compute_capability: int) -> int:
     """The opt-in shared-memory limit of one CTA (bytes)."""
-    smem = _SM_LIMITS.get(compute_capability, _SM_LIMITS[90])[1]
+    smem = SM_LIMITS.get(compute_capability, SM_LIMITS[90])[1]
     return smem - _RESERVED_SHARED_PER_CTA
 
 

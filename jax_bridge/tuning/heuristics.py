@@ -1,0 +1,312 @@
+"""Launch heuristics: warps and pipeline stages for a tile, each op's default params, and
+the candidate configs the autotuner times.
+
+The defaults are the kernels' own tables (`triton_kernels.*.config`), read, never
+copied: `default_params` converts them to `FwdParams` / `BwdParams`. The candidates are
+small grids around them; the static report prunes the ones that spill or do not fit in
+shared memory before anything is timed (`jax_bridge.tuning.autotune`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+
+import jax.numpy as jnp
+
+from jax_bridge.launch.report import SM_LIMITS, max_shared_memory_per_cta
+from jax_bridge.tuning.device import device_compute_capability
+from jax_bridge.tuning.params import BwdParams, FwdParams
+from triton_kernels.config import check_block
+from triton_kernels.flash_attention.config import (
+    KINDS,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    AttentionConfigs,
+    AttentionFeatures,
+    block_d,
+    default_attention_config,
+)
+from triton_kernels.grouped_matmul.config import (
+    DEFAULT_TILING,
+    GroupedMatmulConfig,
+    gmm_config,
+    tgmm_config,
+)
+
+__all__ = [
+    "ATTENTION_FEATURES",
+    "DEFAULT_SHARED_MEMORY_LIMIT",
+    "GROUPED_MATMUL_FEATURES",
+    "SHARED_MEMORY_LIMITS",
+    "attention_candidates",
+    "attention_features",
+    "default_attention_configs",
+    "default_grouped_matmul_config",
+    "default_params",
+    "grouped_matmul_candidates",
+    "select_num_stages",
+    "select_num_warps",
+    "shared_memory_limit_for",
+]
+
+# Shared memory one program (thread block) may use after opting in, by compute
+# capability (CUDA's cudaDevAttrMaxSharedMemoryPerBlockOptin), from the static report's
+# per-SM table.
+SHARED_MEMORY_LIMITS = {cc: max_shared_memory_per_cta(cc) for cc in SM_LIMITS}
+DEFAULT_SHARED_MEMORY_LIMIT = 99 * 1024
+"""Where the device is unknown: the smallest limit of the GPUs above (sm_86/89/120), so a
+stage count chosen with it fits on every one of them."""
+
+ATTENTION_FEATURES = frozenset(f.name for f in dataclasses.fields(AttentionFeatures))
+"""Names of the attention options that change the kernels' code (`AttentionFeatures`)."""
+GROUPED_MATMUL_FEATURES = frozenset({"transpose_rhs", "accumulate", "group_offset"})
+"""Grouped matmul options; none changes its default config today."""
+OPS = ("attention", "grouped_matmul", "transposed_grouped_matmul")
+
+_DTYPES = ("float16", "bfloat16", "float32")
+# 8 warps once the larger tile holds 128 x 64 elements: such a tile is 64 fp32 registers
+# per thread at 4 warps, and the kernels keep two or three of them live (Q, O, or K, V,
+# dK, dV), which spills; at 8 warps a 128-row tile is also two Hopper warpgroups of m64.
+_EIGHT_WARP_TILE = 128 * 64
+
+
+def _dtype_name(dtype: object) -> str:
+    name = jnp.dtype(dtype).name
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {name}.")
+    return name
+
+
+def select_num_warps(q_block: int, kv_block: int, head_dim: int, dtype: object) -> int:
+    """Warps of an attention kernel whose tiles are `[q_block | kv_block, head_dim]`.
+
+    float32 (exact products on CUDA cores, no tensor cores) always takes 8: its tiles
+    are small and 8 warps share their registers (the kernels' float32 tables). 16-bit
+    inputs take 8 when the larger tile has at least 128 x 64 elements (head_dim padded to
+    a power of two), 4 below.
+    """
+    check_block(q_block, "q_block")
+    check_block(kv_block, "kv_block")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be an int >= 1, got {head_dim!r}.")
+    if _dtype_name(dtype) == "float32":
+        return 8
+    return 8 if max(q_block, kv_block) * block_d(head_dim) >= _EIGHT_WARP_TILE else 4
+
+
+def shared_memory_limit_for(compute_capability: int | None) -> int:
+    """Bytes of shared memory one program may use on `compute_capability`;
+    `DEFAULT_SHARED_MEMORY_LIMIT` where it is None or not in the table."""
+    return SHARED_MEMORY_LIMITS.get(compute_capability, DEFAULT_SHARED_MEMORY_LIMIT)
+
+
+def select_num_stages(
+    smem_bytes_per_stage: int, *, shared_memory_limit: int | None = None, max_stages: int = 4
+) -> int:
+    """Pipeline stages: as many stage buffers as fit in shared memory, in [1, max_stages].
+
+    Args:
+      smem_bytes_per_stage: bytes one stage buffers (the tiles a loop step streams in).
+      shared_memory_limit: bytes one program may use; None: the current device's limit
+        (`shared_memory_limit_for` its compute capability; the 99 KiB default on a
+        device without one, e.g. the CPU). Pass a budget below the hardware limit when
+        the kernel needs shared memory besides its stages.
+      max_stages: the upper bound (more stages rarely pay beyond hiding latency).
+    """
+    if isinstance(smem_bytes_per_stage, bool) or not isinstance(smem_bytes_per_stage, int):
+        raise TypeError(f"smem_bytes_per_stage must be an int, got {smem_bytes_per_stage!r}.")
+    if smem_bytes_per_stage < 1 or max_stages < 1:
+        raise ValueError(
+            f"smem_bytes_per_stage and max_stages must be >= 1, got {smem_bytes_per_stage} "
+            f"and {max_stages}."
+        )
+    if shared_memory_limit is None:
+        shared_memory_limit = shared_memory_limit_for(device_compute_capability())
+    return max(1, min(max_stages, shared_memory_limit // smem_bytes_per_stage))
+
+
+def _check_features(features: Collection[str], known: frozenset[str], op: str) -> None:
+    unknown = sorted(set(features) - known)
+    if unknown:
+        raise ValueError(f"{op}: unknown feature(s) {unknown}; known: {sorted(known)}.")
+
+
+def attention_features(features: AttentionFeatures | Collection[str] = ()) -> AttentionFeatures:
+    """`features` as `AttentionFeatures`: given as such, or as the names of the ones on
+    (a subset of `ATTENTION_FEATURES`, e.g. {"causal", "sinks"})."""
+    if isinstance(features, AttentionFeatures):
+        return features
+    if isinstance(features, str):  # a lone name would be read letter by letter
+        features = (features,)
+    _check_features(features, ATTENTION_FEATURES, "attention")
+    return AttentionFeatures(**dict.fromkeys(features, True))
+
+
+def default_attention_configs(
+    head_dim: int,
+    dtype: object,
+    compute_capability: int | None,
+    features: AttentionFeatures | Collection[str] = (),
+) -> AttentionConfigs:
+    """The complete default `AttentionConfigs` (the kernels' tables) of one problem."""
+    name, on = _dtype_name(dtype), attention_features(features)
+    return AttentionConfigs(
+        *(
+            default_attention_config(head_dim, name, compute_capability, kind, features=on)
+            for kind in KINDS
+        )
+    )
+
+
+def default_grouped_matmul_config(
+    shape: tuple[int, int, int],
+    dtype: object,
+    compute_capability: int | None,
+    transposed: bool = False,
+) -> GroupedMatmulConfig:
+    """The config `grouped_matmul` (`transposed_grouped_matmul` when `transposed`) runs
+    for `shape` = (m, k, n) without `tiling` or `config` arguments."""
+    make = tgmm_config if transposed else gmm_config
+    element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
+    return make(
+        *shape,
+        element_bytes=element_bytes,
+        compute_capability=compute_capability,
+        tiling=DEFAULT_TILING,
+    )
+
+
+def default_params(
+    op: str,
+    *,
+    compute_capability: int | None,
+    dtype: object,
+    head_dim: int | None = None,
+    shape: tuple[int, int, int] | None = None,
+    features: AttentionFeatures | Collection[str] = (),
+) -> tuple[FwdParams, BwdParams | None]:
+    """The default launch params of `op` as (forward, backward); backward is None for the
+    grouped matmuls, whose gradient matmuls run with the forward's config.
+
+    Args:
+      op: "attention", "grouped_matmul" or "transposed_grouped_matmul".
+      compute_capability: 80, 86, 89, 90, 100, ...; None: Triton's CPU interpreter.
+      dtype: float16, bfloat16 or float32 (the inputs').
+      head_dim: attention's head dimension (16..256).
+      shape: the grouped matmuls' (m, k, n) (see `gmm_config` / `tgmm_config`); the
+        default is the one `grouped_matmul` runs without `tiling` or `config` arguments.
+      features: the options the call uses. Attention: an `AttentionFeatures` or the
+        names of the ones on (`ATTENTION_FEATURES`), passed to the kernels' tables.
+        Grouped matmul: names from `GROUPED_MATMUL_FEATURES` (validated; none changes
+        the default config today).
+    """
+    if op == "attention":
+        if head_dim is None:
+            raise ValueError("default_params('attention') needs head_dim.")
+        configs = default_attention_configs(head_dim, dtype, compute_capability, features)
+        return (
+            FwdParams.from_attention_config(configs.forward),
+            BwdParams.from_attention_configs(configs.backward_dkdv, configs.backward_dq),
+        )
+    if op in ("grouped_matmul", "transposed_grouped_matmul"):
+        _check_features(features, GROUPED_MATMUL_FEATURES, op)
+        if shape is None or len(shape) != 3:
+            raise ValueError(f"default_params({op!r}) needs shape=(m, k, n), got {shape!r}.")
+        transposed = op == "transposed_grouped_matmul"
+        config = default_grouped_matmul_config(shape, dtype, compute_capability, transposed)
+        return FwdParams.from_grouped_matmul_config(config), None
+    raise ValueError(f"op must be one of {OPS}, got {op!r}.")
+
+
+# ------------------------------------------------------------------------- candidates
+
+# Tile rows (stationary, streamed) tried per attention kernel. The stationary tile is
+# the one a program owns (queries in the forward and dQ kernels, keys in dK/dV).
+_ATTENTION_TILES_16BIT = {
+    "forward": ((64, 128), (32, 64, 128)),
+    "backward_dkdv": ((64, 128), (16, 32, 64)),
+    "backward_dq": ((64, 128), (16, 32, 64)),
+}
+# float32 products run on CUDA cores: only small tiles avoid spilling (see the tables).
+_ATTENTION_TILES_FLOAT32 = ((16, 32), (16, 32))
+
+
+def _unique(items: list) -> list:
+    return list(dict.fromkeys(items))
+
+
+def attention_candidates(
+    kind: str,
+    *,
+    head_dim: int,
+    dtype: object,
+    compute_capability: int | None,
+    features: AttentionFeatures | Collection[str] = (),
+) -> list[FwdParams] | list[BwdParams]:
+    """Configs of one attention kernel to time, the default first.
+
+    `kind` "forward" gives `FwdParams`; "backward_dkdv" and "backward_dq" give
+    `BwdParams` that set only that kernel's fields (the other one keeps its default).
+    A grid of tiles, each with `select_num_warps` warps and two stage counts, the larger
+    one from `select_num_stages` for the tiles a loop step streams (two
+    `[rows, head_dim]` operands per stage) on `compute_capability`. The default is
+    the kernels' table entry for `features`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}")
+    name = _dtype_name(dtype)
+    itemsize = jnp.dtype(name).itemsize
+    if name == "float32":
+        stationary, streamed = _ATTENTION_TILES_FLOAT32
+    else:
+        stationary, streamed = _ATTENTION_TILES_16BIT[kind]
+    limit = shared_memory_limit_for(compute_capability)
+    default = default_attention_config(
+        head_dim, name, compute_capability, kind, features=attention_features(features)
+    )
+    configs = [(default.block_m, default.block_n, default.num_warps, default.num_stages)]
+    for rows in stationary:
+        for step in streamed:
+            q, kv = (step, rows) if kind == "backward_dkdv" else (rows, step)
+            stage_bytes = 2 * step * block_d(head_dim) * itemsize
+            most = select_num_stages(stage_bytes, shared_memory_limit=limit, max_stages=3)
+            warps = select_num_warps(q, kv, head_dim, name)
+            configs += [(q, kv, warps, stages) for stages in sorted({max(1, most - 1), most})]
+    return [_attention_params(kind, *config) for config in _unique(configs)]
+
+
+def _attention_params(kind: str, q: int, kv: int, warps: int, stages: int):
+    if kind == "forward":
+        return FwdParams(q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages)
+    if kind == "backward_dkdv":
+        return BwdParams(q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages)
+    return BwdParams(dq_q_blocksize=q, dq_kv_blocksize=kv, dq_num_warps=warps, dq_num_stages=stages)
+
+
+def grouped_matmul_candidates(
+    shape: tuple[int, int, int],
+    *,
+    dtype: object,
+    compute_capability: int | None,
+    transposed: bool = False,
+) -> list[FwdParams]:
+    """Configs of `gmm_kernel` (or `tgmm_kernel` when `transposed`) to time, the op's
+    default (`DEFAULT_TILING`) first: a grid of tilings, each completed by `gmm_config` /
+    `tgmm_config` (tiles shrunk to small dimensions, warps and stages from its
+    shared-memory budget)."""
+    element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
+    make = tgmm_config if transposed else gmm_config
+    step = 128 // element_bytes  # 128 bytes of each operand row per reduction step
+    rows, cols = (64, 128), (64, 128, 256)
+    if transposed:  # tgmm reduces over rows (tm is the step); a program owns [tk, tn]
+        tilings = [(s, tk, tn) for s in (step, 2 * step) for tk in rows for tn in cols]
+    else:
+        tilings = [(tm, s, tn) for tm in rows for s in (step, 2 * step) for tn in cols]
+    configs = [
+        make(*shape, element_bytes=element_bytes, compute_capability=compute_capability, tiling=t)
+        for t in (DEFAULT_TILING, *tilings)
+    ]
+    return [FwdParams.from_grouped_matmul_config(config) for config in _unique(configs)]

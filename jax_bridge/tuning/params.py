@@ -1,0 +1,255 @@
+"""Tunable launch parameters: `FwdParams` and `BwdParams`.
+
+A params object is a frozen (hashable) dataclass whose fields are all `int | None`:
+None means "the op's default decides", so a params object is a *partial* launch
+configuration that can be merged with another (`merge`: the override's set fields win)
+and stored as a small JSON dict (`to_dict` / `from_dict`). The conversions at the bottom
+turn params into the kernels' own, complete configs (`AttentionKernelConfig`,
+`GroupedMatmulConfig`), filling every unset field from a default config.
+
+Validation is the kernels' (`triton_kernels.config`): block sizes are powers of two
+>= 16, `num_warps` one of (1, 2, 4, 8, 16), `num_stages` an int >= 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Self
+
+from triton_kernels.config import NUM_WARPS, check_block
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+
+__all__ = ["BwdParams", "FwdParams", "attention_configs"]
+
+_ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize")
+_MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n")
+
+
+def _check_field(kind: str, name: str, value: Any) -> None:
+    """TypeError/ValueError naming `kind.name` unless `value` is None or valid for `name`."""
+    if value is None:
+        return
+    where = f"{kind}.{name}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where} must be an int or None, got {value!r}.")
+    if "blocksize" in name:
+        check_block(value, where)
+    elif name.endswith("num_warps") and value not in NUM_WARPS:
+        raise ValueError(f"{where} must be one of {NUM_WARPS} or None, got {value!r}.")
+    elif name.endswith("num_stages") and value < 1:
+        raise ValueError(f"{where} must be an int >= 1 or None, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Params:
+    """Validation, merge and dict conversion shared by `FwdParams` and `BwdParams`."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _check_field(type(self).__name__, field.name, getattr(self, field.name))
+
+    def __repr__(self) -> str:  # only the set fields: the rest is "the default decides"
+        fields = ", ".join(f"{name}={value}" for name, value in self.to_dict().items())
+        return f"{type(self).__name__}({fields})"
+
+    def merge(self, override: Self | None) -> Self:
+        """A copy in which every field `override` sets (not None) replaces this one's."""
+        if override is None:
+            return self
+        if type(override) is not type(self):
+            raise TypeError(
+                f"{type(self).__name__}.merge takes a {type(self).__name__}, "
+                f"got {type(override).__name__}."
+            )
+        return dataclasses.replace(self, **override.to_dict())
+
+    def to_dict(self) -> dict[str, int]:
+        """The set (non-None) fields by name, e.g. {"q_blocksize": 128, "num_warps": 8}."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
+        """The inverse of `to_dict`; ValueError naming unknown keys (validated as usual)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field(s) {unknown}; it has {sorted(known)}.")
+        return cls(**values)
+
+    def _pick(self, field: str, default: int) -> int:
+        value = getattr(self, field)
+        return default if value is None else value
+
+    def _refuse(self, fields: tuple[str, ...], target: str) -> None:
+        # A grouped-matmul tile in an attention conversion (or vice versa) is a mistake
+        # that would otherwise be ignored silently.
+        stray = [name for name in fields if getattr(self, name) is not None]
+        if stray:
+            raise ValueError(f"{type(self).__name__}: {stray} do not apply to {target}.")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class FwdParams(_Params):
+    """Launch parameters of a forward kernel; every field None = the default decides.
+
+    Attributes:
+      q_blocksize, kv_blocksize: attention's query and key tile rows (the forward
+        kernel's `block_m`, `block_n`).
+      blocksize_m, blocksize_k, blocksize_n: grouped matmul's tile (`block_m`, `block_k`,
+        `block_n` of `GroupedMatmulConfig`).
+      num_warps, num_stages: the launch's warps and software-pipeline stages.
+    """
+
+    q_blocksize: int | None = None
+    kv_blocksize: int | None = None
+    blocksize_m: int | None = None
+    blocksize_k: int | None = None
+    blocksize_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    @classmethod
+    def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
+        """Every field of the forward kernel's `config` as params."""
+        return cls(
+            q_blocksize=config.block_m,
+            kv_blocksize=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+
+    @classmethod
+    def from_grouped_matmul_config(cls, config: GroupedMatmulConfig) -> FwdParams:
+        """Every field of a grouped matmul `config` as params."""
+        return cls(
+            blocksize_m=config.block_m,
+            blocksize_k=config.block_k,
+            blocksize_n=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+
+    def to_attention_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
+        """The forward kernel's config: the set fields, the rest from `default`."""
+        self._refuse(_MATMUL_FIELDS, "attention")
+        return AttentionKernelConfig(
+            block_m=self._pick("q_blocksize", default.block_m),
+            block_n=self._pick("kv_blocksize", default.block_n),
+            num_warps=self._pick("num_warps", default.num_warps),
+            num_stages=self._pick("num_stages", default.num_stages),
+        )
+
+    def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
+        """A grouped matmul config: the set fields, the rest from `default`."""
+        self._refuse(_ATTENTION_FIELDS, "grouped matmul")
+        return GroupedMatmulConfig(
+            block_m=self._pick("blocksize_m", default.block_m),
+            block_k=self._pick("blocksize_k", default.block_k),
+            block_n=self._pick("blocksize_n", default.block_n),
+            num_warps=self._pick("num_warps", default.num_warps),
+            num_stages=self._pick("num_stages", default.num_stages),
+        )
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class BwdParams(_Params):
+    """Launch parameters of attention's two backward kernels; None = the default decides.
+
+    Attributes:
+      q_blocksize, kv_blocksize, num_warps, num_stages: the dK/dV kernel, which keeps a
+        key tile of `kv_blocksize` rows stationary and streams query tiles of
+        `q_blocksize` rows (its `block_m`, `block_n`).
+      dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
+        keeps a query tile stationary and streams key tiles (the forward's structure).
+    """
+
+    q_blocksize: int | None = None
+    kv_blocksize: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    dq_q_blocksize: int | None = None
+    dq_kv_blocksize: int | None = None
+    dq_num_warps: int | None = None
+    dq_num_stages: int | None = None
+
+    @classmethod
+    def from_fwd_params(cls, fwd: FwdParams) -> BwdParams:
+        """A starting point for the backward from forward params (a tuning seed).
+
+        The dQ kernel has the forward's structure (stationary query tile, streamed key
+        tiles), so it takes the forward's tiles as they are; the dK/dV kernel is the
+        mirror image (stationary key tile, streamed query tiles), so it takes them
+        swapped. Warps and stages carry over; unset fields stay unset. The backward holds
+        more tiles in registers than the forward, so check the result with the static
+        report (`static_report_prune`) before trusting it.
+        """
+        fwd._refuse(_MATMUL_FIELDS, "attention's backward")
+        return cls(
+            q_blocksize=fwd.kv_blocksize,
+            kv_blocksize=fwd.q_blocksize,
+            num_warps=fwd.num_warps,
+            num_stages=fwd.num_stages,
+            dq_q_blocksize=fwd.q_blocksize,
+            dq_kv_blocksize=fwd.kv_blocksize,
+            dq_num_warps=fwd.num_warps,
+            dq_num_stages=fwd.num_stages,
+        )
+
+    @classmethod
+    def from_attention_configs(
+        cls, dkdv: AttentionKernelConfig, dq: AttentionKernelConfig
+    ) -> BwdParams:
+        """Every field of the two backward kernels' configs as params."""
+        return cls(
+            q_blocksize=dkdv.block_m,
+            kv_blocksize=dkdv.block_n,
+            num_warps=dkdv.num_warps,
+            num_stages=dkdv.num_stages,
+            dq_q_blocksize=dq.block_m,
+            dq_kv_blocksize=dq.block_n,
+            dq_num_warps=dq.num_warps,
+            dq_num_stages=dq.num_stages,
+        )
+
+    def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
+        """The dK/dV kernel's config: the set fields, the rest from `default`."""
+        return AttentionKernelConfig(
+            block_m=self._pick("q_blocksize", default.block_m),
+            block_n=self._pick("kv_blocksize", default.block_n),
+            num_warps=self._pick("num_warps", default.num_warps),
+            num_stages=self._pick("num_stages", default.num_stages),
+        )
+
+    def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
+        """The dQ kernel's config: the set `dq_*` fields, the rest from `default`."""
+        return AttentionKernelConfig(
+            block_m=self._pick("dq_q_blocksize", default.block_m),
+            block_n=self._pick("dq_kv_blocksize", default.block_n),
+            num_warps=self._pick("dq_num_warps", default.num_warps),
+            num_stages=self._pick("dq_num_stages", default.num_stages),
+        )
+
+
+def attention_configs(
+    fwd: FwdParams | None, bwd: BwdParams | None, defaults: AttentionConfigs
+) -> AttentionConfigs:
+    """The `config=` of `varlen_attention`: the params' set fields over `defaults`.
+
+    Args:
+      fwd, bwd: the forward's and the backward kernels' params (None: all defaults).
+      defaults: a complete `AttentionConfigs` (no None field), e.g.
+        `jax_bridge.tuning.heuristics.default_attention_configs(...)`.
+    """
+    kinds = ("forward", "backward_dkdv", "backward_dq")
+    missing = [kind for kind in kinds if getattr(defaults, kind) is None]
+    if missing:
+        raise ValueError(f"attention_configs: defaults.{missing} must be set, got None.")
+    fwd, bwd = fwd or FwdParams(), bwd or BwdParams()
+    return AttentionConfigs(
+        forward=fwd.to_attention_config(defaults.forward),
+        backward_dkdv=bwd.to_dkdv_config(defaults.backward_dkdv),
+        backward_dq=bwd.to_dq_config(defaults.backward_dq),
+    )

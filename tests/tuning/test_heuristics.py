@@ -1,0 +1,248 @@
+"""Heuristics: warps and stages with real numbers; defaults and candidates are valid for
+every supported head_dim, dtype, GPU and feature set, and come from the kernels' tables."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jax_bridge.tuning.heuristics import (
+    ATTENTION_FEATURES,
+    DEFAULT_SHARED_MEMORY_LIMIT,
+    GROUPED_MATMUL_FEATURES,
+    attention_candidates,
+    attention_features,
+    default_attention_configs,
+    default_grouped_matmul_config,
+    default_params,
+    grouped_matmul_candidates,
+    select_num_stages,
+    select_num_warps,
+    shared_memory_limit_for,
+)
+from jax_bridge.tuning.params import BwdParams, FwdParams
+from triton_kernels.flash_attention.config import (
+    KINDS,
+    AttentionFeatures,
+    block_d,
+    default_attention_config,
+)
+from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config, tgmm_config
+
+DTYPES = ("float16", "bfloat16", "float32")
+CAPABILITIES = (None, 80, 86, 89, 90, 100)
+KIB = 1024
+
+
+@pytest.mark.parametrize(
+    "q_block, kv_block, head_dim, dtype, warps",
+    [
+        (128, 64, 64, jnp.bfloat16, 8),  # 128 x 64: two Hopper warpgroups of m64
+        (128, 64, 128, "float16", 8),
+        (16, 128, 128, "bfloat16", 8),  # dK/dV: the stationary key tile decides
+        (64, 32, 256, "bfloat16", 8),  # 64 x 256 elements
+        (128, 32, 32, "bfloat16", 4),  # 128 x 32 = 4096 elements
+        (64, 64, 64, "bfloat16", 4),
+        (16, 16, 16, "float16", 4),
+        (16, 16, 16, "float32", 8),  # exact fp32 products: 8 warps share small tiles
+        (32, 16, 256, jnp.float32, 8),
+    ],
+)
+def test_select_num_warps(q_block, kv_block, head_dim, dtype, warps):
+    assert select_num_warps(q_block, kv_block, head_dim, dtype) == warps
+
+
+def test_select_num_warps_agrees_with_the_hopper_16bit_tables():
+    for head_dim in (64, 128, 256):
+        for kind in KINDS:
+            config = default_attention_config(head_dim, "bfloat16", 90, kind)
+            warps = select_num_warps(config.block_m, config.block_n, head_dim, "bfloat16")
+            assert warps == config.num_warps, (head_dim, kind, config)
+
+
+@pytest.mark.parametrize(
+    "args, error, text",
+    [
+        ((48, 64, 64, "bfloat16"), ValueError, "q_block must be a power of two"),
+        ((64, 8, 64, "bfloat16"), ValueError, "kv_block must be a power of two"),
+        ((64, 64, 0, "bfloat16"), ValueError, "head_dim must be an int >= 1"),
+        ((64, 64, 64, "int8"), ValueError, "dtype must be one of"),
+    ],
+)
+def test_select_num_warps_refuses_bad_arguments(args, error, text):
+    with pytest.raises(error, match=text):
+        select_num_warps(*args)
+
+
+def test_select_num_stages():
+    # K and V tiles of 64 x 128 bf16 per stage: 32 KiB.
+    assert select_num_stages(32 * KIB, shared_memory_limit=99 * KIB) == 3
+    assert select_num_stages(32 * KIB, shared_memory_limit=227 * KIB) == 4  # max_stages
+    assert select_num_stages(32 * KIB, shared_memory_limit=227 * KIB, max_stages=6) == 6
+    assert select_num_stages(128 * KIB, shared_memory_limit=99 * KIB) == 1  # never 0
+    # No GPU here: the documented default, the smallest limit (sm_86/89), is used.
+    assert select_num_stages(32 * KIB) == DEFAULT_SHARED_MEMORY_LIMIT // (32 * KIB) == 3
+    with pytest.raises(ValueError, match="must be >= 1"):
+        select_num_stages(0)
+    with pytest.raises(TypeError, match="must be an int"):
+        select_num_stages(1.5)
+
+
+def test_shared_memory_limits():
+    assert shared_memory_limit_for(80) == 163 * KIB
+    assert shared_memory_limit_for(86) == shared_memory_limit_for(89) == 99 * KIB
+    assert shared_memory_limit_for(90) == 227 * KIB
+    assert shared_memory_limit_for(None) == shared_memory_limit_for(75) == 99 * KIB
+
+
+def test_attention_defaults_are_the_tables_for_every_head_dim_dtype_and_gpu():
+    for dtype in DTYPES:
+        for capability in CAPABILITIES:
+            for head_dim in range(16, 257):
+                fwd, bwd = default_params(
+                    "attention", compute_capability=capability, dtype=dtype, head_dim=head_dim
+                )
+                # Complete params: every field of the attention kernels is decided.
+                assert set(fwd.to_dict()) == {
+                    "q_blocksize",
+                    "kv_blocksize",
+                    "num_warps",
+                    "num_stages",
+                }
+                assert set(bwd.to_dict()) == {f.name for f in dataclasses.fields(BwdParams)}
+                table = default_attention_configs(head_dim, dtype, capability)
+                assert fwd == FwdParams.from_attention_config(table.forward)
+                assert bwd == BwdParams.from_attention_configs(
+                    table.backward_dkdv, table.backward_dq
+                )
+                for kind in KINDS:
+                    expected = default_attention_config(head_dim, dtype, capability, kind)
+                    assert getattr(table, kind) == expected
+
+
+@given(
+    st.sets(st.sampled_from(sorted(ATTENTION_FEATURES))),
+    st.integers(16, 256),
+    st.sampled_from(DTYPES),
+    st.sampled_from(CAPABILITIES),
+)
+def test_attention_defaults_for_every_feature_set(features, head_dim, dtype, capability):
+    fwd, bwd = default_params(
+        "attention",
+        compute_capability=capability,
+        dtype=dtype,
+        head_dim=head_dim,
+        features=features,
+    )
+    on = AttentionFeatures(**dict.fromkeys(features, True))
+    assert attention_features(features) == attention_features(on) == on
+    expected = default_attention_config(head_dim, dtype, capability, "forward", features=on)
+    assert (
+        fwd.to_attention_config(expected) == expected == FwdParams().to_attention_config(expected)
+    )
+    dkdv = default_attention_config(head_dim, dtype, capability, "backward_dkdv", features=on)
+    assert bwd.to_dkdv_config(dkdv) == dkdv
+
+
+@given(
+    st.tuples(st.integers(1, 20000), st.integers(1, 8192), st.integers(1, 8192)),
+    st.sampled_from(DTYPES),
+    st.sampled_from(CAPABILITIES),
+    st.sets(st.sampled_from(sorted(GROUPED_MATMUL_FEATURES))),
+)
+def test_grouped_matmul_defaults_are_what_the_op_runs(shape, dtype, capability, features):
+    itemsize = jnp.dtype(dtype).itemsize
+    for op, make in (("grouped_matmul", gmm_config), ("transposed_grouped_matmul", tgmm_config)):
+        fwd, bwd = default_params(
+            op, compute_capability=capability, dtype=dtype, shape=shape, features=features
+        )
+        assert bwd is None  # the gradient matmuls run with the forward's config
+        # `grouped_matmul` without tiling/config arguments uses DEFAULT_TILING.
+        expected = make(
+            *shape, element_bytes=itemsize, compute_capability=capability, tiling=DEFAULT_TILING
+        )
+        assert fwd == FwdParams.from_grouped_matmul_config(expected)
+        transposed = op == "transposed_grouped_matmul"
+        assert default_grouped_matmul_config(shape, dtype, capability, transposed) == expected
+
+
+def test_default_params_refuses_unknown_ops_features_and_missing_sizes():
+    with pytest.raises(ValueError, match="op must be one of"):
+        default_params("softmax", compute_capability=90, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"unknown feature\(s\) \['dropout'\]"):
+        default_params(
+            "attention", compute_capability=90, dtype="bfloat16", head_dim=64, features={"dropout"}
+        )
+    with pytest.raises(ValueError, match=r"unknown feature\(s\) \['causal'\]"):
+        default_params(
+            "grouped_matmul",
+            compute_capability=90,
+            dtype="bfloat16",
+            shape=(64, 64, 64),
+            features={"causal"},
+        )
+    with pytest.raises(ValueError, match="needs head_dim"):
+        default_params("attention", compute_capability=90, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"needs shape=\(m, k, n\)"):
+        default_params("grouped_matmul", compute_capability=90, dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        default_params("attention", compute_capability=90, dtype="float64", head_dim=64)
+
+
+_FIELDS = {
+    "forward": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages"},
+    "backward_dkdv": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages"},
+    "backward_dq": {"dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages"},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("capability", [80, 86, 90])
+def test_attention_candidates(kind, dtype, capability):
+    for head_dim in (16, 64, 80, 128, 256):
+        candidates = attention_candidates(
+            kind, head_dim=head_dim, dtype=dtype, compute_capability=capability
+        )
+        assert len(candidates) == len(set(candidates)) > 1
+        assert all(type(c) is (FwdParams if kind == "forward" else BwdParams) for c in candidates)
+        assert all(set(c.to_dict()) == _FIELDS[kind] for c in candidates)
+        default = default_attention_config(head_dim, dtype, capability, kind)
+        configs = [_to_config(kind, c, default) for c in candidates]
+        assert configs[0] == default  # the default first: it wins ties
+        limit = shared_memory_limit_for(capability)
+        for config in configs[1:]:
+            streamed = config.block_m if kind == "backward_dkdv" else config.block_n
+            stage = 2 * streamed * block_d(head_dim) * jnp.dtype(dtype).itemsize
+            assert config.num_stages == 1 or config.num_stages * stage <= limit, config
+
+
+def _to_config(kind, params, default):
+    if kind == "forward":
+        return params.to_attention_config(default)
+    if kind == "backward_dkdv":
+        return params.to_dkdv_config(default)
+    return params.to_dq_config(default)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_matmul_candidates(transposed, dtype):
+    for shape in ((8192, 2048, 1408), (96, 64, 128), (20, 16, 16)):
+        candidates = grouped_matmul_candidates(
+            shape, dtype=dtype, compute_capability=90, transposed=transposed
+        )
+        assert len(candidates) == len(set(candidates)) >= 1
+        default = default_grouped_matmul_config(shape, dtype, 90, transposed)
+        assert candidates[0] == FwdParams.from_grouped_matmul_config(default)
+        for candidate in candidates:
+            config = candidate.to_grouped_matmul_config(default)
+            # Tiles never exceed their dimension rounded up to a power of two (>= 16).
+            m, k, n = shape
+            assert config.block_n <= max(16, 1 << (n - 1).bit_length())
+            assert config.block_k <= max(16, 1 << (k - 1).bit_length())
+            assert config.block_m <= max(16, 1 << (m - 1).bit_length())
+    # A tiny problem shrinks every tiling to the same config: one candidate.
+    assert len(grouped_matmul_candidates((16, 16, 16), dtype=dtype, compute_capability=90)) == 1
