@@ -1,6 +1,8 @@
 """Runs the benchmark sections and prints one summary table: `python -m bench [options]`.
 
-    python -m bench [--quick | --full] [--only NAME ...] [--json PATH] [NAME ...]
+    python -m bench [--quick | --full] [--only NAME ...] [--json PATH] [--plot PATH] [NAME ...]
+    python -m bench report [ARGS ...]   # bench.kernel_report.main(ARGS)
+    python -m bench tune [ARGS ...]     # bench.tune.main(ARGS)
 
 Each section's `main()` prints its own lines and returns `BenchRow`s (bench/report.py); the
 rows are printed as one table at the end (stdout), while a progress bar over the sections
@@ -9,6 +11,12 @@ goals are printed as ratios against a baseline measured in the same run, and rep
 enforced. On a machine without a GPU, JAX is kept on the CPU (and the Triton kernels run
 through Triton's interpreter, at small sizes only). `--quick` (the default) keeps the CPU
 run to a few minutes; `--full` runs the larger sizes (`GMM_BENCH_FULL=1` does the same).
+`--plot PATH` draws time against sequence length (attention) and group count (grouped
+matmul) as a PNG (bench/plot.py; needs matplotlib, in the `test` extra).
+
+A first argument naming a subcommand (`report`, `tune`) hands the rest of the command line
+to that module's `main(argv)`. Subcommands are recognised only in first position and no
+section shares a subcommand's name, so `python -m bench host_layer` is never one.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -38,22 +47,33 @@ SECTIONS = (
     "expert_parallel",
     "ring_attention",
 )
+# Subcommand -> the module whose `main(argv)` runs it, imported only when asked for (the
+# modules are optional: a checkout without one says so instead of failing at start-up).
+SUBCOMMANDS = {"report": "bench.kernel_report", "tune": "bench.tune"}
+assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcommand's name"
 
 
-def _prefer_cpu_without_gpu() -> None:
+def _prefer_cpu_without_gpu(*, fake_devices: bool = True) -> None:
+    """Without an NVIDIA GPU keeps JAX on the CPU (an explicit JAX_PLATFORMS wins) and, with
+    `fake_devices`, asks XLA for 8 host devices. Must run before JAX is imported."""
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         # Eight host devices for the mesh sections (ring attention, expert parallelism);
         # they share the CPU's cores, so those rows measure overhead, not speed-up.
         flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_force_host_platform_device_count" not in flags:
+        if fake_devices and "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__.split("\n")[0] if __doc__ else None
+        prog="python -m bench",
+        description=__doc__.split("\n")[0] if __doc__ else None,
+        epilog="subcommands (first argument): "
+        + "; ".join(
+            f"{name} [ARGS ...] runs {module}.main(ARGS)" for name, module in SUBCOMMANDS.items()
+        ),
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes (the default)")
@@ -62,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         "--only", nargs="+", action="extend", default=[], metavar="NAME", help="sections to run"
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every row as JSON")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="draw time vs sequence length / group count as a PNG (needs matplotlib)",
+    )
     parser.add_argument("sections", nargs="*", metavar="NAME", help="same as --only")
     return parser
 
@@ -73,7 +99,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     chosen = [*args.only, *args.sections]
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        hint = [f"'{n}' is a subcommand: put it first" for n in unknown if n in SUBCOMMANDS]
+        parser.error(
+            f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}"
+            + "".join(f" ({h})" for h in hint)
+        )
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        # Fail before minutes of benchmarks, not after them.
+        parser.error(
+            "--plot needs matplotlib: pip install -e '.[test]' (or pip install matplotlib)"
+        )
     args.chosen = list(dict.fromkeys(chosen)) or list(SECTIONS)
     return args
 
@@ -96,20 +131,57 @@ def _progress(names: Sequence[str]) -> Iterator[tqdm]:
         yield bar
 
 
-def run_sections(names: Sequence[str]) -> list[BenchRow]:
-    """Runs each section in turn under the progress bar; returns all their rows."""
+def run_sections(names: Sequence[str]) -> tuple[list[BenchRow], dict[str, float]]:
+    """Runs each section in turn under the progress bar; returns all their rows and each
+    section's wall time in seconds (import included)."""
     rows: list[BenchRow] = []
+    seconds: dict[str, float] = {}
     with _progress(names) as bar:
         for name in names:
             bar.set_postfix_str(name)
             print(f"\n## {name}")
+            start = time.perf_counter()
             rows += importlib.import_module(f"bench.{name}").main()
+            seconds[name] = time.perf_counter() - start
+            print(f"({name}: {seconds[name]:.1f} s)")
             bar.update()
-    return rows
+    return rows, seconds
+
+
+def run_subcommand(name: str, argv: Sequence[str]) -> int:
+    """Imports `SUBCOMMANDS[name]` and returns its `main(argv)`'s exit status (None -> 0).
+
+    A missing module is reported on stderr with status 2; an import error inside an
+    existing module is not hidden (it is re-raised)."""
+    module_name = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        print(
+            f"python -m bench {name}: this checkout has no {module_name} module "
+            f"({module_name.replace('.', '/')}.py), so `{name}` is not available",
+            file=sys.stderr,
+        )
+        return 2
+    status = module.main(list(argv))
+    return 0 if status is None else int(status)
+
+
+def _plot(path: Path, rows: Sequence[BenchRow]) -> None:
+    from bench.plot import plot_rows  # matplotlib is imported only when asked for
+
+    plotted = plot_rows(rows, path)
+    print(f"wrote {path} ({plotted} series)")
 
 
 def main(argv: Sequence[str]) -> None:
-    """The command line: run, print the summary table, write JSON, exit 1 on a failed check."""
+    """The command line: run, print the summary table, write JSON / PNG, exit 1 on a failed
+    check; or hand the command line to a subcommand."""
+    if argv and argv[0] in SUBCOMMANDS:
+        _prefer_cpu_without_gpu(fake_devices=False)
+        raise SystemExit(run_subcommand(argv[0], argv[1:]))
     args = parse_args(argv)
     mode = _apply_size(args)
     _prefer_cpu_without_gpu()
@@ -118,14 +190,17 @@ def main(argv: Sequence[str]) -> None:
     start = time.perf_counter()
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {jax.default_backend()} ({device}), {mode} sizes")
-    rows = run_sections(args.chosen)
+    rows, section_s = run_sections(args.chosen)
     wall = time.perf_counter() - start
     print(f"\n## summary ({mode} sizes, base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ntotal wall time {wall:.1f} s")
     if args.json is not None:
         flags = {"mode": mode, "sections": args.chosen, "json": str(args.json)}
-        write_json(args.json, rows, machine_description(flags), wall)
+        flags |= {"plot": str(args.plot)} if args.plot is not None else {}
+        write_json(args.json, rows, machine_description(flags), wall, section_s)
         print(f"wrote {args.json}")
+    if args.plot is not None:
+        _plot(args.plot, rows)
     failures = [f"{row.section}: {row.op} {row.shape}" for row in rows if row.ok is False]
     if failures:
         raise SystemExit("failed checks:\n  " + "\n  ".join(failures))

@@ -1,11 +1,13 @@
 """CPU benchmark: blockwise varlen attention (implementation="xla") vs dense masked attention.
 
-8192 packed tokens in 16 documents of 512, causal, 2 heads of 64 (float32). The dense
-baseline is `jax.nn.dot_product_attention` over the whole packed axis with the equivalent
-block-diagonal causal mask, i.e. a [8192, 8192] score matrix per head; the varlen path
-only visits the key blocks inside each document's causal range. Reported: median wall
-times (jit, after a warm-up) of the forward and of forward+backward, their ratio, the
-FLOP ratio, and the largest difference between the two results.
+16 packed documents of 128, 256 and 512 tokens (2048 to 8192 tokens), causal, 2 heads of
+64 (float32). The dense baseline is `jax.nn.dot_product_attention` over the whole packed
+axis with the equivalent block-diagonal causal mask, i.e. a [tokens, tokens] score matrix
+per head; the varlen path only visits the key blocks inside each document's causal range.
+Reported: median wall times (jit, after a warm-up) of the forward and of forward+backward,
+their ratio, the FLOP ratio, and the largest difference between the two results, per
+document length. The rows carry the useful FLOPs (allowed causal entries only;
+bench/report.py) and the document length as `params["seq_len"]` for `--plot`.
 
 Run through `python -m bench attention`, which keeps JAX on the CPU when there is no GPU
 (`JAX_PLATFORMS=cpu python -m bench.attention` runs this section alone).
@@ -24,36 +26,39 @@ from bench.timing import repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
 NUM_DOCS = 16
-DOC_LEN = 512
+DOC_LENS = (128, 256, 512)  # per-document sequence lengths, one table block each
 NUM_HEADS = 2  # the dense baseline holds several [heads, 8192, 8192] f32 arrays
 HEAD_DIM = 64
 REPEATS = 3
+TOLERANCE = 1e-4  # max abs error / max abs value, float32 (summation order only)
+FWD_BWD_FLOP_FACTOR = 3.5  # bench/report.py: the backward counts 2.5x the forward
 
 
-def _inputs():
-    total = NUM_DOCS * DOC_LEN
+def _inputs(doc_len: int):
+    """q, k, v [NUM_DOCS * doc_len, NUM_HEADS, HEAD_DIM] f32, cu_seqlens int32 [NUM_DOCS + 1]
+    and the dense baseline's bool mask [tokens, tokens]."""
+    total = NUM_DOCS * doc_len
     rng = np.random.default_rng(0)
     q, k, v = (
         jnp.asarray(rng.standard_normal((total, NUM_HEADS, HEAD_DIM)), jnp.float32)
         for _ in range(3)
     )
-    cu_seqlens = jnp.arange(NUM_DOCS + 1, dtype=jnp.int32) * DOC_LEN
-    doc = np.arange(total) // DOC_LEN
+    cu_seqlens = jnp.arange(NUM_DOCS + 1, dtype=jnp.int32) * doc_len
+    doc = np.arange(total) // doc_len
     pos = np.arange(total)
     # Block-diagonal causal mask: same document and key not after query.
     mask = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
     return q, k, v, cu_seqlens, jnp.asarray(mask)
 
 
-def main() -> list[BenchRow]:
-    """Prints the table; returns the forward and forward+backward rows (baseline: dense)."""
-    total = NUM_DOCS * DOC_LEN
-    print(
-        f'Varlen attention (implementation="xla") vs dense masked attention\n'
-        f"{jax.default_backend()}: {total} tokens in {NUM_DOCS} documents of {DOC_LEN}, causal, "
-        f"{NUM_HEADS} heads x {HEAD_DIM}, float32, median of {REPEATS}"
-    )
-    q, k, v, cu_seqlens, mask = _inputs()
+def forward_flops(doc_len: int) -> float:
+    """Useful forward FLOPs: 4 * HEAD_DIM per allowed (query, key) entry and head (QK^T and
+    PV); a causal document of L tokens allows L (L + 1) / 2 entries."""
+    return 4.0 * HEAD_DIM * NUM_HEADS * NUM_DOCS * doc_len * (doc_len + 1) / 2
+
+
+def _functions(q: jax.Array, cu_seqlens: jax.Array, mask: jax.Array) -> dict:
+    """{label: (ours, dense baseline)}, jitted: forward, and forward + backward (vjp)."""
 
     def varlen(q, k, v):
         return varlen_attention(q, k, v, cu_seqlens, cu_seqlens, causal=True, implementation="xla")
@@ -72,32 +77,36 @@ def main() -> list[BenchRow]:
 
         return jax.jit(run)
 
-    varlen_fwd, dense_fwd = jax.jit(varlen), jax.jit(dense)
-    varlen_bwd, dense_bwd = with_grads(varlen), with_grads(dense)
+    return {
+        "forward": (jax.jit(varlen), jax.jit(dense)),
+        "fwd+bwd": (with_grads(varlen), with_grads(dense)),
+    }
 
-    # Matmul FLOPs (QK^T and PV): dense covers T^2 pairs per head; varlen covers each
-    # document's L^2 pairs (its key-block loop stops at the causal edge, so it does
-    # roughly half of that plus the diagonal blocks).
-    flop_ratio = total**2 / (NUM_DOCS * DOC_LEN**2)
-    causal_ratio = total**2 / (NUM_DOCS * DOC_LEN * (DOC_LEN + 1) / 2)
 
-    rows = []
-    for label, ours, baseline in (
-        ("forward", varlen_fwd, dense_fwd),
-        ("fwd+bwd", varlen_bwd, dense_bwd),
-    ):
+def _bench_size(doc_len: int) -> list[BenchRow]:
+    """Prints one block of the table; returns its forward and forward+backward rows."""
+    total = NUM_DOCS * doc_len
+    q, k, v, cu_seqlens, mask = _inputs(doc_len)
+    timed = {}
+    for label, (ours, baseline) in _functions(q, cu_seqlens, mask).items():
         t_ours, result = repeat_seconds(ours, q, k, v, repeats=REPEATS)
         t_dense, reference = repeat_seconds(baseline, q, k, v, repeats=REPEATS)
-        rows.append((label, t_ours, t_dense))
+        timed[label] = (t_ours, t_dense)
     # The last pair of results is forward+backward: (out, (dq, dk, dv)) each.
     (out, (dq, dk, dv)), (ref, (rdq, rdk, rdv)) = result, reference
 
+    print(f"{total} tokens in {NUM_DOCS} documents of {doc_len}:")
     print(f"{'':18s} {'varlen xla':>12s} {'dense masked':>13s} {'time ratio':>11s}")
-    for label, times_ours, times_dense in rows:
+    for label, (times_ours, times_dense) in timed.items():
         t_ours, t_dense = statistics.median(times_ours), statistics.median(times_dense)
         print(
             f"{label:18s} {t_ours * 1e3:10.1f}ms {t_dense * 1e3:11.1f}ms {t_dense / t_ours:10.1f}x"
         )
+    # Matmul FLOPs (QK^T and PV): dense covers T^2 pairs per head; varlen covers each
+    # document's L^2 pairs (its key-block loop stops at the causal edge, so it does
+    # roughly half of that plus the diagonal blocks).
+    flop_ratio = total**2 / (NUM_DOCS * doc_len**2)
+    causal_ratio = total**2 / (NUM_DOCS * doc_len * (doc_len + 1) / 2)
     print(
         f"FLOP ratio dense/varlen: {flop_ratio:.1f}x per-document blocks "
         f"({causal_ratio:.1f}x counting only the causal triangles)"
@@ -107,11 +116,15 @@ def main() -> list[BenchRow]:
         name: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
         for name, a, b in (("out", out, ref), ("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv))
     }
-    worst = max(errors.values())
-    status = "OK" if worst < 1e-4 else "MISMATCH"
+    ok = max(errors.values()) < TOLERANCE
     details = ", ".join(f"{name} {err:.1e}" for name, err in errors.items())
-    print(f"correctness vs dense (max abs error / max abs value): {details} -> {status}")
-    shape = f"{NUM_DOCS}x{DOC_LEN} tok h{NUM_HEADS} d{HEAD_DIM} causal f32"
+    print(
+        f"correctness vs dense (max abs error / max abs value): {details} -> "
+        f"{'OK' if ok else 'MISMATCH'}"
+    )
+    shape = f"{NUM_DOCS}x{doc_len} tok h{NUM_HEADS} d{HEAD_DIM} causal f32"
+    flops = {"forward": forward_flops(doc_len)}
+    flops["fwd+bwd"] = FWD_BWD_FLOP_FACTOR * flops["forward"]
     return [
         BenchRow(
             "attention",
@@ -121,10 +134,23 @@ def main() -> list[BenchRow]:
             times_ours,
             "jax.nn.dot_product_attention",
             times_dense,
-            status == "OK",
+            ok,
+            flops=flops[label],
+            params={"seq_len": doc_len, "num_docs": NUM_DOCS, "total_tokens": total},
         )
-        for label, times_ours, times_dense in rows
+        for label, (times_ours, times_dense) in timed.items()
     ]
+
+
+def main() -> list[BenchRow]:
+    """Prints the table; returns the forward and forward+backward rows of every document
+    length (baseline: dense)."""
+    print(
+        f'Varlen attention (implementation="xla") vs dense masked attention\n'
+        f"{jax.default_backend()}: {NUM_DOCS} documents of {', '.join(map(str, DOC_LENS))} "
+        f"tokens, causal, {NUM_HEADS} heads x {HEAD_DIM}, float32, median of {REPEATS}"
+    )
+    return [row for doc_len in DOC_LENS for row in _bench_size(doc_len)]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ speed-up. This module never sets XLA_FLAGS (JAX may already be running): with fe
 2 devices the sharded rows are skipped, with a note and a row that says so. Quick by
 default (a few seconds); GMM_BENCH_FULL=1 runs 8192 tokens.
 
+Rows carry the block's useful FLOPs (`block_flops`: router and the two expert matmuls of
+the routed copies, forward + backward = 3x the forward), the same for every dispatch.
+
 Run with `python -m bench expert_parallel`, or with fake devices:
 XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m bench.expert_parallel
 """
@@ -62,6 +65,15 @@ def dense_moe(x: jax.Array, params: MoEParams, top_k: int) -> jax.Array:
     h = jax.nn.gelu(jnp.einsum("th,ehf->etf", x, params.w_up, precision=highest))
     y = jnp.einsum("etf,efh->eth", h, params.w_down, precision=highest)
     return jnp.einsum("te,eth->th", gates, y, precision=highest)
+
+
+def block_flops(tokens: int) -> float:
+    """Useful FLOPs of one forward + backward of the block: the router matmul (2 T h E) and,
+    per routed copy (T k of them), the up and down matmuls (2 h f each); the backward is
+    twice the forward (input and weight gradients). The dense baseline's extra experts and
+    the elementwise work do not count."""
+    forward = 2.0 * tokens * HIDDEN * EXPERTS + tokens * TOP_K * 2 * (2.0 * HIDDEN * FFN)
+    return 3 * forward
 
 
 def _loss_grad(block: Callable) -> Callable:
@@ -138,7 +150,7 @@ def _methods(devices: int) -> dict[str, Callable]:
     return {name: _loss_grad(block) for name, block in methods.items()}
 
 
-def _row(timed: dict, name: str, baseline: str, shape: str, backend: str) -> BenchRow:
+def _row(timed: dict, name: str, baseline: str, shape: str, backend: str, tokens: int) -> BenchRow:
     """`name` against `baseline` (times), checked against the baseline's gradients."""
     error = _relative_difference(timed[name][1], timed[baseline][1])
     print(
@@ -154,6 +166,8 @@ def _row(timed: dict, name: str, baseline: str, shape: str, backend: str) -> Ben
         {"dense": "dense all-experts MoE", "single": "single device"}[baseline],
         timed[baseline][0],
         error < RELATIVE_TOLERANCE,
+        flops=block_flops(tokens),
+        params={"tokens": tokens, "num_experts": EXPERTS, "top_k": TOP_K},
     )
 
 
@@ -167,17 +181,26 @@ def main() -> list[BenchRow]:
     devices = _shard_count(len(jax.devices()))
     print(f"expert_parallel: MoE block fwd+bwd, {shape}, {len(jax.devices())} device(s)")
     timed = _interleaved(_methods(devices), (x, params), repeats=5)
-    rows = [_row(timed, "single", "dense", shape, "cpu xla")]
+    rows = [_row(timed, "single", "dense", shape, "cpu xla", tokens)]
     if devices < 2:
         print(
             f"  expert-sharded rows skipped: {len(jax.devices())} device(s); set XLA_FLAGS="
             "--xla_force_host_platform_device_count=8 before JAX starts to run them"
         )
         return [*rows, BenchRow(SECTION, "moe expert-parallel fwd+bwd", shape, "skipped: 1 device")]
-    rows.append(_row(timed, "replicated", "single", f"{shape} D{devices}", "cpu xla replicated"))
+    rows.append(
+        _row(timed, "replicated", "single", f"{shape} D{devices}", "cpu xla replicated", tokens)
+    )
     traffic = _traffic(tokens, devices)
     rows.append(
-        _row(timed, "all_to_all", "single", f"{shape} D{devices} {traffic}", "cpu xla all_to_all")
+        _row(
+            timed,
+            "all_to_all",
+            "single",
+            f"{shape} D{devices} {traffic}",
+            "cpu xla all_to_all",
+            tokens,
+        )
     )
     return rows
 

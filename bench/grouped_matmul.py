@@ -3,7 +3,7 @@
 CPU: our XLA path (`grouped_matmul(implementation="xla")`, the tile loop of
 `jax_bridge.grouped_matmul.xla`) against `jax.lax.ragged_dot` and against a dense
 per-group loop (one jitted `lhs[rows] @ rhs[g]` per group, sizes static): 8192 tokens
-over 64 and over 8 experts, float32; times are medians. XLA's CPU backend runs
+over 64, 16 and 8 experts, float32; times are medians. XLA's CPU backend runs
 `ragged_dot` as a dense product per group (num_groups times the FLOPs), so it is timed
 with one repeat only, and at the issue's k=2048, n=1408 (GMM_BENCH_FULL=1, several
 minutes) only forward. By default k and n are cut to 512 and 352 (same tokens, experts
@@ -11,6 +11,9 @@ and aspect).
 
 GPU (when present): TFLOP/s of the Triton kernels against `jax.lax.ragged_dot` at the
 full shape in bfloat16.
+
+Rows carry the useful FLOPs (2 m k n forward over the m routed rows, 3x that forward +
+backward; bench/report.py) and `params["num_groups"]` for `python -m bench --plot`.
 
 Run with `python -m bench grouped_matmul` (GMM_BENCH_FULL=1 for the full CPU shape).
 """
@@ -31,7 +34,8 @@ from jax_bridge.grouped_matmul.api import grouped_matmul
 
 M, K, N, GROUPS = 8192, 2048, 1408, 64
 CPU_K, CPU_N = 512, 352
-CPU_GROUPS = (64, 8)
+CPU_GROUPS = (64, 16, 8)  # three group counts: time against groups in --plot
+FWD_BWD_FLOP_FACTOR = 3  # the backward is two products of the forward's size (dlhs, drhs)
 # float32 results of ours and of the dense loop differ by summation order only.
 RELATIVE_TOLERANCE = 1e-5
 
@@ -42,6 +46,17 @@ def _group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
     weights = rng.dirichlet(np.full(groups, 0.7))
     weights[rng.choice(groups, size=groups // 16, replace=False)] = 0.0
     return rng.multinomial(m, weights / weights.sum()).astype(np.int32)
+
+
+def useful_flops(sizes: np.ndarray, k: int, n: int) -> float:
+    """Forward FLOPs of the rows routed to a group: 2 k n each (rows past sum(sizes) and
+    empty groups do no useful work)."""
+    return 2.0 * int(sizes.sum()) * k * n
+
+
+def _params(sizes: np.ndarray, k: int, n: int) -> dict[str, int]:
+    """The row's sizes for plots (Python ints: JSON-ready)."""
+    return {"num_groups": len(sizes), "m": int(sizes.sum()), "k": k, "n": n}
 
 
 def _seconds(fn: Callable, *args, repeats: int) -> tuple[float, tuple[float, ...], object]:
@@ -138,6 +153,7 @@ def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[BenchRow]:
             f"max |ours - dense loop| / max |dense loop| = {error:.1e}"
         )
         shape = f"m{m} k{k} n{n} G{groups} f32"
+        flops = useful_flops(sizes, k, n) * (1 if label == "forward" else FWD_BWD_FLOP_FACTOR)
         rows += [
             BenchRow(
                 "grouped_matmul",
@@ -148,6 +164,8 @@ def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[BenchRow]:
                 baseline,
                 timed[name][3],
                 error < RELATIVE_TOLERANCE,
+                flops=flops,
+                params=_params(sizes, k, n),
             )
             for name, baseline in (
                 ("dense loop", "per-group jnp.dot"),
@@ -170,7 +188,8 @@ def _relative_difference(results: dict[str, tuple]) -> float:
 
 def _gpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
     """Prints TFLOP/s of the Triton kernels and ragged_dot; returns one row per pass."""
-    sizes = jnp.asarray(_group_sizes(m, groups))
+    host_sizes = _group_sizes(m, groups)
+    sizes = jnp.asarray(host_sizes)
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal((groups, k, n), np.float32) / np.sqrt(k), jnp.bfloat16)
@@ -180,10 +199,11 @@ def _gpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
             a, b, sizes, preferred_element_type=jnp.float32
         ),
     }
-    flops = 2 * m * k * n
+    flops = useful_flops(host_sizes, k, n)
     print(f"grouped_matmul GPU bfloat16: m={m} k={k} n={n}, {groups} groups")
     rows = []
-    for label, make, work in (("forward", jax.jit, flops), ("fwd+bwd", _loss_grad, 3 * flops)):
+    passes = (("forward", jax.jit, flops), ("fwd+bwd", _loss_grad, FWD_BWD_FLOP_FACTOR * flops))
+    for label, make, work in passes:
         tflops, times = {}, {}
         for name, f in methods.items():
             _, times[name], _ = _seconds(make(f), lhs, rhs, repeats=20)
@@ -201,6 +221,8 @@ def _gpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
                 times["ours (triton)"],
                 "ragged_dot",
                 times["ragged_dot"],
+                flops=work,
+                params=_params(host_sizes, k, n),
             )
         )
     return rows

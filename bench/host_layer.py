@@ -3,7 +3,8 @@
 64 documents with random lengths summing to 131072 tokens. Every function runs under
 ``jax.jit`` with static sizes; the table shows the median wall time of a few calls after a
 compile warm-up, and whether the result equals a numpy loop over documents (the baseline,
-timed alike).
+timed alike). Each row's `bytes` is what the op must read and write (its inputs plus its
+output): the summary's throughput column is that over the median time.
 
 Run: ``python -m bench.host_layer`` (``python -m bench`` calls :func:`main`).
 """
@@ -62,10 +63,12 @@ def reference_token_indices(lengths: np.ndarray) -> np.ndarray:
 
 
 def reference_chunk_indices(lengths: np.ndarray, chunk_size: int, num_chunks: int) -> np.ndarray:
-    out = np.full((num_chunks, 2), -1, np.int64)
+    """[num_chunks, 2] (document, chunk) rows, then -1 rows; more rows than `num_chunks`
+    when the chunks do not fit (the comparison then fails on the shape)."""
+    counts = -(-lengths.astype(np.int64) // chunk_size)
+    out = np.full((max(num_chunks, int(counts.sum())), 2), -1, np.int64)
     row = 0
-    for doc, n in enumerate(lengths):
-        count = -(-int(n) // chunk_size)
+    for doc, count in enumerate(counts):
         out[row : row + count] = np.stack([np.full(count, doc), np.arange(count)], axis=1)
         row += count
     return out
@@ -87,7 +90,10 @@ def build_cases(config: HostLayerBenchConfig) -> list[BenchCase]:
     packed = rng.standard_normal((total, config.feature_dim)).astype(np.float32)
     padded = reference_padded(packed, cu, max_len)
     valid = np.arange(max_len)[None, :] < lengths[:, None]
-    num_chunks = -(-total // chunk) + config.num_docs  # the documented static bound
+    # The library's static row count (its documented bound), read from its output shape.
+    num_chunks = jax.eval_shape(
+        functools.partial(prepare_chunk_indices, chunk_size=chunk, total_tokens=total), cu
+    ).shape[0]
     static_tokens = {"total_tokens": total}
     return [
         BenchCase(
@@ -160,10 +166,24 @@ def main() -> list[BenchRow]:
         print(f"{case.name:<30} {shape:<18} {median * 1e3:>10.3f}  {'ok' if ok else 'MISMATCH'}")
         rows.append(
             BenchRow(
-                "host_layer", case.name, shape, f"{backend} jit", times, "numpy", numpy_times, ok
+                "host_layer",
+                case.name,
+                shape,
+                f"{backend} jit",
+                times,
+                "numpy",
+                numpy_times,
+                ok,
+                bytes=io_bytes(case.args, out),
+                params={"total_tokens": config.total_tokens, "num_docs": config.num_docs},
             )
         )
     return rows
+
+
+def io_bytes(args: tuple[Any, ...], out: Any) -> float:
+    """Bytes an op must move at least: every input read once, its output written once."""
+    return float(sum(np.asarray(a).nbytes for a in args) + np.asarray(out).nbytes)
 
 
 def _time_numpy(reference: Callable[[], np.ndarray], repeats: int) -> tuple[tuple[float, ...], Any]:

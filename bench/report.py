@@ -2,6 +2,18 @@
 
 Every section returns its rows; `python -m bench` prints them as one table at the end and,
 with ``--json PATH``, writes them with a description of the machine they were measured on.
+
+Throughput conventions (a row's `flops` / `bytes` are the useful work of ONE timed call,
+so `throughput` = work / median time; the baseline does the same useful work):
+
+* attention: only allowed (unmasked) score entries count, 4 * head_dim FLOPs each per
+  query head for the forward (QK^T and PV, 2 * head_dim each); forward + backward counts
+  3.5x the forward (the backward's five matmuls, QK^T recomputed, are 2.5x the forward:
+  FlashAttention's benchmark convention);
+* grouped matmul: 2 * m * k * n for the forward (m = rows routed to a group), 3x that for
+  forward + backward (dlhs and drhs are one such product each);
+* memory-bound ops (host layer, segment masks, mask processing, softmax): `bytes` = the
+  bytes the op must read plus write (its inputs and outputs), not its internal traffic.
 """
 
 from __future__ import annotations
@@ -18,7 +30,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("op", "shape", "backend", "median (min-max)", "baseline", "baseline time", "base/ours")
+COLUMNS = (
+    "op",
+    "shape",
+    "backend",
+    "median (min-max)",
+    "throughput",
+    "baseline",
+    "baseline time",
+    "base/ours",
+)
+_RIGHT_ALIGNED = {3, 4, 6, 7}  # the figures' columns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +49,9 @@ class BenchRow:
 
     `times` and `baseline_times` hold every timed repeat in seconds (after warm-up); either
     may be empty for a row that is a check only. `ok` is None where nothing was checked.
+    `flops` / `bytes`: the useful work of one call (module docstring), None where no such
+    count means anything; `throughput` prefers FLOP/s when both are given. `params`: the
+    row's sizes as numbers for plots, e.g. {"seq_len": 512} or {"num_groups": 64}.
     """
 
     section: str
@@ -37,6 +62,9 @@ class BenchRow:
     baseline: str = ""
     baseline_times: tuple[float, ...] = ()
     ok: bool | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def median_s(self) -> float | None:
@@ -54,6 +82,25 @@ class BenchRow:
         return self.baseline_s / self.median_s
 
     @property
+    def flop_per_s(self) -> float | None:
+        """Useful FLOP per second of our median call."""
+        return _rate(self.flops, self.median_s)
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """Useful bytes per second of our median call."""
+        return _rate(self.bytes, self.median_s)
+
+    @property
+    def throughput(self) -> str:
+        """'1.23 TFLOP/s', '850 MB/s', or '-' where the row has no work count or time."""
+        if self.flop_per_s is not None:
+            return format_rate(self.flop_per_s, "FLOP/s")
+        if self.bytes_per_s is not None:
+            return format_rate(self.bytes_per_s, "B/s")
+        return "-"
+
+    @property
     def check(self) -> str:
         return {None: "-", True: "ok", False: "FAIL"}[self.ok]
 
@@ -68,8 +115,40 @@ class BenchRow:
             "baseline_s": self.baseline_s,
             "ratio": self.ratio,
             "check": self.check,
+            "flop_per_s": self.flop_per_s,
+            "bytes_per_s": self.bytes_per_s,
+            "baseline_flop_per_s": _rate(self.flops, self.baseline_s),
+            "baseline_bytes_per_s": _rate(self.bytes, self.baseline_s),
+            "throughput": self.throughput,
         }
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchRow:
+        """The row back from `as_dict`'s output (derived figures are recomputed)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kept = {key: value for key, value in data.items() if key in fields}
+        kept["times"] = tuple(kept.get("times", ()))
+        kept["baseline_times"] = tuple(kept.get("baseline_times", ()))
+        return cls(**kept)
+
+
+def _rate(work: float | None, seconds: float | None) -> float | None:
+    if work is None or not seconds:
+        return None
+    return work / seconds
+
+
+_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+
+
+def format_rate(per_second: float, unit: str) -> str:
+    """A rate with the SI prefix that keeps the number in [1, 1000): '12.3 GFLOP/s',
+    '1.2 TFLOP/s', '850 MB/s' (decimal prefixes, as hardware peak figures are quoted)."""
+    # 999.7e6 rounds to "1 G", not "1000 M": a prefix applies from 999.5 of the one below.
+    scale, prefix = next(((s, p) for s, p in _PREFIXES if per_second >= s * 0.9995), _PREFIXES[-1])
+    value = per_second / scale
+    return f"{value:.3g} {prefix}{unit}" if value < 100 else f"{value:.0f} {prefix}{unit}"
 
 
 def _unit(seconds: float) -> tuple[float, str]:
@@ -108,6 +187,7 @@ def _cells(row: BenchRow) -> tuple[str, ...]:
         row.shape,
         row.backend,
         format_spread(row.times),
+        row.throughput,
         row.baseline or "-",
         format_seconds(row.baseline_s),
         ratio,
@@ -120,11 +200,10 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     header = (*COLUMNS, "check")
     body = [_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    right = {3, 5, 6}
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            c.rjust(w) if i in right else c.ljust(w)
+            c.rjust(w) if i in _RIGHT_ALIGNED else c.ljust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
@@ -161,9 +240,33 @@ def machine_description(flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_json(
-    path: Path, rows: Sequence[BenchRow], machine: dict[str, Any], wall_s: float
+    path: Path,
+    rows: Sequence[BenchRow],
+    machine: dict[str, Any],
+    wall_s: float,
+    section_s: dict[str, float] | None = None,
 ) -> None:
-    """Writes {"machine", "wall_s", "rows"} to `path` (parent folders created)."""
+    """Writes {"machine", "wall_s", "section_s", "rows"} to `path` (parent folders created).
+
+    `section_s`: each section's wall time in seconds, in the order they ran.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"machine": machine, "wall_s": wall_s, "rows": [r.as_dict() for r in rows]}
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    document = {
+        "machine": machine,
+        "wall_s": wall_s,
+        "section_s": section_s or {},
+        "rows": [r.as_dict() for r in rows],
+    }
+    path.write_text(json.dumps(document, indent=2, default=_json_scalar) + "\n")
+
+
+def read_json(path: Path) -> list[BenchRow]:
+    """The rows of a file `write_json` wrote."""
+    return [BenchRow.from_dict(row) for row in json.loads(path.read_text())["rows"]]
+
+
+def _json_scalar(value: Any) -> Any:
+    """numpy scalars (in `params`) as Python numbers; anything else is an error."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable: {value!r}")

@@ -37,6 +37,10 @@ forward + backward, and at R = 2 the contiguous forward only; bytes and balance 
 reported for every R. GMM_BENCH_FULL=1 (or `--full`) uses seq 4096 and times every R
 and both layouts in both directions (many minutes on a CPU).
 
+Timed rows carry the useful FLOPs of the whole sequence (`_Bench.forward_flops`: allowed
+causal entries only, 4 * head_dim per entry and query head; forward + backward 3.5x; the
+conventions of bench/report.py); every row carries `params` {"seq_len", "ring_size"}.
+
 Run with `python -m bench ring_attention`, or with fake devices:
 XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m bench.ring_attention [--full]
 """
@@ -75,6 +79,7 @@ LAYOUTS = ("contiguous", "load_balanced")
 OUTPUT_TOLERANCE = 1e-4  # max abs difference (outputs are O(1))
 GRAD_TOLERANCE = 1e-4  # max abs difference / max |reference gradient|
 KIB = 2**10
+FWD_BWD_FLOP_FACTOR = 3.5  # bench/report.py: the backward counts 2.5x the forward
 
 
 # ------------------------------------------------------------------------- inputs
@@ -284,6 +289,8 @@ class _Bench:
         self.seq, self.repeats = seq, repeats
         self.q, self.k, self.v, self.ids = _inputs(seq)
         self.allowed = allowed_mask(np.asarray(self.ids))
+        # Useful forward FLOPs: QK^T and PV (2 * HEAD_DIM each) per allowed entry and q head.
+        self.forward_flops = 4.0 * HEAD_DIM * Q_HEADS * int(self.allowed.sum())
 
         def fwd(q, k, v, ids):
             return flash_attention(q, k, v, q_segment_ids=ids, causal=True, implementation="xla")
@@ -374,6 +381,7 @@ def _print_bytes(seq: int, sizes: list[int]) -> list[BenchRow]:
                 if r > 1
                 else "no hops",
                 baseline=f"AG {_kib(b['gather'])} | RS {_kib(b['scatter'])}",
+                params={"seq_len": seq, "ring_size": r},
             )
         )
     print(
@@ -426,6 +434,7 @@ def _balance_row(seq: int, r: int, case: str, allowed: np.ndarray, stats: dict) 
         f"contig {cells[0]}",
         baseline=f"balanced {cells[1]}",
         ok=ok,
+        params={"seq_len": seq, "ring_size": r},
     )
 
 
@@ -466,6 +475,8 @@ def _timed_rows(bench: _Bench, ring_size: int, plan: dict, stats: dict) -> list[
                     baseline="all-gather dense",
                     baseline_times=base["times"],
                     ok=ok,
+                    flops=bench.forward_flops * (FWD_BWD_FLOP_FACTOR if grad else 1),
+                    params={"seq_len": bench.seq, "ring_size": ring_size},
                 )
             )
     return rows

@@ -2,7 +2,8 @@
 
 Run alone with `JAX_PLATFORMS=cpu python -m bench.segment_masks`; `python -m bench` calls
 `main()`. The goal is stated for this repo's 2-core CPU machine; the device is whatever JAX
-picks, so set JAX_PLATFORMS to compare like with like.
+picks, so set JAX_PLATFORMS to compare like with like. Rows carry `bytes`: the mask read
+plus the output written (memory-bound ops: the throughput column is bytes per second).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def main() -> list[BenchRow]:
     to_ids = jax.jit(mask_to_segment_ids)
     check = jax.jit(is_segment_mask)
 
-    ids_times, _ = repeat_seconds(to_ids, mask, repeats=REPEATS)
-    check_times, _ = repeat_seconds(check, mask, repeats=REPEATS)
+    ids_times, ids = repeat_seconds(to_ids, mask, repeats=REPEATS)
+    check_times, verdict_out = repeat_seconds(check, mask, repeats=REPEATS)
     ids_seconds, check_seconds = statistics.median(ids_times), statistics.median(check_times)
     rebuilt = np.asarray(segment_ids_to_mask(to_ids(mask)))
     round_trip_ok = bool(np.array_equal(rebuilt, np.asarray(mask))) and bool(check(mask))
@@ -51,9 +52,25 @@ def main() -> list[BenchRow]:
     print(f"is_segment_mask     {what}: median {check_seconds:.3f} s")
     print(f"segment mask round trip: {'ok' if round_trip_ok else 'FAILED'}")
     shape, backend = f"{MASK_SIZE}x{MASK_SIZE} bool", f"{jax.default_backend()} jit"
+    # Bytes read and written: the bool mask in, the ids (a pair of int32 [size]) or one bool out.
+    moved = {
+        "mask_to_segment_ids": mask.nbytes
+        + sum(np.asarray(a).nbytes for a in jax.tree.leaves(ids)),
+        "is_segment_mask": mask.nbytes + np.asarray(verdict_out).nbytes,
+    }
+    timings = (("mask_to_segment_ids", ids_times), ("is_segment_mask", check_times))
     return [
-        BenchRow("segment_masks", name, shape, backend, times, ok=round_trip_ok)
-        for name, times in (("mask_to_segment_ids", ids_times), ("is_segment_mask", check_times))
+        BenchRow(
+            "segment_masks",
+            name,
+            shape,
+            backend,
+            times,
+            ok=round_trip_ok,
+            bytes=float(moved[name]),
+            params={"mask_size": MASK_SIZE},
+        )
+        for name, times in timings
     ]
 
 

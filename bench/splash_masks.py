@@ -13,6 +13,9 @@ blocks against its goal of 1 s.
 Every row is checked: against JAX's MaskInfo where JAX ran (block_mask equal, data_next
 equal on non-empty blocks), else by counting non-empty blocks against a count derived
 independently from the mask's rule at block granularity.
+
+Rows carry `bytes`: the MaskInfo arrays ours writes (its input is a rule, not an array,
+so the output is all the memory it must move): throughput is MaskInfo bytes per second.
 """
 
 from __future__ import annotations
@@ -230,6 +233,8 @@ def bench_case(case: Case, is_dkv: bool, planner: JaxPlanner) -> tuple[BenchRow,
         baseline,
         theirs_times,
         ok,
+        bytes=float(info_bytes(info)),
+        params={"seq_len": case.size, "block": case.block},
     )
     theirs_time = format_seconds(theirs_times[0]) if theirs_times else skip
     line = (
@@ -252,6 +257,7 @@ def goal_row() -> tuple[BenchRow, str]:
     row = BenchRow(
         "splash_masks", "process_mask causal", shape, BACKEND, times,
         f"goal {GOAL_SECONDS:.0f} s", (GOAL_SECONDS,), ok,
+        bytes=float(info_bytes(info)), params={"seq_len": case.size, "block": case.block},
     )  # fmt: skip
     return row, line
 

@@ -114,9 +114,7 @@ def ctas_per_sm(
 ) -> int:
     """Resident CTAs per SM, the smallest of what registers, shared memory, warps and the
     CTA limit allow (sm_90's tables for an unknown capability)."""
-    reg_limit, smem_limit, warp_limit, cta_limit = SM_LIMITS.get(
-        compute_capability, SM_LIMITS[90]
-    )
+    reg_limit, smem_limit, warp_limit, cta_limit = SM_LIMITS.get(compute_capability, SM_LIMITS[90])
     unit = _REGISTER_ALLOCATION_UNIT
     regs_per_warp = -(-max(registers, 1) * 32 // unit) * unit
     by_registers = reg_limit // (regs_per_warp * num_warps)
