@@ -233,3 +233,24 @@ def test_a_subcommand_name_as_a_section_is_an_error(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["--only", "report"])
     assert "'report' is a subcommand: put it first" in capsys.readouterr().err
+
+
+def test_kernel_report_lists_every_kernel_with_the_proxy(tmp_path: Path, capsys) -> None:
+    """`python -m bench report` at one architecture and head_dim: one row per catalog
+    kernel, the proxy on every tensor-core kernel, nothing flagged at d=64 (the target
+    applies to d=128), and the JSON carries every column and the grid sizes."""
+    from bench import kernel_report
+    from triton_kernels.catalog import default_variants
+
+    path = tmp_path / "report.json"
+    kernel_report.main(["--arch", "90", "--head-dim", "64", "--json", str(path)])
+    assert "no kernel flagged" in capsys.readouterr().out
+    document = json.loads(path.read_text())
+    rows = document["rows"]
+    assert [r["kernel"] for r in rows] == [v.name for v in default_variants(90, (64,))]
+    for row in rows:
+        assert row["spill_bytes"] == 0 and row["flags"] == []
+        if row["kernel"] != "attention_backward_preprocess":
+            assert row["mma_kind"] == "HGMMA" and row["instructions_per_mflop"] > 0
+    grid = document["grid"]
+    assert grid["real_tiles"] <= grid["grid_now"] < grid["grid_before"]
