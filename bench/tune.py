@@ -56,16 +56,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _kernel_report(variant: Any, compute_capability: int) -> Any:
     """The static report of a `triton_kernels.catalog` variant (compiled offline)."""
-    from jax_bridge.launch.report import static_kernel_report
+    from jax_bridge.launch.report import variant_report
 
-    return static_kernel_report(
-        variant.kernel,
-        variant.signature,
-        variant.constexprs,
-        compute_capability=compute_capability,
-        num_warps=variant.num_warps,
-        num_stages=variant.num_stages,
-    )
+    return variant_report(variant, compute_capability)
 
 
 def attention_report_fn(
