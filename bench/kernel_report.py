@@ -42,7 +42,8 @@ def _flags(report: Any, name: str, head_dim: int | None) -> list[str]:
         flags.append("SPILL")
     if report.exceeds_shared_memory:
         flags.append("SMEM")
-    if report.compute_capability >= 90 and report.uses_mma and not report.uses_wgmma:
+    # Warpgroup MMA exists on sm_90 only (Blackwell has tcgen05, sm_120 mma.sync).
+    if report.compute_capability == 90 and report.uses_mma and not report.uses_wgmma:
         flags.append("NO-HGMMA")
     proxy = report.instructions_per_mflop
     if (
@@ -53,6 +54,14 @@ def _flags(report: Any, name: str, head_dim: int | None) -> list[str]:
     ):
         flags.append("OVER-TARGET")
     return flags
+
+
+def _mma_kind(report: Any, counted: int) -> str:
+    if report.uses_wgmma:
+        return "HGMMA"
+    if counted:
+        return "HMMA"
+    return "tcgen05" if report.uses_mma else "-"
 
 
 def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str, Any]]:
@@ -80,7 +89,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
                     "shared_memory_bytes": report.shared_memory_bytes,
                     "ctas_per_sm": report.ctas_per_sm,
                     "mma_instructions": mma,
-                    "mma_kind": "HGMMA" if report.uses_wgmma else ("HMMA" if mma else "-"),
+                    "mma_kind": _mma_kind(report, mma),
                     "loop_instructions": loop.instructions if loop else None,
                     "loop_mma_flops": loop.mma_flops if loop else None,
                     "instructions_per_mflop": None if proxy is None else round(proxy, 1),
@@ -142,12 +151,39 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     }
 
 
+def _head_dim(text: str) -> int:
+    value = int(text)
+    if not 16 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"head_dim must be in [16, 256], got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench report", description=__doc__.split("\n")[0] if __doc__ else None
+        prog="python -m bench report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], metavar="CC")
-    parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], metavar="D")
+    from jax_bridge.launch.report import SM_LIMITS
+
+    parser.add_argument(
+        "--arch",
+        type=int,
+        nargs="+",
+        default=[80, 90],
+        choices=sorted(SM_LIMITS),
+        metavar="CC",
+        help=f"compute capabilities to compile for, of {sorted(SM_LIMITS)} (default: 80 90); "
+        "sm_100's tcgen05 MMAs carry no shape, so it gets no instr/MFLOP",
+    )
+    parser.add_argument(
+        "--head-dim",
+        type=_head_dim,
+        nargs="+",
+        default=[64, 128],
+        metavar="D",
+        help="attention head dims, 16..256 (default: 64 128)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every row as JSON")
     return parser
 

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--arch",
         type=int,
-        choices=(80, 86, 89, 90, 100),
+        choices=(80, 86, 89, 90, 100, 120),
         help="--dry-run's compile target (default: the GPU's, else 90)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per candidate")

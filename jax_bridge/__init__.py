@@ -79,7 +79,12 @@ from jax_bridge.tuning.autotune import (
 )
 from jax_bridge.tuning.cache import TuningCache
 from jax_bridge.tuning.device import device_fingerprint, get_device_platform
-from jax_bridge.tuning.heuristics import default_params, select_num_stages, select_num_warps
+from jax_bridge.tuning.heuristics import (
+    default_attention_configs,
+    default_params,
+    select_num_stages,
+    select_num_warps,
+)
 from jax_bridge.tuning.keys import abstractify, short_hash, stable_json
 from jax_bridge.tuning.params import BwdParams, FwdParams, attention_configs
 from triton_kernels.config import KernelConfig
@@ -119,6 +124,7 @@ __all__ = [
     "chunk_array",
     "chunk_bound",
     "cuda_lowering",
+    "default_attention_configs",
     "default_params",
     "device_fingerprint",
     "expert_parallel_moe_feed_forward",

@@ -211,9 +211,12 @@ def assert_allclose(
     if nan_mismatch.any():  # the worst of all: report the first one
         flat = int(np.argmax(nan_mismatch))
     else:  # the element furthest past its tolerance (an infinite error included)
+        # Ranked by error over tolerance, then by the error itself: with a zero tolerance
+        # every ratio is inf, and the largest error must still win.
         with np.errstate(divide="ignore", invalid="ignore"):
             excess = np.where(failing, np.nan_to_num(error / allowed, nan=np.inf), -np.inf)
-        flat = int(np.argmax(excess))
+            size = np.where(failing, np.nan_to_num(error, nan=np.inf), -np.inf)
+        flat = int(np.lexsort((size.ravel(), excess.ravel()))[-1])
     worst = np.unravel_index(flat, a.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
         relative = error[worst] / np.abs(e[worst])

@@ -173,6 +173,16 @@ def test_assert_allclose_reports_the_worst_element():
     assert message.endswith("layer 3 output")
 
 
+def test_with_zero_tolerance_the_largest_error_is_the_worst():
+    """Every failing ratio error / tolerance is inf at rtol = atol = 0: the tie goes to
+    the largest error."""
+    rng = np.random.default_rng(2)
+    expected = rng.standard_normal(7)
+    actual = expected + np.array([0.1, 0, 4.0, 0, 0.2, 0, 0])
+    with pytest.raises(AssertionError, match=r"worst at index \(2,\)"):
+        assert_allclose(actual, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("nan_in", ["actual", "expected"])
 def test_assert_allclose_fails_on_nan_against_a_number(nan_in):
     values = np.arange(6.0).reshape(2, 3)

@@ -68,6 +68,7 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 _HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
 _HMMA_SHAPE = re.compile(r"HMMA\.(16)(8)(16|8|4)")
+_TCGEN05_MMA = re.compile(r"UTC\w*MMA")
 
 
 def _mma_flops(opcode: str, num_warps: int) -> int:
@@ -84,29 +85,34 @@ def _mma_flops(opcode: str, num_warps: int) -> int:
 def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
     """The cheapest innermost loop of `sass` (cuobjdump output) that does tensor-core work.
 
-    A loop is a backward branch and its target; innermost means it holds no other loop.
-    Kernels here keep a masked copy of their main loop for the tiles at the mask's edges;
-    it does the same matmuls plus the mask, so the cheapest loop with MMAs is the unmasked
-    one. None when no loop holds an MMA.
+    A loop is a branch target and the last backward branch to it (a loop may have several
+    back-edges); innermost means it holds no other loop with MMAs (a loop of its own,
+    e.g. a wait, inside it does not disqualify it). Kernels here keep a masked copy of
+    their main loop for the tiles at the mask's edges; it does the same matmuls plus the
+    mask, so the cheapest loop with MMAs is the unmasked one. None when no loop holds an
+    MMA.
     """
     body = [(int(a, 16), op, rest) for a, op, rest in _INSTRUCTION.findall(sass)]
-    loops = []
+    ends: dict[int, int] = {}  # loop head -> its last back-edge
     for address, opcode, rest in body:
         target = _BRANCH_TARGET.search(rest) if opcode.startswith("BRA") else None
         if target and int(target.group(1), 16) < address:  # a self-branch is no loop
-            loops.append((int(target.group(1), 16), address))
-    inner = [
-        (lo, hi)
-        for lo, hi in loops
-        if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)
-    ]
+            head = int(target.group(1), 16)
+            ends[head] = max(ends.get(head, address), address)
     found = []
-    for lo, hi in inner:
+    for lo, hi in ends.items():
         ops = [op for address, op, _ in body if lo <= address <= hi]
         flops = sum(_mma_flops(op, num_warps) for op in ops)
         if flops:
             found.append(InnerLoop(lo, hi, len(ops), flops))
-    return min(found, key=lambda loop: loop.instructions, default=None)
+    inner = [
+        loop
+        for loop in found
+        if not any(
+            loop.start <= other.start and other.end <= loop.end and other != loop for other in found
+        )
+    ]
+    return min(inner, key=lambda loop: loop.instructions, default=None)
 
 
 def ctas_per_sm(
@@ -295,7 +301,9 @@ def static_kernel_report(
         num_stages=num_stages,
         shared_memory_bytes=int(compiled.metadata.shared),
         uses_wgmma="wgmma" in compiled.asm["ptx"] or opcodes["HGMMA"] > 0,
-        uses_mma=opcodes["HMMA"] + opcodes["HGMMA"] > 0,
+        # Blackwell's tcgen05 MMAs (UTCHMMA, ...) carry no shape in the opcode: they count
+        # as tensor-core use, but no loop FLOPs (no throughput proxy on sm_100).
+        uses_mma=any(op in ("HMMA", "HGMMA") or _TCGEN05_MMA.match(op) for op in opcodes),
         sass_opcodes=types.MappingProxyType(dict(opcodes)),
         inner_loop=innermost_mma_loop(sass, num_warps),
         **statistics,

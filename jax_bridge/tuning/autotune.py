@@ -141,7 +141,14 @@ def autotune(
         detail = "; ".join(f"{c}: {why}" for c, why in reasons.items())
         raise RuntimeError(f"autotune({op!r}): every candidate was pruned or failed: {detail}")
     best = min(times, key=times.__getitem__)  # min keeps the first of equal times
-    cache.put(op, device, key_args, best.to_dict(), times[best])
+    try:
+        cache.put(op, device, key_args, best.to_dict(), times[best])
+    except OSError as err:  # the measurement stands even where it cannot be stored
+        warnings.warn(
+            f"autotune({op!r}): could not store the winner in {cache.path} ({err}); "
+            "returning it uncached.",
+            stacklevel=2,
+        )
     return TuneResult(
         best=best,
         times=types.MappingProxyType(times),

@@ -19,7 +19,9 @@ Invariants:
   read-modify-write also holds an exclusive `flock` on `tuning.json.lock`, so concurrent
   writers lose no entry; without them the last writer's entry is kept.
 * A file that is not ours (no marker, another format or version) is never overwritten:
-  `put` warns and stores nothing. A corrupt one carrying our marker is replaced.
+  `put` warns and stores nothing. One that is not JSON (or not UTF-8) is corrupt: `put`
+  replaces it, with a warning. An invalid entry in our file is dropped alone; the other
+  entries are kept.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class TuningCache:
         object.__setattr__(self, "path", path)
 
     def _warn(self, problem: str, action: str) -> None:
-        warnings.warn(f"tuning cache {self.path}: {problem}; {action}.", stacklevel=3)
+        warnings.warn(f"tuning cache {self.path}: {problem}; {action}", stacklevel=4)
 
     def _read(self) -> tuple[dict[str, dict], bool, str | None]:
         """(the valid entries, whether `put` may replace the file, what is wrong with
@@ -112,8 +114,13 @@ class TuningCache:
         entries = data.get("entries")
         if not isinstance(entries, dict):
             return {}, True, "'entries' is not an object"
-        problem = next(filter(None, map(_entry_problem, entries.values())), None)
-        return ({}, True, problem) if problem else (entries, True, None)
+        # A bad entry (hand-edited, or written by a bug) costs only itself.
+        bad = {key: p for key, e in entries.items() if (p := _entry_problem(e)) is not None}
+        if bad:
+            key, problem = next(iter(bad.items()))
+            valid = {k: e for k, e in entries.items() if k not in bad}
+            return valid, True, f"{len(bad)} invalid entr(ies) dropped, e.g. {key}: {problem}"
+        return entries, True, None
 
     def _entries(self) -> dict[str, dict]:
         entries, _, problem = self._read()

@@ -127,6 +127,8 @@ def select_num_stages(
 
 
 def _check_features(features: Collection[str], known: frozenset[str], op: str) -> None:
+    if isinstance(features, str):  # a lone name would be read letter by letter
+        features = (features,)
     unknown = sorted(set(features) - known)
     if unknown:
         raise ValueError(f"{op}: unknown feature(s) {unknown}; known: {sorted(known)}.")

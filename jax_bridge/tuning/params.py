@@ -243,6 +243,17 @@ def attention_configs(
       defaults: a complete `AttentionConfigs` (no None field), e.g.
         `jax_bridge.tuning.heuristics.default_attention_configs(...)`.
     """
+    for name, value, kind in (("fwd", fwd, FwdParams), ("bwd", bwd, BwdParams)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(
+                f"attention_configs: {name} must be a {kind.__name__} or None, "
+                f"got {type(value).__name__}."
+            )
+    if not isinstance(defaults, AttentionConfigs):
+        raise TypeError(
+            "attention_configs: defaults must be an AttentionConfigs, "
+            f"got {type(defaults).__name__}."
+        )
     kinds = ("forward", "backward_dkdv", "backward_dq")
     missing = [kind for kind in kinds if getattr(defaults, kind) is None]
     if missing:

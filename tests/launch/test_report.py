@@ -87,6 +87,23 @@ def test_finder_prefers_the_innermost_and_cheapest_mma_loop():
     assert innermost_mma_loop(_listing("HMMA.16816.F32 R4, R8, R12, R4", "EXIT"), 4) is None
 
 
+def test_a_loop_is_its_head_to_its_last_back_edge():
+    """Two back-edges to one head (a `continue`) make one loop, and a loop without MMAs
+    inside an MMA loop (a wait) does not hide the MMA loop."""
+    sass = _listing(
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24",  # 0x00: loop head
+        "@P0 BRA 0x0",  # 0x10: early back-edge
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24",
+        "SYNCS.PHASECHK.TRANS64 P1, [UR4], R2",  # 0x30: a wait loop inside
+        "@!P1 BRA 0x30",
+        "@P2 BRA 0x0",  # 0x50: last back-edge
+        "EXIT",
+    )
+    loop = innermost_mma_loop(sass, num_warps=4)
+    assert (loop.start, loop.end, loop.instructions) == (0x0, 0x50, 6)
+    assert loop.mma_flops == 2 * (2 * 64 * 64 * 16)
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [

@@ -88,6 +88,19 @@ def test_the_fastest_candidate_wins_and_is_stored(cache):
     assert entry["params"] == B.to_dict() and entry["time_s"] == 1 / 1024
 
 
+def test_a_cache_that_cannot_be_written_costs_the_entry_not_the_result(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cache = TuningCache(blocker / "tuning.json")  # its parent is a regular file
+    clock = Clock()
+    with pytest.warns(UserWarning, match="could not store the winner"):
+        result = autotune(
+            "op", fake_build(clock, {A: 2 / 1024, B: 1 / 1024}), ARGS, [A, B],
+            cache=cache, timer=clock,
+        )  # fmt: skip
+    assert result.best == B and not result.from_cache
+
+
 def test_median_of_the_repeats_and_the_warm_up_is_not_timed():
     clock = Clock()
     costs = {A: [100.0, 5.0, 1.0, 2.0, 3.0, 100.0], B: [0.0, 2.5, 2.5, 2.5, 2.5, 2.5]}

@@ -144,6 +144,20 @@ def test_nothing_in_the_file_is_executed(isolated_cache, monkeypatch):
     assert not (isolated_cache.parent / "pwned").exists()
 
 
+def test_one_bad_entry_costs_only_itself(isolated_cache):
+    cache = TuningCache()
+    kept = cache.put("grouped_matmul.fwd", "gpu-x", ARGS, PARAMS, 0.001)
+    spoiled = cache.put("grouped_matmul.bwd", "gpu-x", ARGS, PARAMS, 0.002)
+    document = json.loads(isolated_cache.read_text())
+    document["entries"][spoiled]["time_s"] = "fast"
+    isolated_cache.write_text(json.dumps(document))
+    with pytest.warns(UserWarning, match=r"1 invalid entr\(ies\) dropped.*time_s"):
+        assert list(cache.entries()) == [kept]
+    with pytest.warns(UserWarning, match="time_s"):
+        third = cache.put("grouped_matmul.fwd_bwd", "gpu-x", ARGS, PARAMS, 0.003)
+    assert sorted(TuningCache().entries()) == sorted([kept, third])
+
+
 def test_put_refuses_an_invalid_entry():
     with pytest.raises(ValueError, match="params field 'num_warps' is not an int"):
         TuningCache().put("op", "dev", ARGS, {"num_warps": 8.0}, 1.0)

@@ -246,3 +246,15 @@ def test_grouped_matmul_candidates(transposed, dtype):
             assert config.block_m <= max(16, 1 << (m - 1).bit_length())
     # A tiny problem shrinks every tiling to the same config: one candidate.
     assert len(grouped_matmul_candidates((16, 16, 16), dtype=dtype, compute_capability=90)) == 1
+
+
+def test_a_lone_feature_name_is_one_feature_not_its_letters():
+    one = dict(compute_capability=90, dtype="bfloat16")
+    gmm = dict(one, shape=(64, 64, 64))
+    assert default_params("grouped_matmul", features="accumulate", **gmm) == default_params(
+        "grouped_matmul", features={"accumulate"}, **gmm
+    )
+    attention = dict(one, head_dim=64)
+    assert default_params("attention", features="causal", **attention) == default_params(
+        "attention", features={"causal"}, **attention
+    )

@@ -164,3 +164,13 @@ def test_attention_configs_fill_each_kernel_from_its_default():
     assert configs.backward_dq == AttentionKernelConfig(128, 64, num_warps=4, num_stages=2)
     with pytest.raises(ValueError, match=r"defaults\.\['backward_dq'\] must be set"):
         attention_configs(None, None, AttentionConfigs(defaults.forward, defaults.backward_dkdv))
+
+
+def test_attention_configs_names_a_swapped_or_wrong_argument():
+    from jax_bridge.tuning.heuristics import default_attention_configs
+
+    defaults = default_attention_configs(64, "bfloat16", 90, ())
+    with pytest.raises(TypeError, match="attention_configs: fwd must be a FwdParams"):
+        attention_configs(BwdParams(), FwdParams(), defaults)
+    with pytest.raises(TypeError, match="attention_configs: defaults must be an AttentionConfigs"):
+        attention_configs(None, None, {"forward": None})

@@ -142,8 +142,8 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
 # matmul work. `python -m bench report` (bf16, causal, d=128, sm_90), warp-instructions
 # of the inner loop per MFLOP: forward 694 -> 527, dQ 610 -> 417. With a soft cap, ALiBi
 # and a left window these tiles spill at d=128, so heavy calls keep the tables above.
-# sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. sm_86/89 keep
-# the tables above (their 99 KiB of shared memory).
+# sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. Other
+# architectures keep the tables above.
 _HOPPER_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
@@ -152,6 +152,11 @@ _AMPERE_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2)},
 }
+# Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
+_LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
+# sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
+# 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
+_BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
@@ -196,11 +201,15 @@ def default_attention_config(
     tile_d = max(64, block_d(head_dim))
     if dtype_name == "float32":
         return AttentionKernelConfig(*_FLOAT32[kind][tile_d])
-    hopper = compute_capability >= 90
+    # sm_90 and sm_100 (datacenter, 227 KiB of shared memory) take the Hopper tables; sm_120
+    # (consumer Blackwell: mma.sync and 99 KiB, like sm_86/89) the Ampere ones.
+    hopper = 90 <= compute_capability < 120
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
-    if compute_capability in (86, 89):
+    if compute_capability in (86, 89) or compute_capability >= 120:
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif not features.register_heavy:
-        light = _HOPPER_16BIT_LIGHT if hopper else _AMPERE_16BIT_LIGHT
+    elif compute_capability >= 100:
+        config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
+    elif compute_capability in _LIGHT_TABLES and not features.register_heavy:
+        light = _LIGHT_TABLES[compute_capability]
         config = light.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)
