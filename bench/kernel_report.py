@@ -56,10 +56,10 @@ def _flags(report: Any, name: str, head_dim: int | None) -> list[str]:
     return flags
 
 
-def _mma_kind(report: Any, counted: int) -> str:
+def _mma_kind(report: Any) -> str:
     if report.uses_wgmma:
         return "HGMMA"
-    if counted:
+    if report.sass_opcodes.get("HMMA", 0):
         return "HMMA"
     return "tcgen05" if report.uses_mma else "-"
 
@@ -73,7 +73,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
     for arch in archs:
         for variant in default_variants(arch, tuple(head_dims)):
             report = variant_report(variant, arch)
-            mma = report.sass_opcodes.get("HGMMA", 0) + report.sass_opcodes.get("HMMA", 0)
+            mma = sum(n for op, n in report.sass_opcodes.items() if op.endswith("MMA"))
             loop = report.inner_loop
             proxy = report.instructions_per_mflop
             head_dim = variant.constexprs.get("HEAD_DIM")
@@ -89,7 +89,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
                     "shared_memory_bytes": report.shared_memory_bytes,
                     "ctas_per_sm": report.ctas_per_sm,
                     "mma_instructions": mma,
-                    "mma_kind": _mma_kind(report, mma),
+                    "mma_kind": _mma_kind(report),
                     "loop_instructions": loop.instructions if loop else None,
                     "loop_mma_flops": loop.mma_flops if loop else None,
                     "instructions_per_mflop": None if proxy is None else round(proxy, 1),
