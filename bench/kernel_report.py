@@ -128,9 +128,12 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
 def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 0) -> dict:
     """Forward programs per head of `flash_attention` with segment ids (documents of
     random lengths in every row): the real query tiles, the grid of the old bound
-    `cdiv(total, BLOCK) + sequences`, and the grid of `chunk_bound` (what launches now)."""
+    `cdiv(total, BLOCK) + sequences`, the tile list's rows (`chunk_bound`), and the
+    programs the bridge launches (persistent past 64 sequences)."""
+    import jax.numpy as jnp
     import numpy as np
 
+    from jax_bridge.attention import triton as attention_triton
     from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
     from jax_bridge.core.numerics import cdiv
     from jax_bridge.host.cu_seqlens import chunk_bound
@@ -143,11 +146,15 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     cu_q, _ = segment_ids_to_cu_seqlens(ids, ids)
     lengths = np.diff(np.asarray(cu_q))
     total, sequences = batch * seq, len(lengths) + 2  # the bridge adds two tail sequences
+    rows = chunk_bound(total, block_m, sequences)
+    persistent = attention_triton._persistent(jnp.zeros(sequences + 1))
+    programs = attention_triton._programs(jnp.zeros((rows, 2)), total, block_m, persistent)
     return {
         "problem": f"batch {batch} x seq {seq}, 16 documents a row, BLOCK_M {block_m}",
         "real_tiles": int(sum(-(-n // block_m) for n in lengths)),
         "grid_before": int(cdiv(total, block_m) + sequences),
-        "grid_now": int(chunk_bound(total, block_m, sequences)),
+        "tile_rows": int(rows),
+        "grid_now": int(programs),
     }
 
 
@@ -198,8 +205,8 @@ def main(argv: Sequence[str]) -> None:
     grid = grid_sizes()
     print(
         f"\nflash_attention with segment ids ({grid['problem']}): forward programs per "
-        f"head {grid['grid_before']} before the chunk bound, {grid['grid_now']} now, "
-        f"{grid['real_tiles']} with work"
+        f"head {grid['grid_before']} before, {grid['grid_now']} persistent programs now "
+        f"walking {grid['tile_rows']} list rows, {grid['real_tiles']} of them with work"
     )
     print(
         f"\ninstr/MFLOP: warp-instructions of the innermost unmasked tensor-core loop per "

@@ -78,6 +78,7 @@ class KernelVariant:
 
 _ATTENTION_SCALARS = dict(
     total_q="i32",
+    num_chunks="i32",
     softmax_scale="fp32",
     logits_soft_cap="fp32",
     window_left="i32",
@@ -112,12 +113,14 @@ def attention_variant(
     dtype_name: str = "bfloat16",
     features: AttentionFeatures = CAUSAL,
     config: AttentionKernelConfig | None = None,
+    persistent: bool = False,
 ) -> KernelVariant:
     """One attention kernel (`kind` in forward/backward_dkdv/backward_dq) at its default
-    configuration for the problem, or at `config`."""
+    configuration for the problem, or at `config`; `persistent`: the launch that walks
+    the tile list (segment ids' mostly empty lists)."""
     if config is None:
         config = default_attention_config(
-            head_dim, dtype_name, compute_capability, kind, features=features
+            head_dim, dtype_name, compute_capability, kind, features=features, persistent=persistent
         )
     kernel = ATTENTION_KERNELS[kind]
     constexprs = dict(
@@ -133,13 +136,14 @@ def attention_variant(
         HAS_ALIBI=features.alibi,
         # float32 multiplies exactly by default; 16-bit inputs ignore the setting.
         INPUT_PRECISION="ieee",
+        PERSISTENT=persistent,
     )
     if kind == "forward":
         constexprs["HAS_SINKS"] = features.sinks
         # A positive scale (the default 1/sqrt(d)) and no score transform: see the kernel.
         constexprs["RAW_SCORE_MAX"] = not (features.soft_cap or features.alibi)
     return KernelVariant(
-        name=f"attention_{kind}",
+        name=f"attention_{kind}" + ("_persistent" if persistent else ""),
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
         constexprs=constexprs,
@@ -238,6 +242,8 @@ def default_variants(
     for head_dim in head_dims:
         for kind in ATTENTION_KERNELS:
             variants.append(attention_variant(kind, head_dim, compute_capability))
+        for kind in ATTENTION_KERNELS:  # the launch of many sequences (segment ids)
+            variants.append(attention_variant(kind, head_dim, compute_capability, persistent=True))
         variants.append(attention_preprocess_variant(head_dim))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
     return variants

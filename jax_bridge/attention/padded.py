@@ -16,12 +16,13 @@ From segment ids to sequences (per batch row, all vectorised, static sizes):
   "gap" slot followed by the paired slot, and each row ends with one more gap slot:
   `batch * (2 * q_seq + 1)` sequences in all, most of them empty.
 
-Cost of the empty sequences: the Triton grids and the XLA chunk scan are sized by
-`chunk_bound(total, BLOCK, num_sequences)`, which counts at most `total` non-empty
-sequences, not the `batch * (2 * q_seq + 1)` slots: at most `total` surplus programs per
-head (before this bound: up to twice as many), each exiting at once. A bound that does
-not grow with the number of documents needs tiles that span documents (not done yet).
-Without segment ids each row is exactly one sequence.
+Cost of the empty sequences: the tile lists are `chunk_bound(total, BLOCK,
+num_sequences)` rows, which counts at most `total` non-empty sequences rather than the
+`batch * (2 * q_seq + 1)` slots. The Triton kernels walk such a list with
+`cdiv(total, BLOCK) + 64` persistent programs (past 64 sequences), so their launch does
+not grow with the empty slots; the XLA implementation's chunk scan still steps over
+every row (an empty row costs a few scalar ops). Without segment ids each row is exactly
+one sequence.
 
 This requires every document to be one contiguous run in each row (an id must not
 reappear after a different id) and the documents to appear in the same order in the

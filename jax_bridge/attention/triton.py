@@ -70,6 +70,7 @@ def _config(
     dtype: jnp.dtype,
     kind: str,
     features: AttentionFeatures,
+    persistent: bool,
 ) -> AttentionKernelConfig:
     """The launch configuration of kernel `kind`: the caller's, or the default."""
     config = None if options.config is None else getattr(options.config, kind)
@@ -77,7 +78,9 @@ def _config(
         return config
     capability = launch_target().compute_capability
     name = jnp.dtype(dtype).name
-    return default_attention_config(head_dim, name, capability, kind, features=features)
+    return default_attention_config(
+        head_dim, name, capability, kind, features=features, persistent=persistent
+    )
 
 
 def _raw_score_max(spec: AttentionSpec, features: AttentionFeatures) -> bool:
@@ -122,6 +125,27 @@ def _with_tail_sequences(
     cu_q = jnp.concatenate([cu_q, jnp.full((2,), total_q, jnp.int32)])
     cu_k = jnp.concatenate([cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
     return cu_q, cu_k
+
+
+# Programs beyond the full tiles of the packed axis, for partial tiles at sequence ends.
+_SPARE_PROGRAMS = 64
+
+
+def _persistent(cu_seqlens: jax.Array) -> bool:
+    """Whether the kernels walk their tile lists (PERSISTENT) rather than launch a program
+    a row. The list's static bound is `cdiv(total, block) + min(sequences, total)` rows,
+    almost all empty when there are many sequences (segment ids give up to one a token),
+    and each program costs a block launch. Past `_SPARE_PROGRAMS` sequences,
+    `cdiv(total, block) + _SPARE_PROGRAMS` programs walk the list instead (their loop
+    costs registers: `default_attention_config(persistent=True)` keeps smaller tiles)."""
+    return cu_seqlens.shape[0] - 1 > _SPARE_PROGRAMS
+
+
+def _programs(chunks: jax.Array, total: int, block: int, persistent: bool) -> int:
+    """Programs on the grid's tile axis."""
+    if not persistent:
+        return chunks.shape[0]
+    return min(chunks.shape[0], cdiv(total, block) + _SPARE_PROGRAMS)
 
 
 def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
@@ -204,8 +228,9 @@ def forward(
       out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q] (natural log; -inf for
       rows with nothing allowed and no sink).
 
-    The grid is `chunk_bound(total_q, block_m, B + 2)` query tiles (surplus programs exit
-    at once): never sized by the longest sequence, nor by the empty ones.
+    The tile list has `chunk_bound(total_q, block_m, B + 2)` rows, launched as one program
+    a row or, past 64 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
+    (`_persistent`): never sized by the longest sequence, nor by the empty ones.
     """
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
@@ -213,8 +238,9 @@ def forward(
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
     features = _features(options.spec, sinks, alibi_slopes)
-    config = _config(options, head_dim, q.dtype, "forward", features)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+    persistent = _persistent(cu_q)
+    config = _config(options, head_dim, q.dtype, "forward", features, persistent)
     chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     scalars, flags = _spec_arguments(options.spec, shift)
     return triton_call(
@@ -227,13 +253,14 @@ def forward(
         _per_head(sinks),
         _per_head(alibi_slopes),
         total_q,
+        chunks.shape[0],
         *scalars,
         kernel=attention_forward_kernel,
         out_shape=(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
         ),
-        grid=(chunks.shape[0], num_q_heads),
+        grid=(_programs(chunks, total_q, config.block_m, persistent), num_q_heads),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         name="varlen_attention_fwd",
@@ -247,6 +274,7 @@ def forward(
         HAS_ALIBI=alibi_slopes is not None,
         INPUT_PRECISION=_input_precision(options, q.dtype),
         RAW_SCORE_MAX=_raw_score_max(options.spec, features),
+        PERSISTENT=persistent,
         **flags,
     )
 
@@ -333,35 +361,40 @@ def backward(
         **flags,
     )
     features = _features(options.spec, sinks, alibi_slopes)
-    config = _config(options, head_dim, q.dtype, "backward_dkdv", features)
+    persistent = _persistent(cu_q)  # cu_q and cu_k list the same sequences
+    config = _config(options, head_dim, q.dtype, "backward_dkdv", features, persistent)
     key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
     dk, dv = triton_call(
         *inputs,
         key_chunks,
         _per_head(alibi_slopes),
         total_q,
+        key_chunks.shape[0],
         *scalars,
         kernel=attention_backward_dkdv_kernel,
         out_shape=(
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ),
-        grid=(key_chunks.shape[0], num_kv_heads),
+        grid=(_programs(key_chunks, total_k, config.block_n, persistent), num_kv_heads),
         **_launch(config, "varlen_attention_bwd_dkdv"),
+        PERSISTENT=persistent,
         **constexprs,
     )
-    config = _config(options, head_dim, q.dtype, "backward_dq", features)
+    config = _config(options, head_dim, q.dtype, "backward_dq", features, persistent)
     query_chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     dq = triton_call(
         *inputs,
         query_chunks,
         _per_head(alibi_slopes),
         total_q,
+        query_chunks.shape[0],
         *scalars,
         kernel=attention_backward_dq_kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(query_chunks.shape[0], num_q_heads),
+        grid=(_programs(query_chunks, total_q, config.block_m, persistent), num_q_heads),
         **_launch(config, "varlen_attention_bwd_dq"),
+        PERSISTENT=persistent,
         **constexprs,
     )
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)

@@ -152,15 +152,18 @@ def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bflo
     return variant_report(variant, compute_capability)
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize(
     "compute_capability, head_dim", [(80, 64), (80, 128), (90, 64), (90, 128), (90, 256)]
 )
-def test_static_report_at_default_configs(compute_capability, head_dim, kind, features):
-    """Every feature set's default tiles: no spills at head_dim <= 128, tensor cores,
-    and wgmma on sm_90."""
-    report = attention_kernel_report(kind, head_dim, compute_capability, features=features)
+def test_static_report_at_default_configs(compute_capability, head_dim, kind, features, persistent):
+    """Every feature set's default tiles, in both launch modes: no spills at head_dim
+    <= 128, tensor cores, and wgmma on sm_90."""
+    report = attention_kernel_report(
+        kind, head_dim, compute_capability, features=features, persistent=persistent
+    )
     print(report.summary())
     assert report.uses_mma
     if head_dim <= 128:

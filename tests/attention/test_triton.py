@@ -196,6 +196,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         attention_triton._per_head(None),
         attention_triton._per_head(None),
         40,
+        tiles.shape[0],
         *scalars,
         kernel=attention_forward_kernel,
         out_shape=(
@@ -213,6 +214,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         HAS_ALIBI=False,
         INPUT_PRECISION=attention_triton._input_precision(options, q.dtype),
         RAW_SCORE_MAX=True,
+        PERSISTENT=False,
         **flags,
     )
     out, lse = np.asarray(out), np.asarray(lse)
@@ -268,3 +270,32 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
     for name, g, w in pairs:
         assert np.isfinite(np.asarray(g)).all(), name
         assert_close(g, w, 1e-4, name)
+
+
+@pytest.mark.parametrize("spare", [0, 3])
+def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
+    """More tile rows than programs (many short sequences, few spare programs): the
+    kernels launch persistent programs, each walking its share of the tile list; forward
+    and gradients still match the reference."""
+    monkeypatch.setattr(attention_triton, "_SPARE_PROGRAMS", spare)
+    lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
+    inputs = make_inputs(71, lengths, 2, 1, 32)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    cu = jnp.asarray(cu_q)
+    chunks = attention_triton._chunk_indices(cu, q.shape[0], 16)
+    real_tiles = int((np.asarray(chunks)[:, 0] >= 0).sum())
+    assert attention_triton._persistent(cu)
+    assert attention_triton._programs(chunks, q.shape[0], 16, True) <= real_tiles - 5
+    options = dict(causal=True, return_lse=True)
+
+    def run(fn):
+        return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
+
+    got = run(
+        lambda q, k, v, s: varlen_attention(q, k, v, cu_q, cu_k, implementation="triton", **options)
+    )
+    want = run(lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, **options))
+    names = ("out", "lse", "dq", "dk", "dv")
+    pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
+    for name, g, w in pairs:
+        assert_close(g, w, 1e-5, name)

@@ -29,6 +29,7 @@ from triton_kernels.flash_attention.forward import (
     _load_rows,
     _score_constants,
     _scores_log2,
+    _sequence_of,
     _tile_ptrs,
 )
 
@@ -155,7 +156,7 @@ def _dkdv_query_tiles(
 
 
 @triton.jit
-def attention_backward_dkdv_kernel(
+def _dkdv_tile(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -185,19 +186,11 @@ def attention_backward_dkdv_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    chunk,
+    seq,
+    kv_head,
 ):
-    """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
-
-    Grid: (num_key_chunks, NUM_KV_HEADS); `chunk_indices` lists (sequence, key tile)
-    from cu_seqlens_k. lse_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q]; dk_ptr, dv_ptr:
-    [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
-    as the forward kernel.
-    """
-    chunk = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    seq = tl.load(chunk_indices_ptr + 2 * chunk)
-    if seq < 0:  # surplus program of the static grid bound
-        return
+    """dk, dv of tile-list row `chunk` (sequence `seq`), for kv head `kv_head`."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
         chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
     )
@@ -272,6 +265,77 @@ def attention_backward_dkdv_kernel(
 
 
 @triton.jit
+def attention_backward_dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_ptr,
+    delta_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    num_chunks,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    shift_ptr,
+    dk_ptr,
+    dv_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):
+    """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
+
+    Grid: (P, NUM_KV_HEADS) over the (sequence, key tile) rows of `chunk_indices` (from
+    cu_seqlens_k), as the forward kernel walks its query tiles (PERSISTENT included).
+    lse_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q]; dk_ptr, dv_ptr: [total_k,
+    NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
+    as the forward kernel.
+    """
+    kv_head = tl.program_id(1)
+    chunk = tl.program_id(0)
+    if PERSISTENT:
+        seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+        # Program p walks rows p, p + P, p + 2P, ... (P programs on axis 0) until one
+        # without work: the grid need not cover the list's empty rows.
+        while seq >= 0:
+            _dkdv_tile(
+                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr,
+                cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
+                logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
+            )  # fmt: skip
+            chunk += tl.num_programs(0)
+            seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+    else:  # one row a program; surplus programs of the static bound exit at once
+        seq = tl.load(chunk_indices_ptr + 2 * chunk)
+        if seq < 0:
+            return
+        _dkdv_tile(
+            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+            chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap,
+            window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS, NUM_KV_HEADS,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP,
+            HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
+        )  # fmt: skip
+
+
+@triton.jit
 def _dq_key_tiles(
     dq,
     q,
@@ -334,7 +398,7 @@ def _dq_key_tiles(
 
 
 @triton.jit
-def attention_backward_dq_kernel(
+def _dq_tile(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -363,17 +427,11 @@ def attention_backward_dq_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    chunk,
+    seq,
+    head,
 ):
-    """dq of one [BLOCK_M]-row query tile of one sequence, for one query head.
-
-    Grid: (num_query_chunks, NUM_Q_HEADS), tiles as in the forward kernel. dq_ptr:
-    [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype. Other arguments as the dK/dV kernel.
-    """
-    chunk = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(chunk_indices_ptr + 2 * chunk)
-    if seq < 0:  # surplus program of the static grid bound
-        return
+    """dq of tile-list row `chunk` (sequence `seq`), for query head `head`."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
         chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
     )
@@ -437,3 +495,70 @@ def attention_backward_dq_kernel(
     mask = row_ok[:, None] & d_ok[None, :]
     dq_ptrs = _tile_ptrs(dq_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     tl.store(dq_ptrs, (dq * softmax_scale).to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attention_backward_dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_ptr,
+    delta_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    num_chunks,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    shift_ptr,
+    dq_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):
+    """dq of one [BLOCK_M]-row query tile of one sequence, for one query head.
+
+    Grid: (P, NUM_Q_HEADS), tiles as in the forward kernel (PERSISTENT included). dq_ptr:
+    [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype. Other arguments as the dK/dV kernel.
+    """
+    head = tl.program_id(1)
+    chunk = tl.program_id(0)
+    if PERSISTENT:
+        seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+        # Program p walks rows p, p + P, p + 2P, ... (P programs on axis 0) until one
+        # without work: the grid need not cover the list's empty rows.
+        while seq >= 0:
+            _dq_tile(
+                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr,
+                cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
+                logits_soft_cap, window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS,
+                NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, head,
+            )  # fmt: skip
+            chunk += tl.num_programs(0)
+            seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+    else:  # one row a program; surplus programs of the static bound exit at once
+        seq = tl.load(chunk_indices_ptr + 2 * chunk)
+        if seq < 0:
+            return
+        _dq_tile(
+            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+            chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap,
+            window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+            INPUT_PRECISION, chunk, seq, head,
+        )  # fmt: skip

@@ -157,6 +157,9 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
 _BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
+# Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls:
+# dQ at d=128 spills 12 B at two stages and none at one.
+_AMPERE_PERSISTENT_HEAVY: _Table = {"backward_dq": {128: (128, 32, 8, 1)}}
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
@@ -180,6 +183,7 @@ def default_attention_config(
     kind: str,
     *,
     features: AttentionFeatures = AttentionFeatures(),
+    persistent: bool = False,
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
 
@@ -189,6 +193,8 @@ def default_attention_config(
       compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
       kind: one of `KINDS`.
       features: the call's code-changing options (larger tiles where they do not spill).
+      persistent: the kernel walks its tile list (PERSISTENT): the loop holds registers,
+        so the larger tiles of light calls are not taken.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -209,7 +215,9 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif compute_capability in _LIGHT_TABLES and not features.register_heavy:
+    elif compute_capability in _LIGHT_TABLES and not (features.register_heavy or persistent):
         light = _LIGHT_TABLES[compute_capability]
         config = light.get(kind, {}).get(tile_d, config)
+    if not hopper and persistent and features.register_heavy:
+        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)

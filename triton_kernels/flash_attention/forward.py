@@ -9,10 +9,11 @@ rows) are those of `jax_bridge.attention.spec`; an optional per-sequence diagona
 
 Conventions of every kernel here and in `flash_attention_bwd`:
 
-* One program per (tile of one sequence, head). Tiles are listed on the host as
-  `chunk_indices: int32 [num_chunks, 2]` = (sequence id, tile index within the sequence);
-  rows past the real tiles hold -1 and their programs exit at once, so the grid is a
-  static bound (`cdiv(total, BLOCK) + batch`), not `batch * cdiv(max_seqlen, BLOCK)`.
+* Work is (tile of one sequence, head). Tiles are listed on the host as
+  `chunk_indices: int32 [num_chunks, 2]` = (sequence id, tile index within the sequence),
+  real rows first; rows past them hold -1. num_chunks is a static bound (empty sequences
+  add none), not `batch * cdiv(max_seqlen, BLOCK)`. A program owns one row (surplus
+  programs exit at once) or, with PERSISTENT, walks every P-th row.
 * Scores live in the log2 domain (`s * log2(e)`, folded into the scale) so the online
   softmax uses exp2; the log-sum-exp the kernels exchange is natural-log.
 * Query i of sequence b sits at key position `diag(i) = i + s`, with `s = shift[b]` when
@@ -104,6 +105,13 @@ def _chunk_bounds(chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, 
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     len_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
     return tile_index, q_start, len_q, k_start, len_k
+
+
+@triton.jit
+def _sequence_of(chunk_indices_ptr, chunk, num_chunks):
+    """The sequence of tile-list row `chunk`: -1 for a row without work or past the
+    list's `num_chunks` rows."""
+    return tl.load(chunk_indices_ptr + 2 * chunk, mask=chunk < num_chunks, other=-1)
 
 
 @triton.jit
@@ -301,7 +309,7 @@ def _forward_key_tiles(
 
 
 @triton.jit
-def attention_forward_kernel(
+def _forward_tile(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -331,31 +339,11 @@ def attention_forward_kernel(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
+    chunk,
+    seq,
+    head,
 ):
-    """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
-
-    Grid: (num_chunks, NUM_Q_HEADS); program (c, h) owns tile `chunk_indices[c]`.
-
-    Args:
-      q_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM]; k_ptr, v_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM].
-      cu_seqlens_q_ptr, cu_seqlens_k_ptr: int32 [batch + 1].
-      chunk_indices_ptr: int32 [num_chunks, 2] (sequence, query tile); -1 rows: no work.
-      sinks_ptr, alibi_slopes_ptr: float32 [NUM_Q_HEADS] (read only if HAS_SINKS/HAS_ALIBI).
-      total_q: rows of q (the lse row stride).
-      softmax_scale, logits_soft_cap: float32; window_left, window_right: int32 (read
-        only if HAS_SOFT_CAP / HAS_WINDOW_*; causal is window_right = 0).
-      shift_ptr: int32 [batch]: key position of each sequence's query 0; a pointer of
-        another element type (a placeholder, never read): bottom-right, len_k - len_q.
-      out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype; lse_ptr: float32
-        [NUM_Q_HEADS, total_q], natural log.
-      RAW_SCORE_MAX: the row max is taken on raw q.k (valid only for softmax_scale > 0
-        without soft cap or ALiBi; the bridge decides).
-    """
-    chunk = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(chunk_indices_ptr + 2 * chunk)
-    if seq < 0:  # surplus program of the static grid bound
-        return
+    """out, lse of tile-list row `chunk` (sequence `seq`), for query head `head`."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
         chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
     )
@@ -437,3 +425,90 @@ def attention_forward_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
     lse_row = head.to(tl.int64) * total_q + q_start + m0
     tl.store(lse_ptr + lse_row + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def attention_forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    chunk_indices_ptr,
+    sinks_ptr,
+    alibi_slopes_ptr,
+    total_q,
+    num_chunks,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    shift_ptr,
+    out_ptr,
+    lse_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):
+    """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
+
+    Grid: (P, NUM_Q_HEADS). Without PERSISTENT, P = num_chunks and program (c, h) owns
+    tile `chunk_indices[c]`; with it, P may be smaller and program (p, h) takes rows p,
+    p + P, ... until a row without work (the list holds its real rows first).
+
+    Args:
+      q_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM]; k_ptr, v_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM].
+      cu_seqlens_q_ptr, cu_seqlens_k_ptr: int32 [batch + 1].
+      chunk_indices_ptr: int32 [num_chunks, 2] (sequence, query tile), real rows first;
+        -1 rows: no work. num_chunks: its rows.
+      sinks_ptr, alibi_slopes_ptr: float32 [NUM_Q_HEADS] (read only if HAS_SINKS/HAS_ALIBI).
+      total_q: rows of q (the lse row stride).
+      softmax_scale, logits_soft_cap: float32; window_left, window_right: int32 (read
+        only if HAS_SOFT_CAP / HAS_WINDOW_*; causal is window_right = 0).
+      shift_ptr: int32 [batch]: key position of each sequence's query 0; a pointer of
+        another element type (a placeholder, never read): bottom-right, len_k - len_q.
+      out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in q's dtype; lse_ptr: float32
+        [NUM_Q_HEADS, total_q], natural log.
+      RAW_SCORE_MAX: the row max is taken on raw q.k (valid only for softmax_scale > 0
+        without soft cap or ALiBi; the bridge decides).
+      PERSISTENT: programs walk the tile list (for lists mostly of empty rows: one block
+        launch a row would cost more than the work; the loop costs a few registers).
+    """
+    head = tl.program_id(1)
+    chunk = tl.program_id(0)
+    if PERSISTENT:
+        seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+        # Program p walks rows p, p + P, p + 2P, ... (P programs on axis 0) until one
+        # without work: the grid need not cover the list's empty rows.
+        while seq >= 0:
+            _forward_tile(
+                q_ptr, k_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk_indices_ptr,
+                sinks_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap, window_left,
+                window_right, shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
+                BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP,
+                HAS_SINKS, HAS_ALIBI, INPUT_PRECISION, RAW_SCORE_MAX, chunk, seq, head,
+            )  # fmt: skip
+            chunk += tl.num_programs(0)
+            seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
+    else:  # one row a program; surplus programs of the static bound exit at once
+        seq = tl.load(chunk_indices_ptr + 2 * chunk)
+        if seq < 0:
+            return
+        _forward_tile(
+            q_ptr, k_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk_indices_ptr, sinks_ptr,
+            alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap, window_left, window_right,
+            shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N,
+            BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_SINKS, HAS_ALIBI,
+            INPUT_PRECISION, RAW_SCORE_MAX, chunk, seq, head,
+        )  # fmt: skip
