@@ -130,7 +130,6 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     random lengths in every row): the real query tiles, the grid of the old bound
     `cdiv(total, BLOCK) + sequences`, the tile list's rows (`chunk_bound`), and the
     programs the bridge launches (persistent past 64 sequences)."""
-    import jax.numpy as jnp
     import numpy as np
 
     from jax_bridge.attention import triton as attention_triton
@@ -147,8 +146,8 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     lengths = np.diff(np.asarray(cu_q))
     total, sequences = batch * seq, len(lengths) + 2  # the bridge adds two tail sequences
     rows = chunk_bound(total, block_m, sequences)
-    persistent = attention_triton._persistent(jnp.zeros(sequences + 1))
-    programs = attention_triton._programs(jnp.zeros((rows, 2)), total, block_m, persistent)
+    persistent = attention_triton._persistent(sequences)
+    programs = attention_triton._programs(rows, total, block_m, persistent)
     return {
         "problem": f"batch {batch} x seq {seq}, 16 documents a row, BLOCK_M {block_m}",
         "real_tiles": int(sum(-(-n // block_m) for n in lengths)),

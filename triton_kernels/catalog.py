@@ -130,10 +130,7 @@ def attention_variant(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_D=block_d(head_dim),
-        HAS_WINDOW_LEFT=features.window_left,
-        HAS_WINDOW_RIGHT=features.causal or features.window_right,
-        HAS_SOFT_CAP=features.soft_cap,
-        HAS_ALIBI=features.alibi,
+        **features.kernel_flags(),
         # float32 multiplies exactly by default; 16-bit inputs ignore the setting.
         INPUT_PRECISION="ieee",
         PERSISTENT=persistent,
@@ -212,12 +209,7 @@ def grouped_matmul_variant(
     types |= {"init_ptr": "*fp32", "out_ptr": "*fp32"}
     signature = {a: types.get(a, "*i32") for a in kernel.arg_names if a.endswith("_ptr")}
     constexprs = dict(
-        M=m,
-        K=k,
-        N=n,
-        BLOCK_M=config.block_m,
-        BLOCK_K=config.block_k,
-        BLOCK_N=config.block_n,
+        **config.shape_constexprs(m, k, n),
         INPUT_PRECISION="ieee" if dtype_name == "float32" else "tf32",
         **layout,
     )

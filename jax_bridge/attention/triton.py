@@ -131,21 +131,21 @@ def _with_tail_sequences(
 _SPARE_PROGRAMS = 64
 
 
-def _persistent(cu_seqlens: jax.Array) -> bool:
+def _persistent(num_sequences: int) -> bool:
     """Whether the kernels walk their tile lists (PERSISTENT) rather than launch a program
     a row. The list's static bound is `cdiv(total, block) + min(sequences, total)` rows,
     almost all empty when there are many sequences (segment ids give up to one a token),
     and each program costs a block launch. Past `_SPARE_PROGRAMS` sequences,
     `cdiv(total, block) + _SPARE_PROGRAMS` programs walk the list instead (their loop
     costs registers: `default_attention_config(persistent=True)` keeps smaller tiles)."""
-    return cu_seqlens.shape[0] - 1 > _SPARE_PROGRAMS
+    return num_sequences > _SPARE_PROGRAMS
 
 
-def _programs(chunks: jax.Array, total: int, block: int, persistent: bool) -> int:
-    """Programs on the grid's tile axis."""
+def _programs(rows: int, total: int, block: int, persistent: bool) -> int:
+    """Programs on the grid's tile axis, for a tile list of `rows` rows."""
     if not persistent:
-        return chunks.shape[0]
-    return min(chunks.shape[0], cdiv(total, block) + _SPARE_PROGRAMS)
+        return rows
+    return min(rows, cdiv(total, block) + _SPARE_PROGRAMS)
 
 
 def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
@@ -183,22 +183,17 @@ def _shift_pointer(shift: jax.Array | None) -> jax.Array:
     return jnp.concatenate([shift, jnp.zeros((2,), jnp.int32)])
 
 
-def _spec_arguments(spec: AttentionSpec, shift: jax.Array | None = None) -> tuple[tuple, dict]:
+def _spec_arguments(spec: AttentionSpec, shift: jax.Array | None = None) -> tuple:
     """The kernels' runtime arguments of the attention pattern (scale, cap, windows, then
-    `shift_ptr`, see `_shift_pointer`) and their constexpr flags."""
-    scalars = (
+    `shift_ptr`, see `_shift_pointer`); their constexpr switches are
+    `AttentionFeatures.kernel_flags`."""
+    return (
         np.float32(spec.softmax_scale),
         np.float32(spec.logits_soft_cap or 1.0),
         spec.window_left or 0,  # < UNBOUNDED_WINDOW (the spec's invariant): an int32
         spec.window_right or 0,
         _shift_pointer(shift),
     )
-    flags = dict(
-        HAS_WINDOW_LEFT=spec.window_left is not None,
-        HAS_WINDOW_RIGHT=spec.window_right is not None,
-        HAS_SOFT_CAP=spec.logits_soft_cap is not None,
-    )
-    return scalars, flags
 
 
 def forward(
@@ -239,10 +234,10 @@ def forward(
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
     features = _features(options.spec, sinks, alibi_slopes)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    persistent = _persistent(cu_q)
+    persistent = _persistent(cu_q.shape[0] - 1)
     config = _config(options, head_dim, q.dtype, "forward", features, persistent)
     chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
-    scalars, flags = _spec_arguments(options.spec, shift)
+    scalars = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
         k,
@@ -260,7 +255,7 @@ def forward(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
         ),
-        grid=(_programs(chunks, total_q, config.block_m, persistent), num_q_heads),
+        grid=(_programs(chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         name="varlen_attention_fwd",
@@ -270,12 +265,11 @@ def forward(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_D=block_d(head_dim),
-        HAS_SINKS=sinks is not None,
-        HAS_ALIBI=alibi_slopes is not None,
+        HAS_SINKS=features.sinks,
         INPUT_PRECISION=_input_precision(options, q.dtype),
         RAW_SCORE_MAX=_raw_score_max(options.spec, features),
         PERSISTENT=persistent,
-        **flags,
+        **features.kernel_flags(),
     )
 
 
@@ -349,19 +343,18 @@ def backward(
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
     delta = _delta(out, d_out, d_lse, options)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    scalars, flags = _spec_arguments(options.spec, shift)
+    scalars = _spec_arguments(options.spec, shift)
+    features = _features(options.spec, sinks, alibi_slopes)
     inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
     constexprs = dict(
         NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
-        HAS_ALIBI=alibi_slopes is not None,
         INPUT_PRECISION=_input_precision(options, q.dtype),
-        **flags,
+        **features.kernel_flags(),
     )
-    features = _features(options.spec, sinks, alibi_slopes)
-    persistent = _persistent(cu_q)  # cu_q and cu_k list the same sequences
+    persistent = _persistent(cu_q.shape[0] - 1)  # cu_q and cu_k list the same sequences
     config = _config(options, head_dim, q.dtype, "backward_dkdv", features, persistent)
     key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
     dk, dv = triton_call(
@@ -376,7 +369,7 @@ def backward(
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ),
-        grid=(_programs(key_chunks, total_k, config.block_n, persistent), num_kv_heads),
+        grid=(_programs(key_chunks.shape[0], total_k, config.block_n, persistent), num_kv_heads),
         **_launch(config, "varlen_attention_bwd_dkdv"),
         PERSISTENT=persistent,
         **constexprs,
@@ -392,7 +385,7 @@ def backward(
         *scalars,
         kernel=attention_backward_dq_kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(_programs(query_chunks, total_q, config.block_m, persistent), num_q_heads),
+        grid=(_programs(query_chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
         **_launch(config, "varlen_attention_bwd_dq"),
         PERSISTENT=persistent,
         **constexprs,

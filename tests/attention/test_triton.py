@@ -185,7 +185,8 @@ def test_rows_a_launch_does_not_reach_stay_nan():
     block = 16
     cu_q_all, cu_k_all = attention_triton._with_tail_sequences(cu_q, cu_k, 40, 30)
     tiles = attention_triton._chunk_indices(cu_q_all, 40, block)
-    scalars, flags = attention_triton._spec_arguments(spec)
+    scalars = attention_triton._spec_arguments(spec)
+    flags = attention_triton._features(spec, None, None).kernel_flags()
     out, lse = triton_call(
         q,
         k,
@@ -211,7 +212,6 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         BLOCK_N=block,
         BLOCK_D=block_d(32),
         HAS_SINKS=False,
-        HAS_ALIBI=False,
         INPUT_PRECISION=attention_triton._input_precision(options, q.dtype),
         RAW_SCORE_MAX=True,
         PERSISTENT=False,
@@ -284,8 +284,8 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
     cu = jnp.asarray(cu_q)
     chunks = attention_triton._chunk_indices(cu, q.shape[0], 16)
     real_tiles = int((np.asarray(chunks)[:, 0] >= 0).sum())
-    assert attention_triton._persistent(cu)
-    assert attention_triton._programs(chunks, q.shape[0], 16, True) <= real_tiles - 5
+    assert attention_triton._persistent(cu.shape[0] - 1)
+    assert attention_triton._programs(chunks.shape[0], q.shape[0], 16, True) <= real_tiles - 5
     options = dict(causal=True, return_lse=True)
 
     def run(fn):

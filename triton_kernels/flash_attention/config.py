@@ -74,6 +74,16 @@ class AttentionFeatures:
         (and its gradient), ALiBi's |i - j| term, a second window bound."""
         return self.soft_cap or self.alibi or self.window_left
 
+    def kernel_flags(self) -> dict[str, bool]:
+        """The constexpr switches every attention kernel takes (the forward also takes
+        HAS_SINKS). Causal is a right window of 0, so both set HAS_WINDOW_RIGHT."""
+        return dict(
+            HAS_WINDOW_LEFT=self.window_left,
+            HAS_WINDOW_RIGHT=self.causal or self.window_right,
+            HAS_SOFT_CAP=self.soft_cap,
+            HAS_ALIBI=self.alibi,
+        )
+
     def describe(self) -> str:
         on = [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
         return "+".join(on) if on else "plain"

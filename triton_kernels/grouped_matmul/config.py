@@ -54,6 +54,10 @@ class GroupedMatmulConfig(KernelConfig):
     def tiling(self) -> tuple[int, int, int]:
         return (self.block_m, self.block_k, self.block_n)
 
+    def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
+        """The kernels' shape and tile constexprs for problem sizes m, k, n."""
+        return dict(M=m, K=k, N=n, BLOCK_M=self.block_m, BLOCK_K=self.block_k, BLOCK_N=self.block_n)
+
 
 def check_tiling(tiling: tuple[int, int, int], name: str = "tiling") -> tuple[int, int, int]:
     """ValueError unless `tiling` is three powers of two, each at least 16."""
