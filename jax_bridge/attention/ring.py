@@ -464,7 +464,10 @@ def ring_attention(
 
     Returns:
       out: [batch, seq, num_q_heads, head_dim] in q's dtype, sharded like the input
-      layout (`P(None, axis_name)`); with `return_stats` also `RingStats`.
+      layout (`P(None, axis_name)`); with `return_stats` also `RingStats`. Inputs of any
+      sharding are resharded first, on meshes with auto or explicit axes alike; on
+      explicit axes (`jax.make_mesh`'s default) eager code that consumes the output must
+      run under `jax.set_mesh(mesh)`, as JAX requires of explicitly sharded arrays.
 
     Differentiation: reverse mode in q, k, v and sinks (a reverse ring; the segment ids
     get none); higher-order derivatives raise NotImplementedError. Works under `jax.jit`

@@ -279,7 +279,9 @@ def expert_parallel_moe_feed_forward(
 
     Returns:
       [T, hidden] in x's dtype: replicated over the mesh ("replicated") or sharded over
-      `axis_name` ("all_to_all").
+      `axis_name` ("all_to_all"). Inputs of any sharding are resharded first (auto or
+      explicit mesh axes); on explicit axes, eager code that consumes the output runs
+      under `jax.set_mesh(mesh)`, as JAX requires.
     """
     op = "expert_parallel_moe_feed_forward"
     top_k = _check_block(op, x, params, top_k)
