@@ -84,7 +84,14 @@ _ATTENTION_SCALARS = dict(
     window_left="i32",
     window_right="i32",
 )
-_FLOAT32_POINTERS = {"lse_ptr", "delta_ptr", "sinks_ptr", "alibi_slopes_ptr", "shift_ptr"}
+_FLOAT32_POINTERS = {
+    "lse_ptr",
+    "lse_log2_ptr",
+    "delta_ptr",
+    "sinks_ptr",
+    "alibi_slopes_ptr",
+    "shift_ptr",
+}
 _INT32_POINTERS = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
 
 

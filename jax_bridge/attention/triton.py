@@ -279,22 +279,29 @@ def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -
     return jnp.broadcast_to(row.astype(jnp.float32)[:, None], (num_q_heads, total_q))
 
 
-def _delta(
-    out: jax.Array, d_out: jax.Array, d_lse: jax.Array | None, options: AttentionOptions
-) -> jax.Array:
-    """float32 [Hq, total_q]: rowsum(dO * O) by the preprocess kernel, minus d_lse.
+def _row_statistics(
+    out: jax.Array,
+    d_out: jax.Array,
+    lse: jax.Array,
+    d_lse: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """(delta, lse_log2), float32 [Hq, total_q], by the preprocess kernel.
 
-    d lse_i / d s_ij = p_ij, so an lse cotangent enters the backward exactly as a shift
-    of delta: the dK/dV and dQ kernels need no other change.
+    delta = rowsum(dO * O) - d_lse: d lse_i / d s_ij = p_ij, so an lse cotangent enters
+    the backward exactly as a shift of delta and the dK/dV and dQ kernels need no other
+    change. lse_log2 = log2(e) * lse, with +inf for rows with nothing allowed (see the
+    kernel), so the kernels' loops do not convert it per tile.
     """
     total_q, num_q_heads, head_dim = out.shape
     block_t = preprocess_block_t(head_dim)
-    delta = triton_call(
+    stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
+    delta, lse_log2 = triton_call(
         out,
         d_out,
+        jnp.asarray(lse, jnp.float32),
         total_q,
         kernel=attention_backward_preprocess_kernel,
-        out_shape=jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
+        out_shape=(stats, stats),
         grid=(cdiv(total_q, block_t), num_q_heads),
         num_warps=4,
         num_stages=1,
@@ -304,7 +311,9 @@ def _delta(
         BLOCK_D=block_d(head_dim),
         BLOCK_T=block_t,
     )
-    return delta if d_lse is None else delta - d_lse.astype(jnp.float32)
+    if d_lse is not None:
+        delta = delta - d_lse.astype(jnp.float32)
+    return delta, lse_log2
 
 
 def backward(
@@ -341,11 +350,11 @@ def backward(
         delta = row_delta(out, d_out, d_lse)
         d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
-    delta = _delta(out, d_out, d_lse, options)
+    delta, lse_log2 = _row_statistics(out, d_out, lse, d_lse)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
     scalars = _spec_arguments(options.spec, shift)
     features = _features(options.spec, sinks, alibi_slopes)
-    inputs = (q, k, v, d_out, jnp.asarray(lse, jnp.float32), delta, cu_q, cu_k)
+    inputs = (q, k, v, d_out, lse_log2, delta, cu_q, cu_k)
     constexprs = dict(
         NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,

@@ -38,17 +38,24 @@ from triton_kernels.flash_attention.forward import (
 def attention_backward_preprocess_kernel(
     out_ptr,
     d_out_ptr,
+    lse_ptr,
     total_q,
     delta_ptr,
+    lse_log2_ptr,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """delta[h, t] = sum_d out[t, h, d] * d_out[t, h, d], in float32.
+    """The row statistics the dK/dV and dQ kernels read, in float32.
+
+    delta[h, t] = sum_d out[t, h, d] * d_out[t, h, d], and lse_log2[h, t] = log2(e) *
+    lse[h, t] with -inf (a row with nothing allowed) as +inf: exp2(s - lse_log2) is then the
+    probability, and 0 for every score of such a row, with no per-tile conversion.
 
     Grid: (cdiv(total_q, BLOCK_T), NUM_Q_HEADS). out_ptr, d_out_ptr: [total_q, NUM_Q_HEADS,
-    HEAD_DIM]; delta_ptr: float32 [NUM_Q_HEADS, total_q]. Every row < total_q is written.
+    HEAD_DIM]; lse_ptr, delta_ptr, lse_log2_ptr: float32 [NUM_Q_HEADS, total_q]. Every row
+    < total_q is written.
     """
     head = tl.program_id(1)
     first_row = tl.program_id(0) * BLOCK_T
@@ -64,25 +71,27 @@ def attention_backward_preprocess_kernel(
     do_ptrs = _tile_ptrs(d_out_ptr + tile, offs_t, offs_d, Q_STRIDE, ROWS_ALIGNED)
     o = tl.load(o_ptrs, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(do_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + head.to(tl.int64) * total_q + rows, tl.sum(o * do, 1), mask=row_ok)
+    stats = head.to(tl.int64) * total_q + rows
+    tl.store(delta_ptr + stats, tl.sum(o * do, 1), mask=row_ok)
+    lse = tl.load(lse_ptr + stats, mask=row_ok, other=0.0)
+    lse_log2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    tl.store(lse_log2_ptr + stats, lse_log2, mask=row_ok)
 
 
 @triton.jit
-def _load_row_stats(lse_ptrs, delta_ptrs, ok, CHECK: tl.constexpr):
-    """(lse in log2 units, delta) of some query rows.
+def _load_row_stats(lse_log2_ptrs, delta_ptrs, ok, CHECK: tl.constexpr):
+    """(lse_log2, delta) of some query rows, as the preprocess wrote them.
 
-    lse = -inf (a row with nothing allowed) becomes +inf, and rows outside `ok` (when
-    CHECK) read lse = +inf, delta = 0: either way exp2(s - lse) = 0 for every score.
+    Rows outside `ok` (when CHECK) read lse_log2 = +inf and delta = 0, as a row with
+    nothing allowed does: exp2(s - lse_log2) = 0 for every score.
     """
     if CHECK:
-        lse = tl.load(lse_ptrs, mask=ok, other=float("inf"))
+        lse_log2 = tl.load(lse_log2_ptrs, mask=ok, other=float("inf"))
         delta = tl.load(delta_ptrs, mask=ok, other=0.0)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)
     else:
-        # Rows of an unmasked tile have at least one allowed key: lse is finite.
-        lse = tl.load(lse_ptrs)
+        lse_log2 = tl.load(lse_log2_ptrs)
         delta = tl.load(delta_ptrs)
-    return lse * LOG2E, delta
+    return lse_log2, delta
 
 
 @triton.jit
@@ -93,8 +102,11 @@ def _dkdv_query_tiles(
     v,
     q_seq_ptr,
     do_seq_ptr,
-    lse_seq_ptr,
+    lse_log2_seq_ptr,
     delta_seq_ptr,
+    alibi_slopes_ptr,
+    first_head,
+    total_q,
     start,
     end,
     keys,
@@ -105,8 +117,8 @@ def _dkdv_query_tiles(
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
-    slope_log2,
     Q_STRIDE: tl.constexpr,
+    GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -118,8 +130,14 @@ def _dkdv_query_tiles(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end).
+    """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
+    of the GROUP query heads first_head, first_head + 1, ... that share this kv head.
 
+    One flat loop over (query tile, head) pairs, heads innermost: a loop over heads
+    around the tile loop would keep its own state live across three tile loops, which
+    costs registers the stationary dk, dv and the pipeline need. q_seq_ptr, do_seq_ptr:
+    row 0 of the sequence at head first_head; lse_log2_seq_ptr, delta_seq_ptr: row 0 of the
+    sequence in head first_head's row ([NUM_Q_HEADS, total_q] layout).
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift).
@@ -127,16 +145,22 @@ def _dkdv_query_tiles(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    q_tile_ptr = q_seq_ptr + start.to(tl.int64) * Q_STRIDE  # row `start` of the sequence
-    do_tile_ptr = do_seq_ptr + start.to(tl.int64) * Q_STRIDE
-    for m in range(start, end, BLOCK_M):
+    num_steps = tl.cdiv(end - start, BLOCK_M) * GROUP
+    for step in range(0, num_steps):
+        g = step % GROUP
+        m = start + (step // GROUP) * BLOCK_M
         cols = m + offs_m  # query positions within the sequence
         col_ok = cols < len_q
-        q_ptrs = _tile_ptrs(q_tile_ptr, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        do_ptrs = _tile_ptrs(do_tile_ptr, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        rows = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
+        q_ptrs = _tile_ptrs(q_seq_ptr + rows, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        do_ptrs = _tile_ptrs(do_seq_ptr + rows, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
         q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        lse2, delta = _load_row_stats(lse_seq_ptr + cols, delta_seq_ptr + cols, col_ok, APPLY_MASK)
+        stats = g.to(tl.int64) * total_q + cols  # [NUM_Q_HEADS, total_q] rows
+        lse2, delta = _load_row_stats(
+            lse_log2_seq_ptr + stats, delta_seq_ptr + stats, col_ok, APPLY_MASK
+        )
+        slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, first_head + g, HAS_ALIBI)
         qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
         s2_t, t_t = _scores_log2(
             qk_t, keys, cols, shift, len_q, window_right, window_left,
@@ -150,8 +174,6 @@ def _dkdv_query_tiles(
         if HAS_SOFT_CAP:
             ds_t *= 1.0 - t_t * t_t
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        q_tile_ptr += BLOCK_M * Q_STRIDE
-        do_tile_ptr += BLOCK_M * Q_STRIDE
     return dk, dv
 
 
@@ -161,7 +183,7 @@ def _dkdv_tile(
     k_ptr,
     v_ptr,
     d_out_ptr,
-    lse_ptr,
+    lse_log2_ptr,
     delta_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -225,36 +247,34 @@ def _dkdv_tile(
         n0, key_last, shift, len_q, window_right, window_left,
         HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, BLOCK_M,
     )  # fmt: skip
-    for g in range(GROUP):  # the query heads sharing this kv head, one after another
-        head = kv_head * GROUP + g
-        q_seq_ptr = q_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
-        do_seq_ptr = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
-        lse_seq_ptr = lse_ptr + head.to(tl.int64) * total_q + q_start
-        delta_seq_ptr = delta_ptr + head.to(tl.int64) * total_q + q_start
-        slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
-        # Without a right window start == 0 and full_start == min(0, end) <= 0.
-        if HAS_WINDOW_RIGHT:
-            dk, dv = _dkdv_query_tiles(
-                dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
-                start, full_start, keys, shift, len_q, window_left, window_right,
-                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-                Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-                HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
-            )  # fmt: skip
+    first_head = kv_head * GROUP
+    q_seq_ptr = q_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    do_seq_ptr = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
+    delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
+    # Without a right window start == 0 and full_start == min(0, end) <= 0.
+    if HAS_WINDOW_RIGHT:
         dk, dv = _dkdv_query_tiles(
-            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
-            full_start, full_end, keys, shift, len_q, window_left, window_right,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
+            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+            first_head, total_q, start, full_start, keys, shift, len_q, window_left,
+            window_right, qk_scale_log2, scale_over_cap, cap_log2,
+            Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
             HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
         )  # fmt: skip
-        dk, dv = _dkdv_query_tiles(
-            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_seq_ptr, delta_seq_ptr,
-            full_end, end, keys, shift, len_q, window_left, window_right,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            Q_STRIDE, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
-        )  # fmt: skip
+    dk, dv = _dkdv_query_tiles(
+        dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+        first_head, total_q, full_start, full_end, keys, shift, len_q, window_left,
+        window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_query_tiles(
+        dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+        first_head, total_q, full_end, end, keys, shift, len_q, window_left,
+        window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+    )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.
     mask = key_ok[:, None] & d_ok[None, :]
@@ -270,7 +290,7 @@ def attention_backward_dkdv_kernel(
     k_ptr,
     v_ptr,
     d_out_ptr,
-    lse_ptr,
+    lse_log2_ptr,
     delta_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -302,8 +322,8 @@ def attention_backward_dkdv_kernel(
 
     Grid: (P, NUM_KV_HEADS) over the (sequence, key tile) rows of `chunk_indices` (from
     cu_seqlens_k), as the forward kernel walks its query tiles (PERSISTENT included).
-    lse_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q]; dk_ptr, dv_ptr: [total_k,
-    NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
+    lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the preprocess kernel
+    writes them; dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
     as the forward kernel.
     """
     kv_head = tl.program_id(1)
@@ -314,7 +334,7 @@ def attention_backward_dkdv_kernel(
         # without work: the grid need not cover the list's empty rows.
         while seq >= 0:
             _dkdv_tile(
-                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr,
+                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
                 cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
                 logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
@@ -327,11 +347,11 @@ def attention_backward_dkdv_kernel(
         if seq < 0:
             return
         _dkdv_tile(
-            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-            chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap,
-            window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS, NUM_KV_HEADS,
-            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP,
-            HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
+            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
+            cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
+            logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
+            NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT,
+            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
         )  # fmt: skip
 
 
@@ -403,7 +423,7 @@ def _dq_tile(
     k_ptr,
     v_ptr,
     d_out_ptr,
-    lse_ptr,
+    lse_log2_ptr,
     delta_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -453,7 +473,7 @@ def _dq_tile(
     do = _load_rows(do_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     stats_row = head.to(tl.int64) * total_q + q_start + m0  # lse and delta: [NUM_Q_HEADS, total_q]
     lse2, delta = _load_row_stats(
-        lse_ptr + stats_row + offs_m, delta_ptr + stats_row + offs_m, row_ok, True
+        lse_log2_ptr + stats_row + offs_m, delta_ptr + stats_row + offs_m, row_ok, True
     )
 
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
@@ -503,7 +523,7 @@ def attention_backward_dq_kernel(
     k_ptr,
     v_ptr,
     d_out_ptr,
-    lse_ptr,
+    lse_log2_ptr,
     delta_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -543,7 +563,7 @@ def attention_backward_dq_kernel(
         # without work: the grid need not cover the list's empty rows.
         while seq >= 0:
             _dq_tile(
-                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr,
+                q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
                 cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
                 logits_soft_cap, window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
@@ -556,9 +576,9 @@ def attention_backward_dq_kernel(
         if seq < 0:
             return
         _dq_tile(
-            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-            chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap,
-            window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
-            BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
-            INPUT_PRECISION, chunk, seq, head,
+            q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
+            cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
+            logits_soft_cap, window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS,
+            NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT,
+            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, head,
         )  # fmt: skip

@@ -126,19 +126,22 @@ def preprocess_block_t(head_dim: int) -> int:
 # option on), and on sm_90 each kernel uses wgmma.
 # Forward: a 128-row query tile is two Hopper warpgroups of m64 at 8 warps; K and V tiles
 # are streamed through `num_stages` shared-memory buffers.
-# dK/dV: the key tile is stationary (K, V, dK, dV live in registers all program long), so
-# it is the large one (m64 per warpgroup on sm_90); the query tile it streams is small.
+# dK/dV: the key tile is stationary (dK, dV accumulate in registers all program long; on
+# sm_90 K and V stay in shared memory as wgmma operands), so it is the large one (m64 per
+# warpgroup on sm_90); the query tile it streams is small. Hopper d=128 fits 32x128 with
+# every option on since the kernel walks (query tile, head) pairs in one loop and reads
+# lse in log2 units (bench report, bf16 causal: 828 -> 540 warp-instructions per MFLOP).
 # dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed).
 _Table = dict[str, dict[int, tuple[int, int, int, int]]]
 _HOPPER_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (128, 32, 8, 2)},
-    "backward_dkdv": {64: (32, 128, 8, 3), 128: (16, 128, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (32, 128, 8, 2), 256: (16, 64, 8, 3)},
     "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
 }
 # sm_80..89: mma.sync tiles hold more per thread, so the head-dim-128 tiles are halved.
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
-    "backward_dkdv": {64: (32, 128, 8, 3), 128: (32, 64, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dkdv": {64: (32, 128, 8, 2), 128: (32, 64, 8, 2), 256: (16, 64, 8, 3)},
     "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
 }
 # sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
@@ -150,12 +153,13 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
 # the forward fits a 128x128 tile (two m64 warpgroups, a 128-key step) and dQ a 128x64
 # one without spills, which amortise the softmax and address arithmetic over twice the
 # matmul work. `python -m bench report` (bf16, causal, d=128, sm_90), warp-instructions
-# of the inner loop per MFLOP: forward 694 -> 527, dQ 610 -> 417. With a soft cap, ALiBi
-# and a left window these tiles spill at d=128, so heavy calls keep the tables above.
-# sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. Other
-# architectures keep the tables above.
+# of the inner loop per MFLOP: forward 694 -> 527, dQ 610 -> 417; Hopper dK/dV at d=64
+# takes 64x128 (904 -> 650 at d=64). With a soft cap, ALiBi and a left window these
+# tiles spill, so heavy calls keep the tables above. sm_80 gains too (forward 1301 ->
+# 845); its dQ at d=128 spills at 128x64. Other architectures keep the tables above.
 _HOPPER_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
+    "backward_dkdv": {64: (64, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
 }
 _AMPERE_16BIT_LIGHT: _Table = {
