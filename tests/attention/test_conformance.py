@@ -109,6 +109,11 @@ CASES = {
     "gqa4_d80_window_sinks": case(
         {"causal": True, "sliding_window": (16, None)}, heads=(8, 2), head_dim=80, sinks=True
     ),
+    # three query heads a kv head: the dK/dV kernel steps its (tile, head) pairs on
+    # instead of masking the step (power-of-two groups)
+    "gqa3_causal_window_alibi_sinks": case(
+        {"causal": True, "sliding_window": (12, None)}, heads=(6, 2), alibi=True, sinks=True
+    ),
     "d40_causal_soft_cap_sinks": case(
         {"causal": True, "logits_soft_cap": 5.0}, heads=(2, 1), head_dim=40, sinks=True
     ),

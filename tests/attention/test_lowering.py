@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -170,6 +172,21 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind, fe
         assert not report.spills, report.summary()
     if compute_capability >= 90:
         assert report.uses_wgmma, report.summary()
+
+
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
+@pytest.mark.parametrize("group", [3, 7])
+def test_dkdv_groups_not_a_power_of_two(group, features):
+    """dK/dV walks (query tile, head) pairs; groups that are not powers of two carry the
+    pair instead of masking the step: still no spills, and the causal loop on target."""
+    variant = attention_variant("backward_dkdv", 128, 90, features=features)
+    heads = dict(NUM_Q_HEADS=group * variant.constexprs["NUM_KV_HEADS"])
+    variant = dataclasses.replace(variant, constexprs={**variant.constexprs, **heads})
+    report = variant_report(variant, 90)
+    print(report.summary())
+    assert not report.spills, report.summary()
+    if features == AttentionFeatures(causal=True):
+        assert report.instructions_per_mflop <= 550, report.summary()
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))

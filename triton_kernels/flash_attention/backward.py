@@ -146,14 +146,21 @@ def _dkdv_query_tiles(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     num_steps = tl.cdiv(end - start, BLOCK_M) * GROUP
+    # Step s visits query tile s // GROUP of head s % GROUP. For a power-of-two group
+    # those are a shift and a mask; otherwise (g, m) are carried and stepped on, which
+    # costs fewer instructions than a division by a general constant.
+    STEP_BY_MASK: tl.constexpr = (GROUP & (GROUP - 1)) == 0
+    g = start * 0
+    m = start
     for step in range(0, num_steps):
-        g = step % GROUP
-        m = start + (step // GROUP) * BLOCK_M
+        if STEP_BY_MASK:
+            g = step % GROUP
+            m = start + (step // GROUP) * BLOCK_M
         cols = m + offs_m  # query positions within the sequence
         col_ok = cols < len_q
-        rows = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
-        q_ptrs = _tile_ptrs(q_seq_ptr + rows, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        do_ptrs = _tile_ptrs(do_seq_ptr + rows, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM  # row m, head first_head + g
+        q_ptrs = _tile_ptrs(q_seq_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+        do_ptrs = _tile_ptrs(do_seq_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
         q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         stats = g.to(tl.int64) * total_q + cols  # [NUM_Q_HEADS, total_q] rows
@@ -174,6 +181,11 @@ def _dkdv_query_tiles(
         if HAS_SOFT_CAP:
             ds_t *= 1.0 - t_t * t_t
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        if not STEP_BY_MASK:
+            g += 1
+            next_tile = g == GROUP
+            m = tl.where(next_tile, m + BLOCK_M, m)
+            g = tl.where(next_tile, 0, g)
     return dk, dv
 
 
