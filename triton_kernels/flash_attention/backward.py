@@ -335,8 +335,8 @@ def attention_backward_dkdv_kernel(
     Grid: (P, NUM_KV_HEADS) over the (sequence, key tile) rows of `chunk_indices` (from
     cu_seqlens_k), as the forward kernel walks its query tiles (PERSISTENT included).
     lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the preprocess kernel
-    writes them; dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other arguments (shift_ptr included)
-    as the forward kernel.
+    writes them; dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other
+    arguments (shift_ptr included) as the forward kernel.
     """
     kv_head = tl.program_id(1)
     chunk = tl.program_id(0)
