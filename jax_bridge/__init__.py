@@ -8,6 +8,8 @@ layers built on grouped matmul, and `attention.ring` context-parallel ring atten
 Importing this package never imports `jax_triton`.
 """
 
+from jax_bridge.aot.compile import CompiledProgram, CompileReport, compile_for
+from jax_bridge.aot.targets import TARGETS, CompileTarget, target_devices, target_mesh
 from jax_bridge.attention.api import varlen_attention
 from jax_bridge.attention.padded import flash_attention
 from jax_bridge.attention.reference import attention_reference
@@ -98,11 +100,15 @@ from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 __all__ = [
     "DEFAULT_PRECISION",
     "FILL_INDEX",
+    "TARGETS",
     "AttentionConfigs",
     "AttentionFeatures",
     "AttentionKernelConfig",
     "AttentionSpec",
     "BwdParams",
+    "CompileReport",
+    "CompileTarget",
+    "CompiledProgram",
     "Dispatched",
     "FwdParams",
     "GroupedMatmulConfig",
@@ -123,6 +129,7 @@ __all__ = [
     "cdiv",
     "chunk_array",
     "chunk_bound",
+    "compile_for",
     "cuda_lowering",
     "default_attention_configs",
     "default_params",
@@ -164,6 +171,8 @@ __all__ = [
     "stable_json",
     "static_kernel_report",
     "static_report_prune",
+    "target_devices",
+    "target_mesh",
     "top_k_router",
     "transposed_grouped_matmul",
     "transposed_grouped_matmul_reference",

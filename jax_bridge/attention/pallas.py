@@ -7,9 +7,11 @@ document boundaries change every step never re-trace. Empty blocks (other docume
 outside the window) are never loaded; partial blocks are masked in the kernel from
 per-token document ids and positions.
 
-Compiled on a TPU; elsewhere the same kernels run in Pallas' interpret mode (slow, for
-tests). Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`,
-`backward`, plus `check_supported` for the options these kernels do not have.
+Compiled by Mosaic wherever the program is lowered for a TPU (a TPU host, or compile-only
+TPU devices from any host); a program lowered for another platform runs the same kernels
+in Pallas' interpret mode (slow, for tests). Backend contract (see
+`jax_bridge.attention.api`): `HEAD_DIMS`, `forward`, `backward`, plus `check_supported`
+for the options these kernels do not have.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def _plan(options: AttentionOptions, cu_q, cu_k, total_q: int, total_k: int) -> 
         softmax_scale=spec.softmax_scale,
         logits_soft_cap=spec.logits_soft_cap,
         block_sizes=blocks,
-        interpret=jax.default_backend() != "tpu",
+        interpret=None,  # Mosaic where the program is lowered for a TPU, else interpreted
     )
     return _Plan(q_len, kv_len, kernel, forward_info, dq_info, dkv_info, element, dkv_element)
 

@@ -28,7 +28,7 @@ from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.host.cu_seqlens import prepare_chunk_indices
-from jax_bridge.launch.target import launch_target
+from jax_bridge.launch.target import follow_lowering_platform, launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
@@ -196,6 +196,7 @@ def _spec_arguments(spec: AttentionSpec, shift: jax.Array | None = None) -> tupl
     )
 
 
+@follow_lowering_platform
 def forward(
     q: jax.Array,
     k: jax.Array,
@@ -316,6 +317,7 @@ def _row_statistics(
     return delta, lse_log2
 
 
+@follow_lowering_platform
 def backward(
     q: jax.Array,
     k: jax.Array,

@@ -2,7 +2,10 @@
 
 `implementation="auto"` picks Triton on cuda/rocm, Pallas on TPU and XLA anywhere else,
 among the backends an op has (an op without a Pallas backend runs XLA on a TPU); an
-explicit choice always wins. Asking for one that cannot run says why.
+explicit choice always wins. Asking for one that cannot run says why. "auto" is decided
+when the op is traced, for the platform JAX computes on, or for the platform of
+`compiling_for_platform` (what `jax_bridge.compile_for` sets while it traces for a
+target: a CPU host compiling for a TPU picks the TPU's kernels).
 
 The Triton implementation also runs on the CPU, through Triton's interpreter, and the
 Pallas one off-TPU in Pallas' interpret mode (both slow, meant for tests), so an
@@ -14,9 +17,10 @@ small backend contract. Adding a backend is one module and one table entry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,11 +28,27 @@ import jax
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "triton", "pallas", "xla")
 
 _AUTO_BY_PLATFORM = {"cuda": "triton", "rocm": "triton", "gpu": "triton", "tpu": "pallas"}
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+# A JAX user context, hence part of jit's cache key: a function traced while compiling
+# for one platform is never reused for another.
+_compile_platform = jax.make_user_context(None)
+
+
+@contextlib.contextmanager
+def compiling_for_platform(platform: str) -> Iterator[None]:
+    """Within this context ops are traced for `platform` ('cpu', 'cuda', 'rocm', 'tpu'),
+    whatever the host computes on: "auto" picks that platform's kernels."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
+    with _compile_platform(platform):
+        yield
 
 
 def default_platform() -> str:
-    """The platform JAX computes on by default: 'cpu', 'cuda', 'rocm' or 'tpu'."""
-    return jax.default_backend()
+    """The platform ops are traced for: `compiling_for_platform`'s, else the one JAX
+    computes on by default ('cpu', 'cuda', 'rocm' or 'tpu')."""
+    return _compile_platform.value or jax.default_backend()
 
 
 def resolve_implementation(

@@ -12,6 +12,8 @@ Every check has two modes, chosen by whether the value is known on the host:
   plain ``jax.jit`` caller fail to trace, which is why the debug flavour is used.)
 
 Messages passed to ``debug_check`` are format strings, so they never contain braces.
+``traced_value_checks(False)`` leaves the traced checks out of the program (what
+``jax.export`` needs: it cannot serialize their effect).
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+# A JAX user context, hence part of jit's cache key.
+_traced_value_checks = jax.make_user_context(True)
+
+
+@contextlib.contextmanager
+def traced_value_checks(enabled: bool) -> Iterator[None]:
+    """Within `traced_value_checks(False)` checks on traced values are not staged out
+    (concrete values are still checked)."""
+    with _traced_value_checks(bool(enabled)):
+        yield
+
 
 def is_traced(x: Any) -> bool:
     """True when ``x`` is an abstract value inside a JAX transformation (no host value)."""
@@ -41,7 +54,8 @@ def require(predicate: Any, message: str) -> None:
       message: the ``ValueError`` text; also the checkify message, so no braces.
     """
     if is_traced(predicate):
-        checkify.debug_check(predicate, message)
+        if _traced_value_checks.value:
+            checkify.debug_check(predicate, message)
     elif not bool(predicate):
         raise ValueError(message)
 

@@ -17,7 +17,7 @@ import numpy as np
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
 from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
-from jax_bridge.launch.target import launch_target
+from jax_bridge.launch.target import follow_lowering_platform, launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
@@ -58,6 +58,7 @@ def _placeholder(dtype: jnp.dtype) -> jax.Array:
     return jnp.zeros((1,), dtype)
 
 
+@follow_lowering_platform
 def gmm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -115,6 +116,7 @@ def gmm(
     )
 
 
+@follow_lowering_platform
 def tgmm(
     lhs: jax.Array,
     rhs: jax.Array,

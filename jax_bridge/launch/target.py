@@ -5,21 +5,33 @@ capability) or Triton's interpreter on the host.
 configuration. Two contexts steer it:
 
 * `cuda_lowering(cc)`: lower for cuda with kernels compiled for `cc`, from any machine
-  (used by `lower_for_cuda`; no GPU needed);
+  (used by `lower_for_cuda` and `compile_for`; no GPU needed);
 * `interpreting()`: run through the interpreter even where a GPU exists (what
   `grouped_matmul(..., interpret=True)` asks for).
 
 Both are JAX user contexts, hence part of `jax.jit`'s cache key: a function traced for
 one target is never reused for another.
+
+Outside both, `follow_lowering_platform` makes a Triton backend follow the platform its
+program is lowered for rather than the host: on a GPU machine the op is traced for the
+GPU and for the interpreter under `jax.lax.platform_dependent` (so `jax.jit(f, device=
+cpu_device)` interprets); on a machine without a GPU it is traced for the interpreter,
+and lowering that for cuda (compile-only GPU devices) stops with an error that says how
+to name the GPU, since its compute capability, which picks the kernels' configurations,
+is not known at trace time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
 
 from jax_bridge.core import backend
 
@@ -77,12 +89,77 @@ def _device_compute_capability() -> int | None:
     return int(major) * 10 + int(minor or 0)
 
 
+_GPU_PLATFORMS = ("cuda", "rocm", "gpu")
+
+
 def launch_target() -> LaunchTarget:
     """Where `triton_call` launches a kernel now (see the module docstring)."""
     if _force_interpreter.value:
         return INTERPRETER
     if _cuda_target.value is not None:
         return LaunchTarget(on_gpu=True, compute_capability=_cuda_target.value)
-    if backend.default_platform() in ("cuda", "rocm", "gpu"):
+    if backend.default_platform() in _GPU_PLATFORMS:
         return LaunchTarget(on_gpu=True, compute_capability=_device_compute_capability())
     return INTERPRETER
+
+
+# An identity that cannot be lowered for a GPU. It marks the inputs of an op traced for
+# the interpreter on a host without a GPU, so that a program lowered for cuda from that
+# host fails with directions instead of calling the host interpreter from the GPU.
+_host_only_p = Primitive("ragged_kernels_host_only")
+_host_only_p.multiple_results = True
+_host_only_p.def_impl(lambda *args, what: args)
+_host_only_p.def_abstract_eval(lambda *avals, what: avals)
+batching.primitive_batchers[_host_only_p] = lambda args, dims, what: (
+    _host_only_p.bind(*args, what=what),
+    dims,
+)
+mlir.register_lowering(_host_only_p, lambda ctx, *args, what: args)
+
+
+def _refuse_gpu_lowering(ctx, *args, what: str):
+    raise RuntimeError(
+        f"{what} were traced on a host without a GPU, for Triton's interpreter, and "
+        "cannot be lowered for cuda: the GPU's compute capability picks their launch "
+        "configurations at trace time. Compile with jax_bridge.compile_for(fn, *args, "
+        "target='h100') (or 'a100'), or trace inside jax_bridge.cuda_lowering(90)."
+    )
+
+
+for _platform in ("cuda", "rocm"):
+    mlir.register_lowering(_host_only_p, _refuse_gpu_lowering, platform=_platform)
+
+
+def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, a Triton backend's entry point, traced for the platform its program is
+    lowered for (see the module docstring). `fn` returns a pytree of arrays."""
+    what = f"The Triton kernels of {fn.__module__}.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def for_lowering_platform(*args: Any, **kwargs: Any) -> Any:
+        if _force_interpreter.value or _cuda_target.value is not None:
+            return fn(*args, **kwargs)
+
+        def host() -> Any:
+            with _force_interpreter(True):
+                return fn(*args, **kwargs)
+
+        if jax.default_backend() not in _GPU_PLATFORMS:
+            # Marks the inputs, so that the refusal is lowered before the interpreter's
+            # host callback (which a cuda lowering cannot place at all).
+            leaves, tree = jax.tree.flatten((args, kwargs))
+            arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+            marked = _host_only_p.bind(*(leaves[i] for i in arrays), what=what)
+            for i, x in zip(arrays, marked, strict=True):
+                leaves[i] = x
+            marked_args, marked_kwargs = jax.tree.unflatten(tree, leaves)
+            with _force_interpreter(True):
+                return fn(*marked_args, **marked_kwargs)
+
+        def gpu() -> Any:
+            with _cuda_target(_device_compute_capability()):
+                return fn(*args, **kwargs)
+
+        return jax.lax.platform_dependent(cuda=gpu, rocm=gpu, default=host)
+
+    return for_lowering_platform

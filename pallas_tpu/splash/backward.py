@@ -24,7 +24,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_tpu.splash import common
 from pallas_tpu.splash.config import NUM_SUBLANES, KernelOptions, SegmentIds
-from pallas_tpu.splash.isolation import isolated_dot
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
 
@@ -57,16 +56,16 @@ def _ds(st: common.BodyStatic, s_scaled, p, dp, delta) -> jax.Array:
     return jnp.where(p == 0.0, 0.0, ds * scale if scale != 1.0 else ds)
 
 
-def _product(weights, values, dims, partial_block: bool) -> jax.Array:
+def _product(weights, values, dims, nonfinite, partial_block: bool) -> jax.Array:
     """weights . values in float32; in a partial block (which may mix documents) zero
-    weights never meet another document's non-finite values."""
-    weights = weights.astype(values.dtype)
+    weights never meet another document's non-finite values (`common.block_product`)."""
     if partial_block:
-        return isolated_dot(weights, values, dims)
+        return common.block_product(weights, values, dims, nonfinite)
+    weights = weights.astype(values.dtype)
     return jax.lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
 
 
-def _dq_step(st, kv_block, refs, dq_acc_ref, partial_block: bool) -> None:
+def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> None:
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_refs = refs
     opts = st.options
     tile = common.TileView(st.trav, 0, st.trav.block_kv)
@@ -81,10 +80,10 @@ def _dq_step(st, kv_block, refs, dq_acc_ref, partial_block: bool) -> None:
         do_ref[...].astype(v.dtype), v, common.NT_DIMS, preferred_element_type=jnp.float32
     )
     ds = _ds(st, scaled, p, dp, delta)
-    dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, partial_block)
+    dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, nonfinite, partial_block)
 
 
-def _dq_kernel(dn_ref, bm_ref, mn_ref, *refs, st):
+def _dq_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
     *inputs, dq_ref, dq_acc_ref = refs
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
     prefetch = (dn_ref, bm_ref, mn_ref)
@@ -94,7 +93,8 @@ def _dq_kernel(dn_ref, bm_ref, mn_ref, *refs, st):
         dq_acc_ref[...] = jnp.zeros_like(dq_acc_ref)
 
     kv_block = st.trav.kv_block(*ids, *prefetch)
-    body = functools.partial(_dq_step, st, kv_block, tuple(inputs), dq_acc_ref)
+    nonfinite = common.nonfinite_entry(nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block)
+    body = functools.partial(_dq_step, st, kv_block, nonfinite, tuple(inputs), dq_acc_ref)
     common.run_by_kind(st.trav.kind(*ids, *prefetch), st.has_block_mask, body)
 
     @pl.when(ids[2] == st.grid_width - 1)
@@ -102,8 +102,9 @@ def _dq_kernel(dn_ref, bm_ref, mn_ref, *refs, st):
         dq_ref[...] = dq_acc_ref[...].astype(dq_ref.dtype)
 
 
-def _dkv_step(st, kv_block, refs, scratch, partial_block: bool) -> None:
-    """Accumulates one q block's contribution to dk/dv, kv slice by kv slice."""
+def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> None:
+    """Accumulates one q block's contribution to dk/dv, kv slice by kv slice;
+    `nonfinite`: whether the q block's q or dout holds a NaN or Inf."""
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_refs = refs
     dk_acc_ref, dv_acc_ref = scratch
     opts, width = st.options, st.block_kv_compute
@@ -117,17 +118,15 @@ def _dkv_step(st, kv_block, refs, scratch, partial_block: bool) -> None:
         scaled, s = common.logits(k_ref[kv, :], q, opts.softmax_scale, opts.logits_soft_cap)
         mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
         p = _probabilities(common.apply_mask(s, mask), lse)
-        dv_acc_ref[kv, :] += jax.lax.dot_general(
-            p.astype(do.dtype), do, common.NN_DIMS, preferred_element_type=jnp.float32
-        )
+        dv_acc_ref[kv, :] += _product(p, do, common.NN_DIMS, nonfinite, partial_block)
         dp = jax.lax.dot_general(
             v, do.astype(v.dtype), common.NT_DIMS, preferred_element_type=jnp.float32
         )
         ds = _ds(st, scaled, p, dp, delta)
-        dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, partial_block)
+        dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, nonfinite, partial_block)
 
 
-def _dkv_kernel(dn_ref, bm_ref, mn_ref, *refs, st):
+def _dkv_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
     *inputs, dk_ref, dv_ref, dk_acc_ref, dv_acc_ref = refs
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
     prefetch = (dn_ref, bm_ref, mn_ref)
@@ -139,7 +138,11 @@ def _dkv_kernel(dn_ref, bm_ref, mn_ref, *refs, st):
         dk_acc_ref[...] = jnp.zeros_like(dk_acc_ref)
         dv_acc_ref[...] = jnp.zeros_like(dv_acc_ref)
 
-    body = functools.partial(_dkv_step, st, ids[0], tuple(inputs), (dk_acc_ref, dv_acc_ref))
+    q_block = st.trav.q_block(*ids, *prefetch)
+    nonfinite = common.nonfinite_entry(nf_ref, st.trav.head(*ids, *prefetch), q_block)
+    body = functools.partial(
+        _dkv_step, st, ids[0], nonfinite, tuple(inputs), (dk_acc_ref, dv_acc_ref)
+    )
     common.run_by_kind(st.trav.kind(*ids, *prefetch), st.has_block_mask, body)
 
     # The dk/dv block index (kv head, ki) is constant over the group's heads and all
@@ -217,10 +220,11 @@ def splash_backward_dq(
     )
     st, ops = _prepare(q, v, mask_info, element_mask, segment_ids, trav, trav.block_kv, options)
     q_map = lambda *a: (trav.head(*a), trav.q_block(*a), 0)
-    return pl.pallas_call(
+    prefetch = common.scalar_prefetch(mask_info, common.nonfinite_blocks(k, block=trav.block_kv))
+    return common.pallas_call(
         functools.partial(_dq_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
+            num_scalar_prefetch=4,
             grid=(num_q_heads, q_len // trav.block_q, st.grid_width),
             in_specs=[*_input_specs(trav, head_dim, head_dim_v), common.mask_specs(ops, trav)],
             out_specs=pl.BlockSpec((None, trav.block_q, head_dim), q_map),
@@ -230,9 +234,10 @@ def splash_backward_dq(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")
         ),
-        interpret=common.interpret_mode(options.interpret, q, k, v, dout),
+        interpret=options.interpret,
+        like=(q, k, v, dout),
         name="splash_backward_dq",
-    )(*common.scalar_prefetch(mask_info), q, k, v, dout, *_row_inputs(lse, delta), ops)
+    )(*prefetch, q, k, v, dout, *_row_inputs(lse, delta), ops)
 
 
 def splash_backward_dkv(
@@ -267,10 +272,12 @@ def splash_backward_dkv(
     )
     kv_map = lambda *a: (trav.kv_head(*a), trav.kv_block(*a), 0)
     bkv = trav.block_kv
-    return pl.pallas_call(
+    nonfinite = common.nonfinite_blocks(q, dout, block=trav.block_q)
+    prefetch = common.scalar_prefetch(mask_info, nonfinite)
+    return common.pallas_call(
         functools.partial(_dkv_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
+            num_scalar_prefetch=4,
             grid=(kv_len // bkv, num_q_heads, st.grid_width),
             in_specs=[*_input_specs(trav, head_dim, head_dim_v), common.mask_specs(ops, trav)],
             out_specs=(
@@ -290,6 +297,7 @@ def splash_backward_dkv(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")
         ),
-        interpret=common.interpret_mode(options.interpret, q, k, v, dout),
+        interpret=options.interpret,
+        like=(q, k, v, dout),
         name="splash_backward_dkv",
-    )(*common.scalar_prefetch(mask_info), q, k, v, dout, *_row_inputs(lse, delta), ops)
+    )(*prefetch, q, k, v, dout, *_row_inputs(lse, delta), ops)

@@ -13,9 +13,10 @@ column [len, 128]; the side on lanes reads a sublane-broadcast row [8, len].
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, KernelOptions, SegmentIds
+from pallas_tpu.splash.isolation import isolated_dot
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # MaskInfo.block_mask values
@@ -305,15 +307,68 @@ def fit_lanes(x: jax.Array, width: int) -> jax.Array:
     return jnp.tile(x, (1, reps))[:, :width] if width != NUM_LANES else x
 
 
-def scalar_prefetch(info: MaskInfo) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(data_next, block_mask, mask_next) for the grid spec; a dummy mask_next when None.
+def scalar_prefetch(
+    info: MaskInfo, nonfinite: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(data_next, block_mask, mask_next, nonfinite) for the grid spec; a dummy
+    mask_next when None.
 
     The dummy is never read: `mask_block` runs only when partial blocks are loaded.
     """
     mask_next = info.mask_next
     if mask_next is None:
         mask_next = jnp.zeros((1, 1, 1), jnp.int32)
-    return jnp.asarray(info.data_next), jnp.asarray(info.block_mask), jnp.asarray(mask_next)
+    data_next, block_mask = jnp.asarray(info.data_next), jnp.asarray(info.block_mask)
+    return data_next, block_mask, jnp.asarray(mask_next), nonfinite
+
+
+def nonfinite_blocks(*xs: jax.Array, block: int) -> jax.Array:
+    """int8 [heads, len // block]: 1 where a block of rows of any of `xs` (each [heads,
+    len, features], the same heads and len) holds a NaN or an Inf, else 0.
+
+    One pass over the inputs outside the kernels; inside, a partial block pays for the
+    isolating product (`block_product`) only where this says it must.
+    """
+    heads, length = xs[0].shape[:2]
+    flags = [jnp.any(~jnp.isfinite(x.reshape(heads, length // block, -1)), axis=-1) for x in xs]
+    return functools.reduce(jnp.logical_or, flags).astype(jnp.int8)
+
+
+def nonfinite_entry(ref: Ref, h, block) -> jax.Array:
+    """The `nonfinite_blocks` flag of (head h, block) as int32; head 0 for shared k/v."""
+    return ref[0 if ref.shape[0] == 1 else h, block].astype(jnp.int32)
+
+
+# libtpu's static profile reads every scalar-memory value as 0 (EMPTY): a body guarded by
+# the block's kind is never priced. For static cost estimates only, `pricing_blocks_as`
+# compiles every grid step as a block of one kind (a JAX user context: part of jit's key).
+_priced_kind = jax.make_user_context(None)
+PRICED_KINDS = ("full", "partial", "isolating")
+
+
+@contextlib.contextmanager
+def pricing_blocks_as(kind: str) -> Iterator[None]:
+    """Within, kernels compile every grid step as a block of one kind, whatever the
+    MaskInfo says: "full", "partial" (finite values: the plain product) or "isolating"
+    (a partial block whose values hold a NaN or Inf). For libtpu's static cycle estimate
+    (`bench aot`), never for results."""
+    if kind not in PRICED_KINDS:
+        raise ValueError(f"kind must be one of {PRICED_KINDS}, got {kind!r}")
+    with _priced_kind(kind):
+        yield
+
+
+def block_product(weights: jax.Array, values: jax.Array, dims, nonfinite) -> jax.Array:
+    """float32 weights . values (dot_general `dims`) for a partial block, which may mix
+    documents: where `nonfinite` (a traced scalar, `nonfinite_entry`) says the values
+    hold a NaN or Inf, the isolating product keeps a zero weight from meeting them
+    (`isolation.py`); elsewhere the plain product, which then equals it."""
+    weights = weights.astype(values.dtype)
+    isolating = lambda: isolated_dot(weights, values, dims)
+    if _priced_kind.value == "isolating":
+        return isolating()
+    plain = lambda: lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
+    return lax.cond(nonfinite != 0, isolating, plain)
 
 
 def run_by_kind(kind: jax.Array, has_block_mask: bool, body: Callable[[bool], None]) -> None:
@@ -322,6 +377,9 @@ def run_by_kind(kind: jax.Array, has_block_mask: bool, body: Callable[[bool], No
     With an element mask, partial and full blocks get separate traced bodies so that
     full blocks skip the mask arithmetic.
     """
+    if _priced_kind.value is not None:
+        body(_priced_kind.value != "full" and has_block_mask)
+        return
     if not has_block_mask:
         pl.when(kind != EMPTY)(lambda: body(False))
         return
@@ -377,9 +435,51 @@ def out_struct(shape, dtype, *like: jax.Array) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
 
 
-def interpret_mode(interpret, *like: jax.Array):
+def _interpret_mode(interpret: bool, like: tuple[jax.Array, ...]):
     """pallas_call's `interpret=`: off a TPU inside a checked shard_map the plain HLO
     interpreter cannot type its constants (JAX limitation), the TPU interpreter can."""
-    if interpret is True and _most_varying(like) is not None:
+    if interpret and _most_varying(like) is not None:
         return pltpu.InterpretParams()
     return interpret
+
+
+def _mesh_platform() -> str | None:
+    """The platform of the mesh being traced for (inside `shard_map`, or under
+    `jax.set_mesh`), read from its abstract mesh; None where no mesh is set."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return None if device is None else device.platform
+
+
+def pallas_call(kernel: Callable[..., None], *, interpret: bool | None, like, **params):
+    """`pl.pallas_call(kernel, **params)`, compiled by Mosaic or interpreted.
+
+    `interpret=None` follows the platform the program is compiled for, not the host:
+    Mosaic for TPU devices (real or compile-only), Pallas' interpreter elsewhere. Under a
+    mesh (inside `shard_map`) the mesh's devices name that platform at trace time;
+    otherwise a `jax.lax.platform_dependent` holds both forms and only the branch of the
+    lowering platform is compiled. (Inside a checked shard_map the interpreter has
+    ordered effects, which a platform_dependent branch cannot have: hence the mesh.)
+    True / False force the interpreter / Mosaic.
+
+    Args:
+      kernel, params: as `pl.pallas_call`'s.
+      like: the array operands whose shard_map typing the outputs follow.
+
+    Returns:
+      A function of the pallas_call's operands.
+    """
+
+    def call(mode: bool, *operands):
+        return pl.pallas_call(kernel, interpret=_interpret_mode(mode, like), **params)(*operands)
+
+    def run(*operands):
+        if interpret is not None:
+            return call(interpret, *operands)
+        platform = _mesh_platform()
+        if platform is not None:
+            return call(platform != "tpu", *operands)
+        return lax.platform_dependent(
+            *operands, tpu=functools.partial(call, False), default=functools.partial(call, True)
+        )
+
+    return run

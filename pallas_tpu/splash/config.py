@@ -135,13 +135,15 @@ class KernelOptions:
       softmax_scale: multiplies q . k before the soft cap.
       logits_soft_cap: c in s = c * tanh(s / c), or None for no cap.
       block_sizes: resolved against the sequence lengths by each kernel wrapper.
-      interpret: run the Pallas kernels in interpret mode (CPU).
+      interpret: True runs the Pallas kernels in interpret mode, False compiles them with
+        Mosaic (TPU only), None follows the platform the program is lowered for (Mosaic
+        for a TPU, interpret mode elsewhere; `common.pallas_call`).
     """
 
     softmax_scale: float = 1.0
     logits_soft_cap: float | None = None
     block_sizes: BlockSizes = BlockSizes()
-    interpret: bool = False
+    interpret: bool | None = False
 
     def __post_init__(self):
         if self.logits_soft_cap is not None and not self.logits_soft_cap > 0:

@@ -17,7 +17,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_tpu.splash import common
 from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, KernelOptions, SegmentIds
-from pallas_tpu.splash.isolation import isolated_dot
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
 
@@ -33,8 +32,9 @@ def _init(st: common.BodyStatic, h, sinks_ref, m_ref, l_ref, acc_ref) -> None:
         l_ref[...] = jnp.zeros_like(l_ref)
 
 
-def _accumulate(st, kv_block, refs, scratch, partial_block: bool) -> None:
-    """Online-softmax update of (m, l, acc) with one kv block, slice by slice."""
+def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> None:
+    """Online-softmax update of (m, l, acc) with one kv block, slice by slice;
+    `nonfinite`: whether the block's values hold a NaN or Inf."""
     q_ref, k_ref, v_ref, mask_refs = refs
     m_ref, l_ref, acc_ref = scratch
     opts, width = st.options, st.block_kv_compute
@@ -56,7 +56,7 @@ def _accumulate(st, kv_block, refs, scratch, partial_block: bool) -> None:
         m_ref[...] = m_next
         v = v_ref[kv, :]
         if partial_block:  # may mix documents: keep another's NaN/Inf values out
-            pv = isolated_dot(p.astype(v.dtype), v, common.NN_DIMS)
+            pv = common.block_product(p, v, common.NN_DIMS, nonfinite)
         else:
             pv = jax.lax.dot_general(
                 p.astype(v.dtype), v, common.NN_DIMS, preferred_element_type=jnp.float32
@@ -73,7 +73,7 @@ def _finish(out_ref, lse_ref, m_ref, l_ref, acc_ref) -> None:
     lse_ref[...] = jnp.where(empty, -jnp.inf, m_ref[...] + jnp.log(jnp.where(empty, 1.0, l)))
 
 
-def _kernel(dn_ref, bm_ref, mn_ref, q_ref, k_ref, v_ref, sinks_ref, mask_refs, *rest, st):
+def _kernel(dn_ref, bm_ref, mn_ref, nf_ref, q_ref, k_ref, v_ref, sinks_ref, mask_refs, *rest, st):
     out_ref, lse_ref, m_ref, l_ref, acc_ref = rest
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
     prefetch = (dn_ref, bm_ref, mn_ref)
@@ -84,8 +84,14 @@ def _kernel(dn_ref, bm_ref, mn_ref, q_ref, k_ref, v_ref, sinks_ref, mask_refs, *
         _init(st, ids[0], sinks_ref, m_ref, l_ref, acc_ref)
 
     kv_block = st.trav.kv_block(*ids, *prefetch)
+    nonfinite = common.nonfinite_entry(nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block)
     body = functools.partial(
-        _accumulate, st, kv_block, (q_ref, k_ref, v_ref, mask_refs), (m_ref, l_ref, acc_ref)
+        _accumulate,
+        st,
+        kv_block,
+        nonfinite,
+        (q_ref, k_ref, v_ref, mask_refs),
+        (m_ref, l_ref, acc_ref),
     )
     common.run_by_kind(st.trav.kind(*ids, *prefetch), st.has_block_mask, body)
 
@@ -160,10 +166,11 @@ def splash_forward(
     )
     if sinks is not None:
         sinks = jnp.broadcast_to(sinks.astype(jnp.float32), (NUM_SUBLANES, num_q_heads))
-    out, lse = pl.pallas_call(
+    prefetch = common.scalar_prefetch(mask_info, common.nonfinite_blocks(v, block=trav.block_kv))
+    out, lse = common.pallas_call(
         functools.partial(_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
+            num_scalar_prefetch=4,
             grid=(num_q_heads, q_len // trav.block_q, st.grid_width),
             in_specs=[
                 q_spec,
@@ -188,7 +195,8 @@ def splash_forward(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")
         ),
-        interpret=common.interpret_mode(options.interpret, q, k, v),
+        interpret=options.interpret,
+        like=(q, k, v),
         name="splash_forward",
-    )(*common.scalar_prefetch(mask_info), q, k, v, sinks, ops)
+    )(*prefetch, q, k, v, sinks, ops)
     return out, lse[..., 0]

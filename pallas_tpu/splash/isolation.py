@@ -27,7 +27,7 @@ def isolated_dot(weights: jax.Array, values: jax.Array, dims) -> jax.Array:
       float32 [rows, features].
     """
     (_, values_axes), _ = dims
-    finite = jnp.isfinite(values)
+    finite = jnp.isfinite(values.astype(jnp.float32))
     clean = jax.lax.dot_general(
         weights,
         jnp.where(finite, values, 0).astype(values.dtype),

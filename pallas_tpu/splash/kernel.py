@@ -244,7 +244,7 @@ def make_splash_mha(
     block_sizes: BlockSizes | None = None,
     head_shards: int = 1,
     q_seq_shards: int = 1,
-    interpret: bool = False,
+    interpret: bool | None = False,
     softmax_scale: float = 1.0,
     attn_logits_soft_cap: float | None = None,
     save_residuals: bool = False,
@@ -259,7 +259,10 @@ def make_splash_mha(
       block_sizes: BlockSizes or None (defaults, see BlockSizes.resolve).
       head_shards, q_seq_shards, downcast_smem_data, shrink_grid: passed to the mask
         processing.
-      interpret: run the Pallas kernels in interpret mode (CPU).
+      interpret: True runs the Pallas kernels in interpret mode (CPU), False compiles
+        them with Mosaic (JAX splash's default), None follows the platform the program
+        is compiled for: Mosaic for TPU devices (real or compile-only), the interpreter
+        elsewhere.
       softmax_scale: multiplies q . k; attn_logits_soft_cap: c in c * tanh(s / c).
       save_residuals: the kernel returns (out, (lse,)) instead of out.
 
