@@ -3,6 +3,7 @@
     python -m bench [--quick | --full] [--only NAME ...] [--json PATH] [--plot PATH] [NAME ...]
     python -m bench report [ARGS ...]   # bench.kernel_report.main(ARGS)
     python -m bench tune [ARGS ...]     # bench.tune.main(ARGS)
+    python -m bench aot [ARGS ...]      # bench.aot.main(ARGS): compiled for H100/A100/TPUs
 
 Each section's `main()` prints its own lines and returns `BenchRow`s (bench/report.py); the
 rows are printed as one table at the end (stdout), while a progress bar over the sections
@@ -49,7 +50,7 @@ SECTIONS = (
 )
 # Subcommand -> the module whose `main(argv)` runs it, imported only when asked for (the
 # modules are optional: a checkout without one says so instead of failing at start-up).
-SUBCOMMANDS = {"report": "bench.kernel_report", "tune": "bench.tune"}
+SUBCOMMANDS = {"report": "bench.kernel_report", "tune": "bench.tune", "aot": "bench.aot"}
 assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcommand's name"
 
 

@@ -39,21 +39,26 @@ def _row_inputs(lse: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]
     return _rows(jnp.where(lse == -jnp.inf, jnp.inf, lse)), _rows(delta)
 
 
-def _probabilities(s_masked: jax.Array, lse: jax.Array) -> jax.Array:
+def _probabilities(s_masked: jax.Array, lse: jax.Array, masked: bool) -> jax.Array:
     """exp(s - lse), exactly 0 where masked: a select, so that a NaN lse (a poisoned row
-    of another document) never turns a masked entry into NaN."""
-    return jnp.where(s_masked == -jnp.inf, 0.0, jnp.exp(s_masked - lse))
+    of another document) never turns a masked entry into NaN. A tile without a mask
+    (`masked` False: a full block, no segment ids) holds one document's pairs only, so
+    its NaNs are that document's own and the plain form is exact."""
+    p = jnp.exp(s_masked - lse)
+    return jnp.where(s_masked == -jnp.inf, 0.0, p) if masked else p
 
 
-def _ds(st: common.BodyStatic, s_scaled, p, dp, delta) -> jax.Array:
+def _ds(st: common.BodyStatic, s_scaled, p, dp, delta, masked: bool) -> jax.Array:
     """d loss / d (scaled logits) for one tile, times the softmax scale.
 
-    Exactly 0 where p is 0 (a select, not a product): dp, delta or the logits of a masked
-    pair may be non-finite when they come from another document.
+    In a masked tile exactly 0 where p is 0 (a select, not a product): dp, delta or the
+    logits of a masked pair may be non-finite when they come from another document. An
+    unmasked tile is one document's (`_probabilities`): the product is the reference's.
     """
     ds = common.soft_cap_grad(p * (dp - delta), s_scaled, st.options.logits_soft_cap)
     scale = st.options.softmax_scale
-    return jnp.where(p == 0.0, 0.0, ds * scale if scale != 1.0 else ds)
+    ds = ds * scale if scale != 1.0 else ds
+    return jnp.where(p == 0.0, 0.0, ds) if masked else ds
 
 
 def _product(weights, values, dims, nonfinite, partial_block: bool) -> jax.Array:
@@ -74,12 +79,12 @@ def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> 
     mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
     # lse/delta arrive as [8, bq] rows; the tile wants [bq, 1] columns.
     lse, delta = lse_ref[0][:, None], delta_ref[0][:, None]
-    p = _probabilities(common.apply_mask(s, mask), lse)
+    p = _probabilities(common.apply_mask(s, mask), lse, mask is not None)
     v = v_ref[...]
     dp = jax.lax.dot_general(
         do_ref[...].astype(v.dtype), v, common.NT_DIMS, preferred_element_type=jnp.float32
     )
-    ds = _ds(st, scaled, p, dp, delta)
+    ds = _ds(st, scaled, p, dp, delta, mask is not None)
     dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, nonfinite, partial_block)
 
 
@@ -117,12 +122,12 @@ def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> No
         # Transposed tile [width, bq]: s.T = k @ q.T.
         scaled, s = common.logits(k_ref[kv, :], q, opts.softmax_scale, opts.logits_soft_cap)
         mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
-        p = _probabilities(common.apply_mask(s, mask), lse)
+        p = _probabilities(common.apply_mask(s, mask), lse, mask is not None)
         dv_acc_ref[kv, :] += _product(p, do, common.NN_DIMS, nonfinite, partial_block)
         dp = jax.lax.dot_general(
             v, do.astype(v.dtype), common.NT_DIMS, preferred_element_type=jnp.float32
         )
-        ds = _ds(st, scaled, p, dp, delta)
+        ds = _ds(st, scaled, p, dp, delta, mask is not None)
         dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, nonfinite, partial_block)
 
 

@@ -365,9 +365,12 @@ def block_product(weights: jax.Array, values: jax.Array, dims, nonfinite) -> jax
     (`isolation.py`); elsewhere the plain product, which then equals it."""
     weights = weights.astype(values.dtype)
     isolating = lambda: isolated_dot(weights, values, dims)
+    plain = lambda: lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
+    # Priced, a branch costs its dearer side: each kind compiles the side it runs.
     if _priced_kind.value == "isolating":
         return isolating()
-    plain = lambda: lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
+    if _priced_kind.value == "partial":
+        return plain()
     return lax.cond(nonfinite != 0, isolating, plain)
 
 
