@@ -18,6 +18,12 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import hypothesis
 
+from bench.quiet_start import start_jax_quietly
+
+# Without an NVIDIA driver, jax's CUDA plugin (needed for the CUDA lowering tests) logs
+# four "Could not find cuda drivers" notices at start-up: dropped, other output kept.
+start_jax_quietly()
+
 hypothesis.settings.register_profile(
     "ci",
     max_examples=30,
