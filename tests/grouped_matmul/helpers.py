@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests import margins
+
 TOLERANCES = {
     jnp.dtype(jnp.float32): 2e-5,
     jnp.dtype(jnp.float16): 2e-3,
@@ -80,6 +82,7 @@ def assert_close(actual, expected, dtype=None, name: str = "") -> None:
     scale = float(np.max(np.abs(expected))) or 1.0
     ratio = np.abs(actual - expected) / (tol * (np.abs(expected) + scale))
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    margins.record(name, ratio[worst])
     assert ratio[worst] <= 1.0, (
         f"{name}: worst element {tuple(int(i) for i in worst)}: got {actual[worst]!r}, "
         f"expected {expected[worst]!r}, error {ratio[worst]:.3g}x the allowed "

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.moe import MoEParams
+from tests import margins
 
 TOLERANCE = 2e-5
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -93,6 +94,8 @@ def assert_close(actual, expected, name: str = "", tol: float = TOLERANCE) -> No
     assert actual.shape == expected.shape, f"{name}: {actual.shape} != {expected.shape}"
     assert np.all(np.isfinite(actual)), f"{name}: non-finite values"
     scale = float(np.max(np.abs(expected), initial=0.0)) or 1.0
+    if actual.size:
+        margins.record(name, np.max(np.abs(actual - expected) / (tol * (np.abs(expected) + scale))))
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=name)
 
 
