@@ -36,6 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib import DummyTqdmFile
 
+from bench.quiet_start import start_jax_quietly
 from bench.report import BenchRow, format_table, machine_description, write_json
 
 SECTIONS = (
@@ -182,10 +183,12 @@ def main(argv: Sequence[str]) -> None:
     check; or hand the command line to a subcommand."""
     if argv and argv[0] in SUBCOMMANDS:
         _prefer_cpu_without_gpu(fake_devices=False)
+        start_jax_quietly()
         raise SystemExit(run_subcommand(argv[0], argv[1:]))
     args = parse_args(argv)
     mode = _apply_size(args)
     _prefer_cpu_without_gpu()
+    start_jax_quietly()
     import jax
 
     start = time.perf_counter()

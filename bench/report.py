@@ -30,17 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COLUMNS = (
-    "op",
-    "shape",
-    "backend",
-    "median (min-max)",
-    "throughput",
-    "baseline",
-    "baseline time",
-    "base/ours",
-)
-_RIGHT_ALIGNED = {3, 4, 6, 7}  # the figures' columns
+# Each row takes two lines, so that the table fits ~120 columns (TABLE_WIDTH) whatever the
+# baseline's name: the figures on the first, under these headers; the shape and the baseline
+# (name and median time) on an indented second line. `--json` keeps every figure.
+COLUMNS = ("op", "backend", "median (min-max)", "throughput", "base/ours")
+_RIGHT_ALIGNED = {2, 3, 4}  # the figures' columns
+TABLE_WIDTH = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,21 +177,23 @@ def format_spread(times: Sequence[float]) -> str:
 
 def _cells(row: BenchRow) -> tuple[str, ...]:
     ratio = "-" if row.ratio is None else f"{row.ratio:.3g}x"
-    return (
-        row.op,
-        row.shape,
-        row.backend,
-        format_spread(row.times),
-        row.throughput,
-        row.baseline or "-",
-        format_seconds(row.baseline_s),
-        ratio,
-        row.check,
-    )
+    return (row.op, row.backend, format_spread(row.times), row.throughput, ratio, row.check)
+
+
+def _detail(row: BenchRow) -> list[str]:
+    """The second line: shape, then the baseline and its median time (if any); a third
+    line for the baseline where both do not fit TABLE_WIDTH."""
+    if not row.baseline and row.baseline_s is None:
+        return [f"    {row.shape}"]
+    baseline = f"vs {row.baseline or '-'}: {format_seconds(row.baseline_s)}"
+    joined = f"    {row.shape}; {baseline}"
+    return [joined] if len(joined) <= TABLE_WIDTH else [f"    {row.shape}", f"    {baseline}"]
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:
-    """One aligned text table of all rows (text left-aligned, figures right-aligned)."""
+    """One aligned text table, two lines a row: op, backend and the figures (text
+    left-aligned, figures right-aligned), then the shape and the baseline, indented (on
+    two lines where one would pass TABLE_WIDTH)."""
     header = (*COLUMNS, "check")
     body = [_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
@@ -207,8 +204,11 @@ def format_table(rows: Sequence[BenchRow]) -> str:
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(cells) for cells in body)])
+    legend = "    shape; vs baseline: its median time"
+    lines = [line(header), legend, "  ".join("-" * w for w in widths)]
+    for row, cells in zip(rows, body, strict=True):
+        lines += [line(cells), *_detail(row)]
+    return "\n".join(lines)
 
 
 def _version(distribution: str) -> str | None:

@@ -92,9 +92,11 @@ def test_table_marks_failures_and_missing_figures() -> None:
         BenchRow("s", "op b", "8", "sm_90", ok=False),
     ]
     lines = format_table(rows).splitlines()
-    assert len(lines) == 4
-    assert "2 ms (1-3)" in lines[2] and "2x" in lines[2] and lines[2].endswith("ok")
-    assert lines[3].endswith("FAIL") and " - " in lines[3]
+    assert len(lines) == 3 + 2 * 2  # header, legend, rule; two lines a row
+    assert "2 ms (1-3)" in lines[3] and "2x" in lines[3] and lines[3].endswith("ok")
+    assert lines[4] == "    4x4; vs numpy: 4 ms"
+    assert lines[5].endswith("FAIL") and " - " in lines[5]
+    assert lines[6] == "    8"
 
 
 def test_throughput_units_read_well() -> None:
@@ -110,7 +112,28 @@ def test_throughput_units_read_well() -> None:
     assert memory.throughput == "850 GB/s" and memory.flop_per_s is None
     assert BenchRow("s", "op", "x", "cpu", flops=1e9).throughput == "-"  # no time
     lines = format_table([compute, memory]).splitlines()
-    assert "throughput" in lines[0] and "2 TFLOP/s" in lines[2] and "850 GB/s" in lines[3]
+    assert "throughput" in lines[0] and "2 TFLOP/s" in lines[3] and "850 GB/s" in lines[5]
+
+
+def test_table_fits_120_columns() -> None:
+    """The widest rows the main job prints (long op names, shapes and baseline names,
+    times with ranges in seconds) stay within 120 characters a line, and every figure of
+    the row is still on the table."""
+    row = BenchRow(
+        "grouped_matmul",
+        "transposed_grouped_matmul fwd+bwd",
+        "m8192 k512 n352 G64 f32 (tokens sorted by expert, 12 empty groups)",
+        "cpu triton-interpret",
+        (123.456, 101.2, 131.9),
+        "per-group jnp.dot under jax.jit with dispatch (baseline)",
+        (4.4, 4.5),
+        True,
+        flops=1.23e12,
+    )
+    text = format_table([row, BenchRow("s", "op", "x", "cpu")])
+    assert max(map(len, text.splitlines())) <= 120, text
+    for figure in ("123 s (101-132)", "0.036x", "4.45 s", "9.96 GFLOP/s", row.baseline, row.shape):
+        assert figure in text, figure
 
 
 def _sized_rows() -> list[BenchRow]:

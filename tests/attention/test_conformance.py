@@ -42,11 +42,12 @@ from jax_bridge.attention.spec import AttentionSpec
 from tests.attention.helpers import (
     assert_close,
     assert_lse_close,
+    attention_tolerance,
     cu_seqlens,
     dense_segment_attention,
     make_inputs,
+    oracle_value_and_grads,
     padded_inputs,
-    tolerance,
     unattended,
     upcast,
     value_and_grads,
@@ -201,14 +202,16 @@ def check_case(impl: str, c: Case, seed: int) -> None:
         return dense_attention(q, k, v, cu_q, cu_k, spec, s, slopes)
 
     out, lse, grads = value_and_grads(ours, q, k, v, sinks, inputs["d_out"], d_lse)
-    ref_out, ref_lse, ref_grads = value_and_grads(
-        reference, upcast(q), upcast(k), upcast(v), sinks, inputs["d_out"], d_lse
+    ref_out, ref_lse, ref_grads = oracle_value_and_grads(
+        reference, q, k, v, sinks, inputs["d_out"], d_lse
     )
-    tol = tolerance(c.dtype)
+    tol = attention_tolerance(
+        q, k, cu_q=cu_q, cu_k=cu_k, softmax_scale=spec.softmax_scale, sinks=sinks, slopes=slopes
+    )
     assert out.dtype == q.dtype and out.shape == q.shape
     assert lse.shape == (c.heads[0], q.shape[0])
     assert_close(out, ref_out, tol, "out")
-    assert_lse_close(lse, ref_lse)
+    assert_lse_close(lse, ref_lse, tol)
     assert len(grads) == len(ref_grads) == (3 if sinks is None else 4)
     for name, grad, ref_grad, primal in zip(
         ("dq", "dk", "dv", "d_sinks"), grads, ref_grads, (q, k, v, sinks), strict=False
@@ -296,11 +299,12 @@ def test_fully_masked_rows(impl, sinks_kind):
     if sinks_kind == "minus_inf":
         assert float(grads[3][0]) == 0.0
 
-    ref_out, ref_lse, ref_grads = value_and_grads(reference, q, k, v, sinks, d_out, d_lse)
-    assert_close(out, ref_out, 1e-5, "out")
-    assert_lse_close(lse, ref_lse)
+    ref_out, ref_lse, ref_grads = oracle_value_and_grads(reference, q, k, v, sinks, d_out, d_lse)
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k, sinks=sinks)
+    assert_close(out, ref_out, tol, "out")
+    assert_lse_close(lse, ref_lse, tol)
     for name, grad, ref in zip(("dq", "dk", "dv", "d_sinks"), grads, ref_grads, strict=False):
-        assert_close(grad, ref, 1e-5, name)
+        assert_close(grad, ref, tol, name)
 
 
 @every_implementation
@@ -323,8 +327,9 @@ def test_traced_cu_seqlens_under_jit(impl):
     for a, b in ((inputs["cu_q"], inputs["cu_k"]), (other_q, other_k)):
         out, lse = fn(q, k, v, jnp.asarray(a), jnp.asarray(b), sinks)
         ref_out, ref_lse = dense_attention(q, k, v, a, b, spec, sinks)
-        assert_close(out, ref_out, 1e-5, "out")
-        assert_lse_close(lse, ref_lse)
+        tol = 2 * attention_tolerance(q, k, cu_q=a, cu_k=b, sinks=sinks)  # float32 oracle
+        assert_close(out, ref_out, tol, "out")
+        assert_lse_close(lse, ref_lse, tol)
         np.testing.assert_array_equal(np.asarray(out[a[-1] :]), 0.0)
     assert fn._cache_size() == 1
 
@@ -366,10 +371,11 @@ def test_empty_token_axes(impl, use_sinks):
             # (attention_reference cannot take zero keys without sinks: see the report.)
             assert np.all(np.isneginf(np.asarray(lse))) and len(grads) == 3
             continue
-        _, ref_lse, ref_grads = value_and_grads(reference, q_, k_, v_, sinks, d_out, d_lse)
-        assert_lse_close(lse, ref_lse)
+        _, ref_lse, ref_grads = oracle_value_and_grads(reference, q_, k_, v_, sinks, d_out, d_lse)
+        tol = attention_tolerance(q_, k_, sinks=sinks)
+        assert_lse_close(lse, ref_lse, tol)
         if sinks is not None:
-            assert_close(grads[3], ref_grads[3], 1e-5, "d_sinks")
+            assert_close(grads[3], ref_grads[3], tol, "d_sinks")
 
 
 # ------------------------------------------------------------------- flash_attention
@@ -411,10 +417,12 @@ def test_flash_attention_segment_ids_with_padding(impl, causal):
         v,
         d_out,
     )
-    assert_close(out, ref, 1e-5, "out")
+    # jax.nn.dot_product_attention is a float32 oracle: twice the bound.
+    tol = 2 * attention_tolerance(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]))
+    assert_close(out, ref, tol, "out")
     np.testing.assert_array_equal(np.asarray(out)[SELF_IDS <= 0], 0.0)
     for name, grad, ref_grad in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
-        assert_close(grad, ref_grad, 1e-5, name)
+        assert_close(grad, ref_grad, tol, name)
 
 
 @every_implementation
@@ -452,7 +460,8 @@ def test_flash_attention_with_every_option_matches_packed_reference(impl):
         alibi_slopes=slopes,
         **options,
     )
-    assert_close(out, ref.reshape(q.shape), 1e-5, "out")
+    tol = 2 * attention_tolerance(flat(q), flat(k), sinks=sinks, slopes=slopes)  # f32 oracle
+    assert_close(out, ref.reshape(q.shape), tol, "out")
 
 
 @every_implementation
@@ -464,4 +473,4 @@ def test_flash_attention_half_precision(impl, dtype):
     out = flash_attention(q, k, v, q_segment_ids=SELF_IDS, causal=True, implementation=impl)
     ref = dense_segment_attention(upcast(q), upcast(k), upcast(v), SELF_IDS, SELF_IDS, causal=True)
     assert out.dtype == dtype
-    assert_close(out, ref, tolerance(dtype), "out")
+    assert_close(out, ref, attention_tolerance(q.reshape(80, 2, 32), k.reshape(80, 1, 32)), "out")

@@ -31,7 +31,13 @@ from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.precision import DEFAULT_PRECISION
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
 from jax_bridge.launch.triton_call import triton_call
-from tests.attention.helpers import assert_close, make_inputs, value_and_grads
+from tests.attention.helpers import (
+    assert_close,
+    attention_tolerance,
+    make_inputs,
+    oracle_value_and_grads,
+    value_and_grads,
+)
 from triton_kernels.flash_attention.config import (
     KINDS,
     AttentionFeatures,
@@ -160,14 +166,16 @@ def test_config_overrides_give_the_same_numbers(config):
         return attention_reference(q, k, v, cu_q, cu_k, sinks=s, **options)
 
     configured, default = run(config), run(None)
-    expected = value_and_grads(reference, q, k, v, sinks, inputs["d_out"], inputs["d_lse"])
+    expected = oracle_value_and_grads(reference, q, k, v, sinks, inputs["d_out"], inputs["d_lse"])
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k, sinks=sinks)
     names = ("out", "lse", "dq", "dk", "dv", "d_sinks")
     flat = lambda r: (r[0], r[1], *r[2])
     for name, got, same, ref in zip(
         names, flat(configured), flat(default), flat(expected), strict=True
     ):
-        assert_close(got, ref, 1e-5, name)
-        assert_close(got, same, 1e-5, f"{name} vs the default config")
+        assert_close(got, ref, tol, name)
+        # Two float32 runs, each within tol of the oracle.
+        assert_close(got, same, 2 * tol, f"{name} vs the default config")
 
 
 # --- NaN poisoning ------------------------------------------------------------------------
@@ -222,8 +230,9 @@ def test_rows_a_launch_does_not_reach_stay_nan():
     ref_out, ref_lse = attention_reference(
         q, k, v, cu_q, cu_k, sliding_window=(None, 12), return_lse=True
     )
-    assert_close(out[:block], np.asarray(ref_out)[:block], 1e-5, "first tile")
-    assert_close(lse[:, :block], np.asarray(ref_lse)[:, :block], 1e-5, "first tile lse")
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
+    assert_close(out[:block], np.asarray(ref_out)[:block], tol, "first tile")
+    assert_close(lse[:, :block], np.asarray(ref_lse)[:, :block], tol, "first tile lse")
 
 
 # --- launch order and the raw-score max ---------------------------------------------------
@@ -262,14 +271,22 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
             q, k, v, cu_q, cu_k, implementation="triton", return_lse=True, **options
         )
     )
-    want = run(
-        lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
+    want = oracle_value_and_grads(
+        lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, return_lse=True, **options),
+        q,
+        k,
+        v,
+        None,
+        inputs["d_out"],
+        inputs["d_lse"],
     )
+    # S ~ 3 * 20 * max|q.k| ~ 1e3 here: the tolerance grows with it (~6e-4, not 3e-5).
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k, softmax_scale=softmax_scale)
     names = ("out", "lse", "dq", "dk", "dv")
     pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
     for name, g, w in pairs:
         assert np.isfinite(np.asarray(g)).all(), name
-        assert_close(g, w, 1e-4, name)
+        assert_close(g, w, tol, name)
 
 
 @pytest.mark.parametrize("spare", [0, 3])
@@ -294,8 +311,17 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
     got = run(
         lambda q, k, v, s: varlen_attention(q, k, v, cu_q, cu_k, implementation="triton", **options)
     )
-    want = run(lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, **options))
+    want = oracle_value_and_grads(
+        lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, **options),
+        q,
+        k,
+        v,
+        None,
+        inputs["d_out"],
+        inputs["d_lse"],
+    )
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
     names = ("out", "lse", "dq", "dk", "dv")
     pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
     for name, g, w in pairs:
-        assert_close(g, w, 1e-5, name)
+        assert_close(g, w, tol, name)

@@ -32,6 +32,7 @@ from jax_bridge import (
     transposed_grouped_matmul_reference,
 )
 from tests.grouped_matmul.helpers import (
+    Float64Product,
     assert_close,
     bounds,
     gmm_float64,
@@ -58,7 +59,7 @@ def check_gmm(out, lhs, rhs, sizes, *, offset=None, existing=None, transpose_rhs
     float64 = gmm_float64(
         lhs, rhs, sizes, offset=offset or 0, existing=existing, transpose_rhs=transpose_rhs
     )
-    assert_close(out, reference, name="vs grouped_matmul_reference")
+    assert_close(out, reference, name="vs grouped_matmul_reference", oracle=float64)
     assert_close(out, float64, name="vs the float64 loop")
 
 
@@ -76,7 +77,7 @@ def check_tgmm(out, lhs, rhs, sizes, *, num_groups, offset=None, existing=None):
     float64 = tgmm_float64(
         lhs, rhs, sizes, num_groups=num_groups, offset=offset or 0, existing=existing
     )
-    assert_close(out, reference, name="vs transposed_grouped_matmul_reference")
+    assert_close(out, reference, name="vs transposed_grouped_matmul_reference", oracle=float64)
     assert_close(out, float64, name="vs the float64 loop")
 
 
@@ -334,15 +335,19 @@ def test_gmm_gradients(implementation, case):
     argnums = (0, 1, 2) if case["existing"] else (0, 1)
     got = jax.jit(jax.grad(ours, argnums))(lhs, rhs, existing)
     want = jax.grad(reference, argnums)(lhs, rhs, existing)
-    for name, g, w in zip(("d_lhs", "d_rhs", "d_existing_out"), got, want, strict=False):
-        assert_close(g, w, name=f"{name} vs jax.grad of the reference")
     first = offset or 0
     d_lhs = gmm_float64(weight, rhs, sizes, offset=first, transpose_rhs=not transpose_rhs)
-    assert_close(got[0], d_lhs, name="d_lhs vs the float64 loop")
     if transpose_rhs:
         d_rhs = tgmm_float64(weight.T, lhs, sizes, num_groups=local, offset=first)
     else:
         d_rhs = tgmm_float64(lhs.T, weight, sizes, num_groups=local, offset=first)
+    d_existing = Float64Product.exact(weight)  # d_existing_out = weight, exactly
+    sizes_of = (d_lhs, d_rhs, d_existing)
+    for name, g, w, size in zip(
+        ("d_lhs", "d_rhs", "d_existing_out"), got, want, sizes_of, strict=False
+    ):
+        assert_close(g, w, name=f"{name} vs jax.grad of the reference", oracle=size)
+    assert_close(got[0], d_lhs, name="d_lhs vs the float64 loop")
     assert_close(got[1], d_rhs, name="d_rhs vs the float64 loop")
     if case["existing"]:
         np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(weight))
@@ -381,10 +386,16 @@ def test_tgmm_gradients(implementation, offset):
 
     got = jax.grad(ours, (0, 1, 2))(lhs, rhs, existing)
     want = jax.grad(reference, (0, 1, 2))(lhs, rhs, existing)
-    for name, g, w in zip(("d_lhs", "d_rhs", "d_existing_out"), got, want, strict=True):
-        assert_close(g, w, name=name)
-    # d_rhs[rows of g] = lhs[:, rows].T @ weight[g]: a gmm of lhs.T with the weights.
+    # d_rhs[rows of g] = lhs[:, rows].T @ weight[g]: a gmm of lhs.T with the weights;
+    # d_lhs[:, rows of g] = weight[g] @ rhs[rows].T: the transpose of a gmm of rhs.
     d_rhs = gmm_float64(lhs.T, weight, sizes, offset=offset or 0)
+    d_lhs_t = gmm_float64(rhs, weight, sizes, offset=offset or 0, transpose_rhs=True)
+    d_existing = Float64Product.exact(weight)
+    sizes_of = (d_lhs_t.T, d_rhs, d_existing)
+    for name, g, w, size in zip(
+        ("d_lhs", "d_rhs", "d_existing_out"), got, want, sizes_of, strict=True
+    ):
+        assert_close(g, w, name=name, oracle=size)
     assert_close(got[1], d_rhs, name="d_rhs vs the float64 loop")
 
 
@@ -404,8 +415,14 @@ def test_gmm_gradient_of_bf16_inputs_has_input_dtypes(implementation):
     want = jax.grad(lambda a, b: jnp.sum(grouped_matmul_reference(a, b, sizes) ** 2), (0, 1))(
         lhs.astype(jnp.float32), rhs.astype(jnp.float32)
     )
-    for name, g, w in zip(("d_lhs", "d_rhs"), (d_lhs, d_rhs), want, strict=True):
-        assert_close(g, w, name=name)
+    # d_lhs = 2 out @ rhs^T, d_rhs = lhs^T @ 2 out per group: their float64 magnitudes.
+    twice_out = 2 * gmm_float64(lhs, rhs, sizes).value
+    sizes_of = (
+        gmm_float64(twice_out, rhs, sizes, transpose_rhs=True),
+        tgmm_float64(lhs.T, twice_out, sizes, num_groups=3),
+    )
+    for name, g, w, size in zip(("d_lhs", "d_rhs"), (d_lhs, d_rhs), want, sizes_of, strict=True):
+        assert_close(g, w, name=name, oracle=size)
 
 
 # --- traced sizes and offsets, expert parallelism -----------------------------------------
@@ -483,4 +500,5 @@ def test_non_finite_values_stay_in_their_group(implementation):
     assert np.isnan(out[group_2, 5]).all()
     expected = np.asarray(grouped_matmul_reference(lhs, rhs, sizes))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
-    assert_close(out[~group_2], expected[~group_2], jnp.float32, "rows of other groups")
+    size = gmm_float64(lhs, rhs, sizes)[~group_2]
+    assert_close(out[~group_2], expected[~group_2], jnp.float32, "rows of other groups", size)
