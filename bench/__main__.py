@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import importlib
 import importlib.util
 import os
@@ -56,10 +57,18 @@ assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcomm
 
 
 def _prefer_cpu_without_gpu(*, fake_devices: bool = True) -> None:
-    """Without an NVIDIA GPU keeps JAX on the CPU (an explicit JAX_PLATFORMS wins) and, with
+    """Keeps JAX on the GPU and CPU of a GPU machine and on the CPU of a machine with no
+    accelerator (an explicit JAX_PLATFORMS wins) and, without a GPU and with
     `fake_devices`, asks XLA for 8 host devices. Must run before JAX is imported."""
-    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+    has_tpu = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    if shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0"):
+        # libtpu (the test extra's, for compile-only TPUs) would otherwise look for a TPU
+        # at start-up and print what it cannot find; compile_for loads it when asked.
+        if not has_tpu:
+            os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")
+    elif not has_tpu:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
         # Eight host devices for the mesh sections (ring attention, expert parallelism);
         # they share the CPU's cores, so those rows measure overhead, not speed-up.
         flags = os.environ.get("XLA_FLAGS", "")
@@ -178,6 +187,16 @@ def _plot(path: Path, rows: Sequence[BenchRow]) -> None:
     print(f"wrote {path} ({plotted} series)")
 
 
+def _compiled_summary() -> str:
+    """`python -m bench aot`'s one line (what the hardware compilers say), or why not."""
+    try:
+        from bench.aot import summary_line
+
+        return "\n" + summary_line() + " (details: python -m bench aot)"
+    except Exception as error:  # the timed table above stands on its own
+        return f"\ncompiled summary unavailable: {type(error).__name__}: {error}"
+
+
 def main(argv: Sequence[str]) -> None:
     """The command line: run, print the summary table, write JSON / PNG, exit 1 on a failed
     check; or hand the command line to a subcommand."""
@@ -198,6 +217,7 @@ def main(argv: Sequence[str]) -> None:
     wall = time.perf_counter() - start
     print(f"\n## summary ({mode} sizes, base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ntotal wall time {wall:.1f} s")
+    print(_compiled_summary())
     if args.json is not None:
         flags = {"mode": mode, "sections": args.chosen, "json": str(args.json)}
         flags |= {"plot": str(args.plot)} if args.plot is not None else {}

@@ -217,7 +217,7 @@ def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
 
 
 def test_subcommands_are_not_sections() -> None:
-    assert set(SUBCOMMANDS) == {"report", "tune"} and not set(SUBCOMMANDS) & set(SECTIONS)
+    assert set(SUBCOMMANDS) == {"report", "tune", "aot"} and not set(SUBCOMMANDS) & set(SECTIONS)
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))

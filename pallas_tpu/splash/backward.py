@@ -39,26 +39,23 @@ def _row_inputs(lse: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]
     return _rows(jnp.where(lse == -jnp.inf, jnp.inf, lse)), _rows(delta)
 
 
-def _probabilities(s_masked: jax.Array, lse: jax.Array, masked: bool) -> jax.Array:
-    """exp(s - lse), exactly 0 where masked: a select, so that a NaN lse (a poisoned row
-    of another document) never turns a masked entry into NaN. A tile without a mask
-    (`masked` False: a full block, no segment ids) holds one document's pairs only, so
-    its NaNs are that document's own and the plain form is exact."""
-    p = jnp.exp(s_masked - lse)
-    return jnp.where(s_masked == -jnp.inf, 0.0, p) if masked else p
+def _probabilities(s: jax.Array, lse: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """exp(s - lse), exactly 0 where `mask` (bool, the tile's allowed pairs) is False: a
+    select, so that a non-finite logit or lse of another document's row or column never
+    reaches a masked entry. A tile without a mask (a full block, no segment ids) holds
+    one document's pairs only: its NaNs are that document's own, as in the reference."""
+    p = jnp.exp(s - lse)
+    return p if mask is None else jnp.where(mask, p, 0.0)
 
 
-def _ds(st: common.BodyStatic, s_scaled, p, dp, delta, masked: bool) -> jax.Array:
-    """d loss / d (scaled logits) for one tile, times the softmax scale.
-
-    In a masked tile exactly 0 where p is 0 (a select, not a product): dp, delta or the
-    logits of a masked pair may be non-finite when they come from another document. An
-    unmasked tile is one document's (`_probabilities`): the product is the reference's.
-    """
+def _ds(st: common.BodyStatic, s_scaled, p, dp, delta, mask: jax.Array | None) -> jax.Array:
+    """d loss / d (scaled logits) for one tile, times the softmax scale; exactly 0 at
+    masked pairs (a select, not a product: their dp, delta or logits may be another
+    document's non-finite values)."""
     ds = common.soft_cap_grad(p * (dp - delta), s_scaled, st.options.logits_soft_cap)
     scale = st.options.softmax_scale
     ds = ds * scale if scale != 1.0 else ds
-    return jnp.where(p == 0.0, 0.0, ds) if masked else ds
+    return ds if mask is None else jnp.where(mask, ds, 0.0)
 
 
 def _product(weights, values, dims, nonfinite, partial_block: bool) -> jax.Array:
@@ -79,12 +76,12 @@ def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> 
     mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
     # lse/delta arrive as [8, bq] rows; the tile wants [bq, 1] columns.
     lse, delta = lse_ref[0][:, None], delta_ref[0][:, None]
-    p = _probabilities(common.apply_mask(s, mask), lse, mask is not None)
+    p = _probabilities(s, lse, mask)
     v = v_ref[...]
     dp = jax.lax.dot_general(
         do_ref[...].astype(v.dtype), v, common.NT_DIMS, preferred_element_type=jnp.float32
     )
-    ds = _ds(st, scaled, p, dp, delta, mask is not None)
+    ds = _ds(st, scaled, p, dp, delta, mask)
     dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, nonfinite, partial_block)
 
 
@@ -98,7 +95,9 @@ def _dq_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
         dq_acc_ref[...] = jnp.zeros_like(dq_acc_ref)
 
     kv_block = st.trav.kv_block(*ids, *prefetch)
-    nonfinite = common.nonfinite_entry(nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block)
+    nonfinite = functools.partial(
+        common.nonfinite_entry, nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block
+    )
     body = functools.partial(_dq_step, st, kv_block, nonfinite, tuple(inputs), dq_acc_ref)
     common.run_by_kind(st.trav.kind(*ids, *prefetch), st.has_block_mask, body)
 
@@ -109,7 +108,7 @@ def _dq_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
 
 def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> None:
     """Accumulates one q block's contribution to dk/dv, kv slice by kv slice;
-    `nonfinite`: whether the q block's q or dout holds a NaN or Inf."""
+    `nonfinite()`: whether the q block's q or dout holds a NaN or Inf (partial blocks)."""
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_refs = refs
     dk_acc_ref, dv_acc_ref = scratch
     opts, width = st.options, st.block_kv_compute
@@ -122,12 +121,12 @@ def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> No
         # Transposed tile [width, bq]: s.T = k @ q.T.
         scaled, s = common.logits(k_ref[kv, :], q, opts.softmax_scale, opts.logits_soft_cap)
         mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
-        p = _probabilities(common.apply_mask(s, mask), lse, mask is not None)
+        p = _probabilities(s, lse, mask)
         dv_acc_ref[kv, :] += _product(p, do, common.NN_DIMS, nonfinite, partial_block)
         dp = jax.lax.dot_general(
             v, do.astype(v.dtype), common.NT_DIMS, preferred_element_type=jnp.float32
         )
-        ds = _ds(st, scaled, p, dp, delta, mask is not None)
+        ds = _ds(st, scaled, p, dp, delta, mask)
         dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, nonfinite, partial_block)
 
 
@@ -144,7 +143,9 @@ def _dkv_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
         dv_acc_ref[...] = jnp.zeros_like(dv_acc_ref)
 
     q_block = st.trav.q_block(*ids, *prefetch)
-    nonfinite = common.nonfinite_entry(nf_ref, st.trav.head(*ids, *prefetch), q_block)
+    nonfinite = functools.partial(
+        common.nonfinite_entry, nf_ref, st.trav.head(*ids, *prefetch), q_block
+    )
     body = functools.partial(
         _dkv_step, st, ids[0], nonfinite, tuple(inputs), (dk_acc_ref, dv_acc_ref)
     )

@@ -358,11 +358,14 @@ def pricing_blocks_as(kind: str) -> Iterator[None]:
         yield
 
 
-def block_product(weights: jax.Array, values: jax.Array, dims, nonfinite) -> jax.Array:
+def block_product(
+    weights: jax.Array, values: jax.Array, dims, nonfinite: Callable[[], jax.Array]
+) -> jax.Array:
     """float32 weights . values (dot_general `dims`) for a partial block, which may mix
-    documents: where `nonfinite` (a traced scalar, `nonfinite_entry`) says the values
-    hold a NaN or Inf, the isolating product keeps a zero weight from meeting them
-    (`isolation.py`); elsewhere the plain product, which then equals it."""
+    documents: where `nonfinite()` (a traced scalar, `nonfinite_entry`; read here, so
+    that full blocks never load it) says the values hold a NaN or Inf, the isolating
+    product keeps a zero weight from meeting them (`isolation.py`); elsewhere the plain
+    product, which then equals it."""
     weights = weights.astype(values.dtype)
     isolating = lambda: isolated_dot(weights, values, dims)
     plain = lambda: lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
@@ -371,7 +374,7 @@ def block_product(weights: jax.Array, values: jax.Array, dims, nonfinite) -> jax
         return isolating()
     if _priced_kind.value == "partial":
         return plain()
-    return lax.cond(nonfinite != 0, isolating, plain)
+    return lax.cond(nonfinite() != 0, isolating, plain)
 
 
 def run_by_kind(kind: jax.Array, has_block_mask: bool, body: Callable[[bool], None]) -> None:

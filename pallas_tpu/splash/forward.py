@@ -34,7 +34,7 @@ def _init(st: common.BodyStatic, h, sinks_ref, m_ref, l_ref, acc_ref) -> None:
 
 def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> None:
     """Online-softmax update of (m, l, acc) with one kv block, slice by slice;
-    `nonfinite`: whether the block's values hold a NaN or Inf."""
+    `nonfinite()`: whether the block's values hold a NaN or Inf (read in partial blocks)."""
     q_ref, k_ref, v_ref, mask_refs = refs
     m_ref, l_ref, acc_ref = scratch
     opts, width = st.options, st.block_kv_compute
@@ -48,8 +48,10 @@ def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> 
         m_prev, l_prev = m_ref[...], l_ref[...]  # [bq, 128]
         m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
         # Safe max: while a row has seen only masked logits m is -inf, and
-        # exp(-inf - -inf) would be NaN; subtracting 0 instead gives exp(-inf) = 0.
-        m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+        # exp(-inf - -inf) would be NaN; subtracting 0 instead gives exp(-inf) = 0. An
+        # unmasked tile gives every row a logit, so m is -inf there only for a row of
+        # -inf logits, whose NaN is the reference's too.
+        m_safe = m_next if mask is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
         p = jnp.exp(s - jnp.tile(m_safe, (1, width // NUM_LANES)))
         alpha = jnp.exp(m_prev - m_safe)  # 0 where m_prev is -inf
         l_ref[...] = alpha * l_prev + p.sum(axis=-1, keepdims=True)
@@ -65,12 +67,16 @@ def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> 
 
 
 def _finish(out_ref, lse_ref, m_ref, l_ref, acc_ref) -> None:
-    """out = acc / l and lse = m + log l; a row with l == 0 gets out 0, lse -inf."""
+    """out = acc / l and lse = m + log l; a row with l == 0 gets out 0, lse -inf.
+
+    l is 0 or at least 1: the row's largest logit adds exp(m - m) = 1 (a sink starts it
+    at 1). So 1 / max(l, 1) is 1 / l, or 1 where acc is 0 too; and an empty row has m =
+    -inf and log 0 = -inf, so m + log l is its -inf with no select.
+    """
     l = l_ref[...]
-    empty = l == 0.0
-    inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))
+    inv = 1.0 / jnp.maximum(l, 1.0)
     out_ref[...] = (acc_ref[...] * common.fit_lanes(inv, acc_ref.shape[-1])).astype(out_ref.dtype)
-    lse_ref[...] = jnp.where(empty, -jnp.inf, m_ref[...] + jnp.log(jnp.where(empty, 1.0, l)))
+    lse_ref[...] = m_ref[...] + jnp.log(l)
 
 
 def _kernel(dn_ref, bm_ref, mn_ref, nf_ref, q_ref, k_ref, v_ref, sinks_ref, mask_refs, *rest, st):
@@ -84,7 +90,9 @@ def _kernel(dn_ref, bm_ref, mn_ref, nf_ref, q_ref, k_ref, v_ref, sinks_ref, mask
         _init(st, ids[0], sinks_ref, m_ref, l_ref, acc_ref)
 
     kv_block = st.trav.kv_block(*ids, *prefetch)
-    nonfinite = common.nonfinite_entry(nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block)
+    nonfinite = functools.partial(
+        common.nonfinite_entry, nf_ref, st.trav.kv_head(*ids, *prefetch), kv_block
+    )
     body = functools.partial(
         _accumulate,
         st,
