@@ -4,6 +4,11 @@ The oracle is written here from the definition (global positions, segment ids, w
 independent of the varlen machinery the ring reuses. Work skipping is checked against
 the same dense mask: a ring step (or chunk pair) must run a kernel exactly when one of its
 (query, key) pairs is allowed.
+
+Numerics: the oracle and its gradients run in float64 (`_float64`) and every comparison
+uses the attention helpers' `assert_close` with `attention_tolerance` of the problem
+(`_tolerance`: score bound over all rows, longest reduction the whole sequence), so the
+bound follows the scores' size and is recorded by tests/margins.py.
 """
 
 import jax
@@ -15,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_bridge import flash_attention, reorder_sequence
 from jax_bridge.attention.ring import ring_attention, ring_attention_shard
+from tests.attention.helpers import assert_close, attention_tolerance
 
 BATCH, SEQ, HEAD_DIM = 2, 48, 16
 
@@ -64,6 +70,35 @@ def _oracle(q, k, v, allowed, sinks=None):
     if sinks is not None:
         p = p[..., :-1]
     return jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
+
+
+def _tolerance(q, k, sinks=None) -> float:
+    """`attention_tolerance` of [batch, seq, heads, dim] inputs: rows of every batch
+    entry in one score bound (an upper bound), reductions up to the whole sequence."""
+    flat = lambda x: jnp.asarray(x).reshape(-1, *x.shape[2:])
+    return attention_tolerance(flat(q), flat(k), cu_q=[0, SEQ], cu_k=[0, SEQ], sinks=sinks)
+
+
+def _float64(fn, *args):
+    """`fn(*args)` in float64: inputs widened (exactly) under jax.enable_x64; numpy float64
+    leaves."""
+    with jax.enable_x64(True):
+        wide = [None if a is None else jnp.asarray(np.asarray(a, np.float64)) for a in args]
+        return jax.tree.map(lambda x: np.asarray(x, np.float64), fn(*wide))
+
+
+def _oracle64(q, k, v, allowed, sinks=None) -> np.ndarray:
+    return _float64(lambda q, k, v, s: _oracle(q, k, v, allowed, s), q, k, v, sinks)
+
+
+def _oracle_grads64(q, k, v, allowed, sinks, weights, argnums):
+    """Gradients of sum(oracle * weights) in float64, for `argnums` of (q, k, v, sinks)."""
+
+    def grads(q, k, v, s, w):
+        loss = lambda q, k, v, s: jnp.sum(_oracle(q, k, v, allowed, s) * w)
+        return jax.grad(loss, argnums)(q, k, v, s)
+
+    return _float64(grads, q, k, v, sinks, weights)
 
 
 def _device_positions(ring_size: int, layout: str) -> np.ndarray:
@@ -153,7 +188,8 @@ def test_ring_equals_whole_sequence(
     sinks = sinks if with_sinks else None
     run = jax.jit(_ring_fn(ring_size, layout, ids, causal=causal, sliding_window=window))
     out, stats = run(q, k, v, sinks)
-    np.testing.assert_allclose(out, _oracle(q, k, v, allowed, sinks), atol=2e-5, rtol=1e-5)
+    tol = _tolerance(q, k, sinks)
+    assert_close(out, _oracle64(q, k, v, allowed, sinks), tol, "out")
     steps, calls = _expected_work(allowed, ring_size, layout)
     np.testing.assert_array_equal(stats.active_steps, steps)
     np.testing.assert_array_equal(stats.kernel_calls, calls)
@@ -161,11 +197,10 @@ def test_ring_equals_whole_sequence(
         return
     argnums = (0, 1, 2, 3) if with_sinks else (0, 1, 2)
     loss = lambda q, k, v, s: jnp.sum(run(q, k, v, s)[0] * weights)
-    ref_loss = lambda q, k, v, s: jnp.sum(_oracle(q, k, v, allowed, s) * weights)
     got = jax.grad(loss, argnums)(q, k, v, sinks)
-    want = jax.grad(ref_loss, argnums)(q, k, v, sinks)
+    want = _oracle_grads64(q, k, v, allowed, sinks, weights, argnums)
     for name, g, w in zip("q k v sinks".split(), got, want, strict=False):
-        np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+        assert_close(g, w, tol, f"d{name}")
 
 
 def test_ring_equals_flash_attention_and_skips_by_causality():
@@ -176,7 +211,8 @@ def test_ring_equals_flash_attention_and_skips_by_causality():
     ones = np.ones((BATCH, SEQ), np.int32)
     for layout in ("contiguous", "load_balanced"):
         out, _ = jax.jit(_ring_fn(4, layout, ids, causal=True))(q, k, v)
-        np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
+        # Two float32 paths: within the tolerance's factor-two room.
+        assert_close(out, np.asarray(want, np.float64), _tolerance(q, k), f"{layout} out")
         _, stats_dense = jax.jit(_ring_fn(4, layout, None, causal=True))(q, k, v)
         expected = _expected_work(_allowed(ones, True, None), 4, layout)
         np.testing.assert_array_equal(stats_dense.active_steps, expected[0])
@@ -192,7 +228,8 @@ def test_vmap_and_empty_inputs():
     stacked = jnp.stack([q, q[::-1]])
     batched = jax.vmap(ring, in_axes=(0, None, None))(stacked, k, v)
     for i in range(2):
-        np.testing.assert_allclose(batched[i], ring(stacked[i], k, v), atol=1e-6)
+        single = np.asarray(ring(stacked[i], k, v), np.float64)
+        assert_close(batched[i], single, _tolerance(stacked[i], k), f"batch {i}")
     assert ring(q[:0], k[:0], v[:0]).shape == (0, *q.shape[1:])
     assert ring(q[:, :0], k[:, :0], v[:, :0]).shape == (BATCH, 0, *q.shape[2:])
 
@@ -210,13 +247,13 @@ def test_make_mesh_explicit_axes_and_inputs_sharded_otherwise():
         causal=True, implementation="xla",
     )  # fmt: skip
     allowed = _allowed(ids, True, None)
-    np.testing.assert_allclose(ring(*placed, sinks), _oracle(q, k, v, allowed, sinks), atol=2e-5)
-    loss = lambda ring: lambda *a: jnp.sum(ring(*a) * weights)
-    oracle = lambda q, k, v, s: _oracle(q, k, v, allowed, s)
-    got = jax.jit(jax.grad(loss(ring), (0, 1, 2, 3)))(*placed, sinks)
-    want = jax.grad(loss(oracle), (0, 1, 2, 3))(q, k, v, sinks)
+    tol = _tolerance(q, k, sinks)
+    assert_close(ring(*placed, sinks), _oracle64(q, k, v, allowed, sinks), tol, "out")
+    loss = lambda *a: jnp.sum(ring(*a) * weights)
+    got = jax.jit(jax.grad(loss, (0, 1, 2, 3)))(*placed, sinks)
+    want = _oracle_grads64(q, k, v, allowed, sinks, weights, (0, 1, 2, 3))
     for name, g, w in zip("q k v sinks".split(), got, want, strict=True):
-        np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+        assert_close(g, w, tol, f"d{name}")
 
 
 def test_nan_in_one_document_stays_there():
@@ -239,7 +276,7 @@ def test_triton_kernels_in_the_ring():
         2, "load_balanced", ids, causal=True, sliding_window=window, implementation="triton"
     )
     out, stats = jax.jit(run)(q, k, v)
-    np.testing.assert_allclose(out, _oracle(q, k, v, allowed), atol=2e-5, rtol=1e-5)
+    assert_close(out, _oracle64(q, k, v, allowed), _tolerance(q, k), "out")
     np.testing.assert_array_equal(
         stats.kernel_calls, _expected_work(allowed, 2, "load_balanced")[1]
     )
@@ -263,12 +300,13 @@ def test_pallas_kernels_in_the_ring():
     )
     ids = jnp.asarray(ids)
     out = jax.jit(run)(q, k, v, ids)
-    np.testing.assert_allclose(out, _oracle(q, k, v, allowed), atol=2e-5, rtol=1e-5)
+    tol = _tolerance(q, k)
+    assert_close(out, _oracle64(q, k, v, allowed), tol, "out")
     loss = lambda q, k, v: jnp.sum(run(q, k, v, ids) * weights)
-    ref_loss = lambda q, k, v: jnp.sum(_oracle(q, k, v, allowed) * weights)
     got = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
-    for name, g, w in zip("qkv", got, jax.grad(ref_loss, (0, 1, 2))(q, k, v), strict=True):
-        np.testing.assert_allclose(g, w, atol=5e-5, rtol=1e-4, err_msg=name)
+    want = _oracle_grads64(q, k, v, allowed, None, weights, (0, 1, 2))
+    for name, g, w in zip("qkv", got, want, strict=True):
+        assert_close(g, w, tol, f"d{name}")
 
 
 @pytest.mark.parametrize(

@@ -14,19 +14,22 @@ Bound (`assert_close`): |actual - expected| <= units * magnitude, element by ele
 n is the number of terms an element sums: the reduction length, plus one for
 existing_out. Why this holds on any machine and BLAS build: float32 products of float32
 inputs are rounded at most once (u |a b|), and a sum of n terms in any order (sequential,
-pairwise, blocked, SIMD lanes, FMA or not) commits at most (n - 1) u times the partial
-sums, each <= magnitude: the worst case n u * magnitude. Those roundings are independent
-and of either sign, so their sum stays below lambda * sqrt(n) u * magnitude but with
-probability about exp(-lambda^2 / 2) (Higham and Mary's probabilistic bound): the sqrt(n)
-holds whatever the order and whatever the signs of the terms (an element whose terms share
-a sign, |value| close to its magnitude, is the worst case and shows up: ~4 u * magnitude
-at n ~ 25 between two float32 paths). For n <= 4 the bound is also above the worst case of
-two paths. C = 4 (lambda = 2 for each of two float32 paths, ours and a float32 reference;
-against the float64 loop only ours counts). A 16-bit result adds its own rounding
-(u16 |e| <= u16 * magnitude) and, for gradients, the cotangent's rounding to the input
-dtype (another u16 * magnitude); four units cover both. An element whose magnitude is 0
-(a row of no group, an empty group) must be exact. Comparisons against a float32
-reference pass the float64 loop's magnitude.
+pairwise, blocked, SIMD lanes, FMA or not) commits at most n - 1 roundings of partial
+sums, each partial sum <= magnitude: the worst case is n u * magnitude, and it is only
+reached when every rounding has the same sign. Roundings behave as independent errors of
+either sign, so (Higham and Mary's probabilistic bound) the total exceeds
+lambda * sqrt(n) u * magnitude only with probability about 2 exp(-lambda^2 / 2), whatever
+the summation order, and that bound is itself loose: it replaces every partial sum by the
+magnitude, which sums of normal terms stay well below. The worst element of a test is
+one whose terms share a sign (|value| near its magnitude): ~4 u * magnitude at n ~ 25
+between two float32 paths. C = 4: lambda = 2 for each of two float32 paths (ours and a
+float32 reference; against the float64 loop only ours counts); for n <= 4 it is above
+the worst case of two paths too. Measured (tests/margins.py): worst margin 0.35 with this
+machine's OpenBLAS settings, without them and with XLA limited to AVX2.
+A 16-bit result adds its own rounding (u16 |e| <= u16 * magnitude) and, for gradients,
+the cotangent's rounding to the input dtype (another u16 * magnitude); four units cover
+both. An element whose magnitude is 0 (a row of no group, an empty group) must be exact.
+Comparisons against a float32 reference pass the float64 loop's product as `oracle`.
 """
 
 from __future__ import annotations
