@@ -234,6 +234,22 @@ def format_memory(rows: Sequence[MemoryRow]) -> str:
 FULL_GOAL, PARTIAL_GOAL = 1.0, 1.25
 
 
+def _price_all(target: str, dtype: str, problem) -> tuple[dict, dict, dict]:
+    """(ours, jax's, errors): {kind: {kernel: cycles per block}} for every kind that
+    libtpu's profiler priced, and {who kind: why not} for the rest (its own aborts)."""
+    ours, theirs, errors = {}, {}, {}
+    for who, kinds, into in (
+        ("ours", ("full", "partial", "isolating"), ours),
+        ("jax", ("full", "partial"), theirs),
+    ):
+        for kind in kinds:
+            try:
+                into[kind] = splash_cycles.block_cycles(target, dtype, problem, who, kind)
+            except RuntimeError as error:
+                errors[f"{who} {kind}"] = str(error).splitlines()[0][:200]
+    return ours, theirs, errors
+
+
 def cycle_rows(targets: Sequence[str], dtypes: Sequence[str], problem) -> list[dict]:
     """Per target, dtype and kernel: estimated cycles per block, ours vs JAX's; and the
     mask estimates (causal, local, documents) built from them."""
@@ -242,14 +258,15 @@ def cycle_rows(targets: Sequence[str], dtypes: Sequence[str], problem) -> list[d
     counts = {name: splash_cycles.mask_blocks(m, problem) for name, m in masks.items()}
     for target in targets:
         for dtype in dtypes:
-
-            def price(who, kind, target=target, dtype=dtype):
-                return splash_cycles.block_cycles(target, dtype, problem, who, kind)
-
-            ours = {kind: price("ours", kind) for kind in ("full", "partial", "isolating")}
-            theirs = {kind: price("jax", kind) for kind in ("full", "partial")}
+            ours, theirs, errors = _price_all(target, dtype, problem)
+            for what, reason in errors.items():
+                rows.append(
+                    dict(target=target, dtype=dtype, mask="error", error=f"{what}: {reason}")
+                )
             for kernel in splash_cycles.KERNELS:
                 rows.append(_block_row(target, dtype, kernel, ours, theirs))
+            if not all(k in d for d in (ours, theirs) for k in ("full", "partial")):
+                continue
             for name, count in counts.items():
                 mine = splash_cycles.estimate_mask_cycles(count, ours["full"], ours["partial"])
                 base = splash_cycles.estimate_mask_cycles(count, theirs["full"], theirs["partial"])
@@ -270,21 +287,30 @@ def cycle_rows(targets: Sequence[str], dtypes: Sequence[str], problem) -> list[d
 
 
 def _block_row(target, dtype, kernel, ours, theirs) -> dict:
-    full = ours["full"][kernel] / theirs["full"][kernel]
-    partial = ours["partial"][kernel] / theirs["partial"][kernel]
+    """One kernel's cycles per block; None where the profiler gave no figure."""
+    get = lambda table, kind: table.get(kind, {}).get(kernel)
+    ratio = lambda kind: (
+        None
+        if get(ours, kind) is None or get(theirs, kind) is None
+        else get(ours, kind) / get(theirs, kind)
+    )
+    full, partial = ratio("full"), ratio("partial")
+    goal = (
+        None if full is None or partial is None else full <= FULL_GOAL and partial <= PARTIAL_GOAL
+    )
     return dict(
         target=target,
         dtype=dtype,
         kernel=kernel,
         mask="one block",
-        ours_full=ours["full"][kernel],
-        jax_full=theirs["full"][kernel],
+        ours_full=get(ours, "full"),
+        jax_full=get(theirs, "full"),
         full_ratio=full,
-        ours_partial=ours["partial"][kernel],
-        jax_partial=theirs["partial"][kernel],
+        ours_partial=get(ours, "partial"),
+        jax_partial=get(theirs, "partial"),
         partial_ratio=partial,
-        ours_isolating=ours["isolating"][kernel],
-        meets_goal=full <= FULL_GOAL and partial <= PARTIAL_GOAL,
+        ours_isolating=get(ours, "isolating"),
+        meets_goal=goal,
     )
 
 
@@ -297,12 +323,15 @@ def format_cycles(rows: Sequence[dict], problem) -> str:
         f"{'target':8} {'dtype':8} {'kernel':7} {'full ours/jax':>18} {'ratio':>6} "
         f"{'partial ours/jax':>18} {'ratio':>6} {'isolating':>9} goal",
     ]
+    cell = lambda x, spec: "-" if x is None else format(x, spec)
     for r in blocks:
+        goal = {None: "n/a", True: "met", False: "MISSED"}[r["meets_goal"]]
         lines.append(
             f"{r['target']:8} {r['dtype']:8} {r['kernel']:7} "
-            f"{r['ours_full']:>8.0f} / {r['jax_full']:<7.0f} {r['full_ratio']:>6.2f} "
-            f"{r['ours_partial']:>8.0f} / {r['jax_partial']:<7.0f} {r['partial_ratio']:>6.2f} "
-            f"{r['ours_isolating']:>9.0f} {'met' if r['meets_goal'] else 'MISSED'}"
+            f"{cell(r['ours_full'], '>8.0f')} / {cell(r['jax_full'], '<7.0f')} "
+            f"{cell(r['full_ratio'], '>6.2f')} "
+            f"{cell(r['ours_partial'], '>8.0f')} / {cell(r['jax_partial'], '<7.0f')} "
+            f"{cell(r['partial_ratio'], '>6.2f')} {cell(r['ours_isolating'], '>9.0f')} {goal}"
         )
     lines.append("\nmask estimates (full x full blocks + partial x partial blocks, our MaskInfo)")
     lines.append(
@@ -310,7 +339,10 @@ def format_cycles(rows: Sequence[dict], problem) -> str:
         f"{'ours Mcycles':>12} {'jax Mcycles':>12} {'ratio':>6}"
     )
     for r in rows:
-        if r["mask"] != "one block":
+        if r["mask"] == "error":
+            lines.insert(2, f"{r['target']:8} {r['dtype']:8} not priced: {r['error']}")
+    for r in rows:
+        if r["mask"] not in ("one block", "error"):
             full, partial = r["blocks"]
             lines.append(
                 f"{r['target']:8} {r['dtype']:8} {r['mask']:10} {r['kernel']:7} "

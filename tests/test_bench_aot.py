@@ -48,3 +48,15 @@ def test_memory_rows_at_small_sizes(monkeypatch):
     assert rows[0].backend == "triton" and rows[0].ratio > 1  # no [tokens, tokens] scores
     table = aot.format_memory(rows)
     assert "dot_product_attention" in table and max(map(len, table.splitlines())) <= 120
+
+
+def test_cycle_table_marks_what_the_profiler_did_not_price():
+    ours = {"full": {"forward": 90.0, "dq": 100.0, "dkv": 130.0}}
+    theirs = {"full": {"forward": 100.0, "dq": 100.0, "dkv": 100.0}, "partial": {}}
+    rows = [aot._block_row("tpu-v5p", "bfloat16", k, ours, theirs) for k in ("forward", "dkv")]
+    assert rows[0]["full_ratio"] == pytest.approx(0.9) and rows[0]["partial_ratio"] is None
+    assert rows[0]["meets_goal"] is None  # no partial figure: no verdict
+    rows.append(dict(target="tpu-v5p", dtype="bfloat16", mask="error", error="ours partial: x"))
+    table = aot.format_cycles(rows, splash_cycles.Problem())
+    assert "not priced: ours partial: x" in table and " n/a" in table
+    assert "0.90" in table and "1.30" in table

@@ -19,11 +19,14 @@ import functools
 import glob
 import math
 import os
+import re
 from pathlib import Path
 
 import jax
 import numpy as np
 from jax.experimental import topologies
+
+from jax_bridge.launch.target import register_device_kind
 
 _CONFIG_DIR = Path(__file__).parent / "targets"
 _GIB = 2**30
@@ -77,6 +80,17 @@ TARGETS: dict[str, CompileTarget] = {
 }
 
 
+def _register_gpu_kinds() -> None:
+    """A program traced over a mesh of these GPUs picks their Triton configurations
+    (`launch.target.register_device_kind`) even under a plain `jax.jit`."""
+    for target in TARGETS.values():
+        if target.compute_capability is not None:
+            text = target.gpu_config_path.read_text()
+            kind = re.search(r'device_description_str:\s*"([^"]+)"', text)
+            if kind:
+                register_device_kind(kind.group(1), target.compute_capability)
+
+
 def get_target(target: str | CompileTarget) -> CompileTarget:
     """The `CompileTarget` of a name (or the target itself)."""
     if isinstance(target, CompileTarget):
@@ -107,13 +121,17 @@ def _gpu_topology(count: int) -> str:
 def _quiet_libtpu() -> None:
     """On a host without a TPU, libtpu looks for the TPU it would run on when it starts
     and prints errors and warnings for what it cannot find (the accelerator type, the
-    worker hostnames, the metadata server). Compile-only topologies need none of them, and
-    the compiled program does not depend on them (checked: same HLO for any value)."""
+    worker hostnames, the metadata server), and it takes a host-wide lock that a second
+    process then fails on. Compile-only topologies need none of them, and the compiled
+    program does not depend on them (checked: same HLO for any value)."""
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
         return  # a TPU host: libtpu finds its own chips
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+    # libtpu locks the host's TPUs for one process; compile-only devices have no chips to
+    # share, and parallel test workers or bench subprocesses each need their own libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 @functools.cache
@@ -168,3 +186,6 @@ def target_mesh(
     devices = target_devices(target, math.prod(axis_sizes.values()))
     grid = np.array(devices, dtype=object).reshape(tuple(axis_sizes.values()))
     return jax.sharding.Mesh(grid, tuple(axis_sizes), **mesh_kwargs)
+
+
+_register_gpu_kinds()

@@ -15,10 +15,11 @@ one target is never reused for another.
 Outside both, `follow_lowering_platform` makes a Triton backend follow the platform its
 program is lowered for rather than the host: on a GPU machine the op is traced for the
 GPU and for the interpreter under `jax.lax.platform_dependent` (so `jax.jit(f, device=
-cpu_device)` interprets); on a machine without a GPU it is traced for the interpreter,
-and lowering that for cuda (compile-only GPU devices) stops with an error that says how
-to name the GPU, since its compute capability, which picks the kernels' configurations,
-is not known at trace time.
+cpu_device)` interprets); on a machine without a GPU it is traced for the GPU when its
+arguments sit on a mesh of GPUs of a registered kind (`register_device_kind`: the
+compile-only targets), else for the interpreter; lowering that for cuda (e.g. arguments
+on one compile-only GPU, whose kind a trace does not see) stops with an error that says
+how to name the GPU, since its compute capability picks the kernels' configurations.
 """
 
 from __future__ import annotations
@@ -130,6 +131,31 @@ for _platform in ("cuda", "rocm"):
     mlir.register_lowering(_host_only_p, _refuse_gpu_lowering, platform=_platform)
 
 
+# GPU device kinds (jax.Device.device_kind) whose compute capability is known without
+# the device: the compile-only targets register theirs (`jax_bridge.aot.targets`).
+_CAPABILITY_OF_KIND: dict[str, int] = {}
+
+
+def register_device_kind(device_kind: str, compute_capability: int) -> None:
+    """Lets a program traced for GPU devices of `device_kind` (seen through the mesh of
+    its arguments) pick the launch configurations of `compute_capability`."""
+    _CAPABILITY_OF_KIND[device_kind] = compute_capability
+
+
+def _mesh_gpu_capability(leaves: list[Any]) -> int | None:
+    """The compute capability of the GPUs that the arguments' mesh (or the mesh being
+    traced for, inside `shard_map`) names at trace time, when its kind is registered."""
+    meshes = [jax.sharding.get_abstract_mesh()]
+    for x in leaves:
+        if isinstance(x, jax.Array):
+            meshes.append(getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None))
+    for mesh in meshes:
+        device = getattr(getattr(mesh, "abstract_mesh", mesh), "abstract_device", None)
+        if device is not None and device.platform in _GPU_PLATFORMS:
+            return _CAPABILITY_OF_KIND.get(device.device_kind)
+    return None
+
+
 def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, a Triton backend's entry point, traced for the platform its program is
     lowered for (see the module docstring). `fn` returns a pytree of arrays."""
@@ -145,9 +171,13 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
                 return fn(*args, **kwargs)
 
         if jax.default_backend() not in _GPU_PLATFORMS:
+            leaves, tree = jax.tree.flatten((args, kwargs))
+            capability = _mesh_gpu_capability(leaves)
+            if capability is not None:  # arguments on a mesh of (compile-only) GPUs
+                with _cuda_target(capability):
+                    return fn(*args, **kwargs)
             # Marks the inputs, so that the refusal is lowered before the interpreter's
             # host callback (which a cuda lowering cannot place at all).
-            leaves, tree = jax.tree.flatten((args, kwargs))
             arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
             marked = _host_only_p.bind(*(leaves[i] for i in arrays), what=what)
             for i, x in zip(arrays, marked, strict=True):

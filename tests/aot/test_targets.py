@@ -168,3 +168,20 @@ def test_estimated_cycles_of_a_tpu_kernel():
     report = jb.compile_for(kernel, q, q, q, target="tpu-v6e", estimate_cycles=True).report
     assert set(report.estimated_cycles) == set(report.kernels) and len(report.kernels) == 1
     assert all(c > 0 for c in report.estimated_cycles.values())
+
+
+@pytest.mark.parametrize("name", ["h100", "a100"])
+def test_plain_jit_over_a_gpu_mesh_compiles_the_triton_kernels(name):
+    """Arguments on a mesh of compile-only GPUs name their kind at trace time: a plain
+    jax.jit then traces the Triton kernels for that GPU's compute capability."""
+    mesh = jb.target_mesh(name, {"data": 1})
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    args = [jax.ShapeDtypeStruct((256, 2, 128), jnp.bfloat16, sharding=sharding)] * 3
+    args.append(jax.ShapeDtypeStruct((3,), jnp.int32, sharding=sharding))
+
+    def loss(q, k, v, cu):
+        return jnp.sum(_attention("triton")(q, k, v, cu).astype(jnp.float32))
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower().compile()
+    calls, kernels, _ = parse_compiled_text(compiled.as_text())
+    assert calls.get("triton_kernel_call", 0) >= 3 and len(kernels) >= 3, calls
