@@ -19,16 +19,23 @@ from pallas_tpu.splash import common
 from pallas_tpu.splash.config import NUM_LANES, NUM_SUBLANES, KernelOptions, SegmentIds
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 
+# The running max starts here, not at -inf: finite, so exp(s - m) and exp(m_prev - m)
+# are never exp(-inf - -inf) = NaN while a row has seen only masked (-inf) logits, and
+# no select is needed; below every real logit, so the first one replaces it.
+_M_START = -0.7 * float(jnp.finfo(jnp.float32).max)
+
 
 def _init(st: common.BodyStatic, h, sinks_ref, m_ref, l_ref, acc_ref) -> None:
     acc_ref[...] = jnp.zeros_like(acc_ref)
     if st.has_sinks:
-        # The sink joins the softmax as one extra logit with no value: start the
-        # running max at it with exp(sink - max) = 1 already summed.
-        m_ref[...] = jnp.full_like(m_ref, sinks_ref[0, h])
-        l_ref[...] = jnp.ones_like(l_ref)
+        # The sink joins the softmax as one extra logit with no value: the running max
+        # starts at it, with exp(sink - max) already summed (1; 0 for a -inf sink).
+        sink = sinks_ref[0, h]
+        m_start = jnp.maximum(sink, _M_START)
+        m_ref[...] = jnp.full_like(m_ref, m_start)
+        l_ref[...] = jnp.full_like(l_ref, jnp.exp(sink - m_start))
     else:
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        m_ref[...] = jnp.full_like(m_ref, _M_START)
         l_ref[...] = jnp.zeros_like(l_ref)
 
 
@@ -47,13 +54,9 @@ def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> 
         s = common.apply_mask(s, mask)
         m_prev, l_prev = m_ref[...], l_ref[...]  # [bq, 128]
         m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
-        # Safe max: while a row has seen only masked logits m is -inf, and
-        # exp(-inf - -inf) would be NaN; subtracting 0 instead gives exp(-inf) = 0. An
-        # unmasked tile gives every row a logit, so m is -inf there only for a row of
-        # -inf logits, whose NaN is the reference's too.
-        m_safe = m_next if mask is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
-        p = jnp.exp(s - jnp.tile(m_safe, (1, width // NUM_LANES)))
-        alpha = jnp.exp(m_prev - m_safe)  # 0 where m_prev is -inf
+        # m_next >= _M_START is finite: masked logits give exp(-inf) = 0.
+        p = jnp.exp(s - jnp.tile(m_next, (1, width // NUM_LANES)))
+        alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_prev + p.sum(axis=-1, keepdims=True)
         m_ref[...] = m_next
         v = v_ref[kv, :]
@@ -69,9 +72,9 @@ def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> 
 def _finish(out_ref, lse_ref, m_ref, l_ref, acc_ref) -> None:
     """out = acc / l and lse = m + log l; a row with l == 0 gets out 0, lse -inf.
 
-    l is 0 or at least 1: the row's largest logit adds exp(m - m) = 1 (a sink starts it
-    at 1). So 1 / max(l, 1) is 1 / l, or 1 where acc is 0 too; and an empty row has m =
-    -inf and log 0 = -inf, so m + log l is its -inf with no select.
+    l is 0 or at least 1: the row's largest logit (or finite sink) adds exp(m - m) = 1.
+    So 1 / max(l, 1) is 1 / l, or 1 where acc is 0 too; and an empty row has a finite m
+    and log 0 = -inf, so m + log l is its -inf with no select.
     """
     l = l_ref[...]
     inv = 1.0 / jnp.maximum(l, 1.0)
