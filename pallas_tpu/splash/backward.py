@@ -85,10 +85,10 @@ def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> 
     dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, nonfinite, partial_block)
 
 
-def _dq_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
+def _dq_kernel(*refs, st):
+    prefetch, nf_ref, refs = common.split_prefetch(refs, st.has_block_mask)
     *inputs, dq_ref, dq_acc_ref = refs
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
-    prefetch = (dn_ref, bm_ref, mn_ref)
 
     @pl.when(ids[2] == 0)
     def _():
@@ -130,10 +130,10 @@ def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> No
         dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, nonfinite, partial_block)
 
 
-def _dkv_kernel(dn_ref, bm_ref, mn_ref, nf_ref, *refs, st):
+def _dkv_kernel(*refs, st):
+    prefetch, nf_ref, refs = common.split_prefetch(refs, st.has_block_mask)
     *inputs, dk_ref, dv_ref, dk_acc_ref, dv_acc_ref = refs
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
-    prefetch = (dn_ref, bm_ref, mn_ref)
     group = st.trav.group
     member = ids[1] % group if group > 1 else 0  # position of this q head in its group
 
@@ -226,11 +226,12 @@ def splash_backward_dq(
     )
     st, ops = _prepare(q, v, mask_info, element_mask, segment_ids, trav, trav.block_kv, options)
     q_map = lambda *a: (trav.head(*a), trav.q_block(*a), 0)
-    prefetch = common.scalar_prefetch(mask_info, common.nonfinite_blocks(k, block=trav.block_kv))
+    nonfinite = common.nonfinite_blocks(k, block=trav.block_kv) if st.has_block_mask else None
+    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
     return common.pallas_call(
         functools.partial(_dq_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4,
+            num_scalar_prefetch=len(prefetch),
             grid=(num_q_heads, q_len // trav.block_q, st.grid_width),
             in_specs=[*_input_specs(trav, head_dim, head_dim_v), common.mask_specs(ops, trav)],
             out_specs=pl.BlockSpec((None, trav.block_q, head_dim), q_map),
@@ -278,12 +279,12 @@ def splash_backward_dkv(
     )
     kv_map = lambda *a: (trav.kv_head(*a), trav.kv_block(*a), 0)
     bkv = trav.block_kv
-    nonfinite = common.nonfinite_blocks(q, dout, block=trav.block_q)
-    prefetch = common.scalar_prefetch(mask_info, nonfinite)
+    nonfinite = common.nonfinite_blocks(q, dout, block=trav.block_q) if st.has_block_mask else None
+    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
     return common.pallas_call(
         functools.partial(_dkv_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4,
+            num_scalar_prefetch=len(prefetch),
             grid=(kv_len // bkv, num_q_heads, st.grid_width),
             in_specs=[*_input_specs(trav, head_dim, head_dim_v), common.mask_specs(ops, trav)],
             out_specs=(

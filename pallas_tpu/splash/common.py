@@ -307,19 +307,32 @@ def fit_lanes(x: jax.Array, width: int) -> jax.Array:
     return jnp.tile(x, (1, reps))[:, :width] if width != NUM_LANES else x
 
 
-def scalar_prefetch(
-    info: MaskInfo, nonfinite: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """(data_next, block_mask, mask_next, nonfinite) for the grid spec; a dummy
-    mask_next when None.
+def scalar_prefetch(info: MaskInfo, nonfinite: jax.Array, has_block_mask: bool) -> tuple:
+    """The grid spec's scalar-prefetch arrays: (data_next, block_mask), and where partial
+    blocks have an element mask also (mask_next, nonfinite), a dummy mask_next when None.
 
-    The dummy is never read: `mask_block` runs only when partial blocks are loaded.
+    Without a block mask no block is partial in the kernel: it never reads mask_next or
+    the non-finite flags, and does not pay for copying them into scalar memory. The
+    dummy is never read either: `mask_block` runs only when partial blocks are loaded.
     """
+    data_next, block_mask = jnp.asarray(info.data_next), jnp.asarray(info.block_mask)
+    if not has_block_mask:
+        return data_next, block_mask
     mask_next = info.mask_next
     if mask_next is None:
         mask_next = jnp.zeros((1, 1, 1), jnp.int32)
-    data_next, block_mask = jnp.asarray(info.data_next), jnp.asarray(info.block_mask)
     return data_next, block_mask, jnp.asarray(mask_next), nonfinite
+
+
+def split_prefetch(refs: tuple, has_block_mask: bool) -> tuple[tuple, Any, tuple]:
+    """A kernel's (data_next, block_mask, mask_next) refs, its non-finite flags ref and
+    its other refs, from what follows data_next and block_mask (`scalar_prefetch`);
+    None for the refs a kernel without a block mask is not given."""
+    data_next, block_mask, *rest = refs
+    if not has_block_mask:
+        return (data_next, block_mask, None), None, tuple(rest)
+    mask_next, nonfinite, *rest = rest
+    return (data_next, block_mask, mask_next), nonfinite, tuple(rest)
 
 
 def nonfinite_blocks(*xs: jax.Array, block: int) -> jax.Array:

@@ -82,10 +82,11 @@ def _finish(out_ref, lse_ref, m_ref, l_ref, acc_ref) -> None:
     lse_ref[...] = m_ref[...] + jnp.log(l)
 
 
-def _kernel(dn_ref, bm_ref, mn_ref, nf_ref, q_ref, k_ref, v_ref, sinks_ref, mask_refs, *rest, st):
+def _kernel(*refs, st):
+    prefetch, nf_ref, refs = common.split_prefetch(refs, st.has_block_mask)
+    q_ref, k_ref, v_ref, sinks_ref, mask_refs, *rest = refs
     out_ref, lse_ref, m_ref, l_ref, acc_ref = rest
     ids = (pl.program_id(0), pl.program_id(1), pl.program_id(2))
-    prefetch = (dn_ref, bm_ref, mn_ref)
     j = ids[2]
 
     @pl.when(j == 0)
@@ -177,11 +178,12 @@ def splash_forward(
     )
     if sinks is not None:
         sinks = jnp.broadcast_to(sinks.astype(jnp.float32), (NUM_SUBLANES, num_q_heads))
-    prefetch = common.scalar_prefetch(mask_info, common.nonfinite_blocks(v, block=trav.block_kv))
+    nonfinite = common.nonfinite_blocks(v, block=trav.block_kv) if st.has_block_mask else None
+    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
     out, lse = common.pallas_call(
         functools.partial(_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4,
+            num_scalar_prefetch=len(prefetch),
             grid=(num_q_heads, q_len // trav.block_q, st.grid_width),
             in_specs=[
                 q_spec,
