@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jax_bridge.moe import MoEParams, init_moe_params, moe_feed_forward, top_k_router
+from tests.grouped_matmul.helpers import Float64Product
 from tests.moe.helpers import (
     assert_close,
     assert_tree_close,
@@ -36,8 +37,20 @@ def test_router_picks_the_top_k_and_normalises_their_softmax():
     ids, weights = top_k_router(x, params.router, 3)
     expected_ids, expected_weights = top_k64(x, params.router, 3)
     np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_allclose(weights, expected_weights, rtol=1e-5)
-    np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=1e-6)
+    # Each logit is off by units * L_t (L_t = max_e |x_t| @ |router_e|, the logits'
+    # magnitude); softmax turns that into a relative weight error of twice it, plus the
+    # exp's and the division's roundings: M = 2 (L_t + 1) w (the helpers' forward term).
+    x64, router64 = np.asarray(x, np.float64), np.asarray(params.router, np.float64)
+    size = (np.abs(x64) @ np.abs(router64)).max(axis=1, keepdims=True)
+    hidden = x.shape[1]
+    relative = 2 * (size + 1)
+    expected = Float64Product(expected_weights, relative * expected_weights, hidden)
+    assert_close(weights, expected, "weights")
+    # Their sum: those errors plus the sum's own k - 1 = 2 roundings of numbers <= 1 (3:
+    # one to spare).
+    ones = np.ones((x.shape[0], 1))
+    sums = Float64Product(ones, relative + 3, hidden)
+    assert_close(weights.sum(axis=1, keepdims=True), sums, "weight sums")
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
