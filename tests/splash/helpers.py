@@ -66,7 +66,8 @@ def assert_out_and_lse(out, lse, oracle, tol: float, name: str = "") -> None:
     assert_lse_close(lse, oracle[1], tol, f"{name}lse")
 
 
-def assert_grads(grads, oracle_grads, tol: float, names: str = "qkvs") -> None:
-    """Each gradient against the oracle's: d{name} for name in `names`."""
-    for name, got, want in zip(names[: len(grads)], grads, oracle_grads, strict=True):
-        assert_close(got, want, tol, f"d{name}")
+def assert_grads(grads, oracle_grads, tol: float, prefix: str = "") -> None:
+    """Each gradient (q, k, v and, when given, sinks) against the oracle's, named
+    `prefix` + dq, dk, dv, ds."""
+    for name, got, want in zip("qkvs"[: len(grads)], grads, oracle_grads, strict=True):
+        assert_close(got, want, tol, f"{prefix}d{name}")
