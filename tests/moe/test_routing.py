@@ -1,7 +1,9 @@
 """route / unroute: properties on random inputs (hypothesis), transforms and bad inputs.
 
 Oracles are numpy: `np.bincount` for the group sizes, a per-token float64 sum for the
-top-k combine. Each example draws a seed; the values come from `np.random.default_rng`.
+top-k combine (compared within the grouped matmul tests' element-wise bound, C * u *
+sqrt(n) times the sum of the absolute terms, n the roundings an element commits). Each
+example draws a seed; the values come from `np.random.default_rng`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 from jax_bridge.moe import Routing, route, unroute
+from tests.grouped_matmul.helpers import Float64Product, assert_close
 
 
 def _inputs(seed: int, tokens: int, top_k: int, experts: int, hidden: int = 3):
@@ -78,13 +81,21 @@ def test_top_k_combine_is_the_weighted_sum_of_each_tokens_experts(problem):
     r = _route(x, ids, experts)
     scale = np.random.default_rng(seed + 1).standard_normal(experts).astype(np.float32)
     y_sorted = r.sorted_x * scale[np.asarray(r.sorted_expert_ids)][:, None]  # expert e: x*s_e
-    expected = np.zeros((tokens, 3))
-    for t in range(tokens):
-        for j in range(top_k):
-            expected[t] += weights[t, j] * scale[ids[t, j]] * x[t].astype(np.float64)
-    np.testing.assert_allclose(_unroute(y_sorted, r, weights), expected, rtol=1e-6, atol=1e-6)
-    unweighted = sum(x * scale[ids[:, j]][:, None] for j in range(top_k))
-    np.testing.assert_allclose(_unroute(y_sorted, r), unweighted, rtol=1e-6, atol=1e-6)
+    s = scale[ids]  # [T, K]: s_e of each copy
+    # Each copy is x * s (rounded once) times w (once), and k copies are summed: top_k + 2
+    # roundings per element at most.
+    weighted = _per_token_sum(x, weights * s.astype(np.float64), top_k + 2)
+    assert_close(_unroute(y_sorted, r, weights), weighted, name="weighted")
+    unweighted = _per_token_sum(x, s, top_k + 1)
+    assert_close(_unroute(y_sorted, r), unweighted, name="unweighted")
+
+
+def _per_token_sum(x, factors, terms: int) -> Float64Product:
+    """float64 x[t] * sum_j factors[t, j], with its magnitude |x[t]| * sum_j |factors[t, j]|
+    (the bound's M, tests/grouped_matmul/helpers.py) and `terms` roundings per element."""
+    x, factors = np.asarray(x, np.float64), np.asarray(factors, np.float64)
+    value = x * factors.sum(axis=1, keepdims=True)
+    return Float64Product(value, np.abs(x) * np.abs(factors).sum(axis=1, keepdims=True), terms)
 
 
 def test_an_expert_with_no_tokens_has_an_empty_group():
@@ -114,17 +125,21 @@ def test_jit_vmap_and_grad():
         return unroute(r.sorted_x * scale[r.sorted_expert_ids][:, None], r, w)
 
     batched = jax.jit(jax.vmap(layer))(batch_x, batch_ids, np.stack([weights, weights]))
-    for b in range(2):
-        expected = layer(batch_x[b], batch_ids[b], weights)  # jit may fuse into FMAs
-        np.testing.assert_allclose(batched[b], expected, rtol=1e-6, atol=1e-6)
+    s = np.asarray(scale)[ids]  # [T, K]: s_e of each copy
+    for b, s_b in enumerate((s, np.asarray(scale)[batch_ids[1]])):
+        expected = _per_token_sum(batch_x[b], weights * s_b.astype(np.float64), 4)  # k + 2
+        assert_close(batched[b], expected, name=f"batch {b}")
     assert isinstance(jax.jit(route, static_argnums=2)(x, ids, 5), Routing)
 
     cotangent = np.random.default_rng(4).standard_normal((24, 3)).astype(np.float32)
     loss = lambda x, w: jnp.sum(layer(x, ids, w) * cotangent)
     d_x, d_w = jax.grad(loss, (0, 1))(x, weights)
-    s = np.asarray(scale)[ids]  # [T, K]: s_e of each copy
-    np.testing.assert_allclose(d_x, cotangent * (weights * s).sum(1)[:, None], rtol=1e-5)
-    np.testing.assert_allclose(d_w, (cotangent * x).sum(1)[:, None] * s, rtol=1e-5, atol=1e-6)
+    # d_x[t] = cotangent[t] sum_j w s; d_w[t, j] = s_j (cotangent[t] . x[t]), a 3-term dot.
+    assert_close(d_x, _per_token_sum(cotangent, weights * s.astype(np.float64), 4), name="d_x")
+    c64, x64 = np.asarray(cotangent, np.float64), np.asarray(x, np.float64)
+    d_w_value = (c64 * x64).sum(1)[:, None] * s
+    d_w_magnitude = np.abs(c64 * x64).sum(1)[:, None] * np.abs(s)
+    assert_close(d_w, Float64Product(d_w_value, d_w_magnitude, x.shape[1] + 2), name="d_w")
 
 
 def test_traced_out_of_range_ids_are_in_no_group_and_checkify_reports_them():

@@ -1,4 +1,5 @@
-"""Dense float32 reference of the splash kernels' semantics (the test oracle)."""
+"""Dense reference of the splash kernels' semantics: float32 for float32 and 16-bit inputs,
+float64 for float64 ones (the tests' oracle runs it so under `jax.enable_x64`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def attention_reference(
     softmax_scale: float = 1.0,
     logits_soft_cap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Dense attention in float32, differentiable with jax.grad.
+    """Dense attention in float32 (float64 for float64 inputs), differentiable with jax.grad.
 
     Args:
       q: [num_q_heads, q_len, head_dim]; k: [num_kv_heads, kv_len, head_dim] or
@@ -28,10 +29,12 @@ def attention_reference(
       sinks: float [num_q_heads] or None.
 
     Returns:
-      out: float32 [num_q_heads, q_len, head_dim_v] (0 on fully masked rows);
-      lse: float32 [num_q_heads, q_len] (-inf on fully masked rows, sink if only it).
+      out: [num_q_heads, q_len, head_dim_v] (0 on fully masked rows);
+      lse: [num_q_heads, q_len] (-inf on fully masked rows, sink if only it);
+      both float32, or float64 for float64 q.
     """
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    wide = jnp.promote_types(q.dtype, jnp.float32)  # float32, or float64 for the oracle
+    q, k, v = (x.astype(wide) for x in (q, k, v))
     if k.ndim == 2:
         k, v = k[None], v[None]
     group = q.shape[0] // k.shape[0]
@@ -45,7 +48,7 @@ def attention_reference(
     allowed = jnp.broadcast_to(allowed, s.shape)
     s = jnp.where(allowed, s, -jnp.inf)
     if sinks is not None:
-        sink_col = jnp.broadcast_to(sinks.astype(jnp.float32)[:, None, None], (*s.shape[:2], 1))
+        sink_col = jnp.broadcast_to(sinks.astype(wide)[:, None, None], (*s.shape[:2], 1))
         s = jnp.concatenate([s, sink_col], axis=-1)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), jax.lax.stop_gradient(m), 0.0)

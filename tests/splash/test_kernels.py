@@ -2,8 +2,10 @@
 
 The kernels are fed MaskInfos from JAX's own splash `process_mask` (an independent
 producer of the same format), so these tests check the kernels alone; the factory tests
-at the end go through the project's `process_mask`. Every comparison is against the
-dense float32 reference in `reference.py` (gradients by jax.grad of it).
+at the end go through the project's `process_mask`. Every numeric comparison is against
+the dense reference in `reference.py` run in float64 (gradients by jax.grad of it), within
+the problem's `splash_tolerance` (tests/splash/helpers.py); the isolation of fully masked
+rows (out 0, lse -inf or the sink) is asserted exactly.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ from pallas_tpu.splash import masks as our_masks
 from pallas_tpu.splash.config import BlockSizes, KernelOptions, SegmentIds
 from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha, make_splash_mqa
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
+from tests.attention.helpers import assert_close
+from tests.splash.helpers import (
+    assert_grads,
+    assert_out_and_lse,
+    oracle_forward,
+    oracle_value_and_grad,
+    splash_tolerance,
+)
 from tests.splash.reference import attention_reference
 
-F32_TOL = {"rtol": 1e-5, "atol": 1e-5}
 BLOCKS_128 = BlockSizes(block_q=128, block_kv=128)
 
 
@@ -86,23 +95,28 @@ def _inputs(seed, heads, kv_heads, q_len, kv_len, head_dim=64, head_dim_v=None, 
 
 
 def _loss_weights(seed, out_shape):
+    """Fresh normal cotangents of out and lse."""
     keys = jax.random.split(jax.random.key(seed + 1000), 2)
     return jax.random.normal(keys[0], out_shape), jax.random.normal(keys[1], out_shape[:2])
 
 
 def _loss(out, lse, dout, dlse):
-    """Uses both outputs, so the lse cotangent path of the backward is exercised too."""
+    """Linear in both outputs (the cotangents are fixed numbers, not functions of the run's
+    own rounded out), so the lse cotangent path of the backward is exercised too."""
+    wide = jnp.promote_types(out.dtype, jnp.float32)  # float64 in the oracle
     finite_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.sum(out.astype(jnp.float32) * dout) + jnp.sum(finite_lse * dlse)
+    return jnp.sum(out.astype(wide) * dout) + jnp.sum(finite_lse * dlse)
 
 
-def _check(kernel, dense, q, k, v, *, segment_ids=None, sinks=None, tol=F32_TOL, seed=0):
-    """Kernel out, lse and grads (q, k, v, sinks) against the dense reference.
+def _check(kernel, dense, q, k, v, *, segment_ids=None, sinks=None, seed=0):
+    """Kernel out, lse and grads (q, k, v, sinks) against the float64 dense reference,
+    within `splash_tolerance` of the problem (tests/splash/helpers.py).
 
     Both sides run as one jitted value-and-grad each: compiling once is far cheaper than
     dispatching the interpreted kernels and the reference op by op.
     """
     opts = kernel.config.options
+    scale = opts.softmax_scale
     dout, dlse = _loss_weights(seed, (q.shape[0], q.shape[1], v.shape[-1]))
     argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
 
@@ -114,32 +128,37 @@ def _check(kernel, dense, q, k, v, *, segment_ids=None, sinks=None, tol=F32_TOL,
         ids = None if segment_ids is None else (segment_ids.q, segment_ids.kv)
         o, l = attention_reference(
             q, k, v, dense, segment_ids=ids, sinks=sinks,
-            softmax_scale=opts.softmax_scale, logits_soft_cap=opts.logits_soft_cap,
+            softmax_scale=scale, logits_soft_cap=opts.logits_soft_cap,
         )  # fmt: skip
         return _loss(o, l, dout, dlse), (o, l)
 
-    run = lambda f, *args: jax.jit(jax.value_and_grad(f, argnums, has_aux=True))(*args)
-    f32 = lambda x: None if x is None else x.astype(jnp.float32)
-    (_, (out, lse)), grads = run(ours, q, k, v, sinks)
-    (_, (ref_out, ref_lse)), ref_grads = run(ref, f32(q), f32(k), f32(v), f32(sinks))
+    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(ours, argnums, has_aux=True))(
+        q, k, v, sinks
+    )
+    (_, oracle), oracle_grads = oracle_value_and_grad(ref, q, k, v, sinks, argnums=argnums)
     assert out.dtype == q.dtype and lse.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), **tol)
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref_out), **tol)
-    for name, got, want in zip("qkvs"[: len(grads)], grads, ref_grads, strict=True):
+    tol = splash_tolerance(q, k, v, softmax_scale=scale, sinks=sinks)
+    assert_out_and_lse(out, lse, oracle, tol)
+    for name, got in zip("qkvs"[: len(grads)], grads, strict=True):
         assert got.dtype == {"q": q, "k": k, "v": v, "s": sinks}[name].dtype, name
-        assert np.isfinite(np.asarray(got, np.float32)).all(), name
-        _assert_close_scaled(got, want, tol, err_msg=f"d{name}")
+    assert_grads(grads, oracle_grads, tol)
     return out, lse
 
 
-def _assert_close_scaled(got, want, tol, err_msg=""):
-    """allclose with atol relative to the largest |want|: a gradient sums hundreds of
-    float32 terms, so its rounding error scales with its magnitude, not each entry's."""
-    want = np.asarray(want, np.float32)
-    atol = tol["atol"] * max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(
-        np.asarray(got, np.float32), want, rtol=tol["rtol"], atol=atol, err_msg=err_msg
-    )
+def _grads_and_oracle(fns, dense, q, k, v, seed):
+    """Gradients (q, k, v) of sum(fn(q, k, v) * cotangent) for each of `fns`, and of the
+    float64 reference; the cotangent is fresh normal and fixed, so no path's rounding of
+    its output feeds its own backward."""
+    cotangent = _loss_weights(seed, (q.shape[0], q.shape[1], v.shape[-1]))[0]
+
+    def loss(fn):
+        return lambda *a: jnp.sum(fn(*a) * cotangent)
+
+    grads = [jax.jit(jax.grad(loss(fn), (0, 1, 2)))(q, k, v) for fn in fns]
+    ref = lambda *a: attention_reference(*a, dense)[0]
+    aux_loss = lambda *a: (loss(ref)(*a), None)
+    _, oracle = oracle_value_and_grad(aux_loss, q, k, v, argnums=(0, 1, 2))
+    return grads, oracle
 
 
 def _multi(head_masks) -> jm.MultiHeadMask:
@@ -251,21 +270,23 @@ def test_fully_masked_rows(with_sinks):
 
 
 def test_shrink_grid_on_and_off_agree():
+    """Both grids' gradients within the tolerance of the same float64 ones (so within
+    twice of each other): skipping the empty grid steps changes no number beyond rounding."""
     mask = _multi([jm.LocalMask((512, 512), (64, 64), offset=0)] * 2)
     q, k, v = _inputs(7, 2, 2, 512, 512)
     shrunk, full = _kernel(mask), _kernel(mask, shrink_grid=False)
     assert shrunk.masks.fwd.data_next.shape[2] < full.masks.fwd.data_next.shape[2]
     assert shrunk.masks.dkv.data_next.shape[1] < full.masks.dkv.data_next.shape[1]
-    grad = lambda kern: jax.jit(jax.grad(lambda *a: jnp.sum(kern(*a)[0] ** 2), (0, 1, 2)))(q, k, v)
-    for a, b in zip(grad(shrunk), grad(full), strict=True):
-        _assert_close_scaled(a, b, {"rtol": 1e-6, "atol": 1e-6})
+    fns = [lambda *a, kern=kern: kern(*a)[0] for kern in (shrunk, full)]
+    grads, oracle = _grads_and_oracle(fns, mask[:, :, :], q, k, v, seed=7)
+    for got in grads:
+        assert_grads(got, oracle, splash_tolerance(q, k, v))
 
 
 def test_bfloat16_inputs():
     mask = _multi([jm.CausalMask((256, 256))] * 2)
     q, k, v = _inputs(8, 2, 1, 256, 256, head_dim=128, dtype=jnp.bfloat16)
-    tol = {"rtol": 2e-2, "atol": 2e-2}
-    _check(_kernel(mask, logits_soft_cap=10.0), mask[:, :, :], q, k, v, tol=tol)
+    _check(_kernel(mask, logits_soft_cap=10.0), mask[:, :, :], q, k, v)
 
 
 def test_matches_jax_splash():
@@ -282,10 +303,16 @@ def test_matches_jax_splash():
         mask, block_sizes=jax_blocks, head_shards=1, q_seq_shards=1, interpret=True
     )
     ours = _kernel(mask)
-    np.testing.assert_allclose(np.asarray(ours(q, k, v)[0]), np.asarray(theirs(q, k, v)), **F32_TOL)
-    grad = lambda f: jax.jit(jax.grad(lambda *x: jnp.sum(jnp.sin(f(*x))), (0, 1, 2)))(q, k, v)
-    for got, want in zip(grad(lambda *x: ours(*x)[0]), grad(theirs), strict=True):
-        _assert_close_scaled(got, want, F32_TOL)
+    # Each within the tolerance of the float64 reference, so within twice of each other.
+    oracle = oracle_forward(q, k, v, mask[:, :, :])
+    tol = splash_tolerance(q, k, v)
+    out, (lse,) = ours(q, k, v)
+    assert_out_and_lse(out, lse, oracle, tol, "ours ")
+    assert_close(theirs(q, k, v), oracle[0], tol, "jax splash out")
+    fns = (lambda *x: ours(*x)[0], theirs)
+    (got, want), oracle = _grads_and_oracle(fns, mask[:, :, :], q, k, v, seed=9)
+    assert_grads(got, oracle, tol, "ours ")
+    assert_grads(want, oracle, tol, "jax splash ")
 
 
 def test_vmap_over_batch():
@@ -294,9 +321,8 @@ def test_vmap_over_batch():
     q, k, v = (jnp.stack([x, x[:, ::-1]]) for x in _inputs(10, 2, 2, 256, 256))
     out, (lse,) = jax.vmap(kernel)(q, k, v)
     for b in range(2):
-        want_out, want_lse = attention_reference(q[b], k[b], v[b], mask[:, :, :])
-        np.testing.assert_allclose(np.asarray(out[b]), np.asarray(want_out), **F32_TOL)
-        np.testing.assert_allclose(np.asarray(lse[b]), np.asarray(want_lse), **F32_TOL)
+        oracle = oracle_forward(q[b], k[b], v[b], mask[:, :, :])
+        assert_out_and_lse(out[b], lse[b], oracle, splash_tolerance(q[b], k[b], v[b]))
 
 
 @pytest.mark.parametrize(
@@ -332,25 +358,21 @@ def test_factory_with_project_masks():
         our_masks.MultiHeadMask([our_masks.CausalMask((t, t))] * 2),
         block_sizes=BLOCKS_128, interpret=True, softmax_scale=0.5, save_residuals=True,
     )  # fmt: skip
-    dense = mha_dense = np.tril(np.ones((t, t), bool))[None]
     q, k, v = _inputs(11, 2, 1, t, t)
     out, (lse,) = mha(q, k, v)
-    want_out, want_lse = attention_reference(q, k, v, mha_dense, softmax_scale=0.5)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), **F32_TOL)
-    np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), **F32_TOL)
+    oracle = oracle_forward(q, k, v, np.tril(np.ones((t, t), bool))[None], softmax_scale=0.5)
+    assert_out_and_lse(out, lse, oracle, splash_tolerance(q, k, v, softmax_scale=0.5), "mha ")
 
     dense = _random_mask(np.random.default_rng(12), (t, t))
     mqa = make_splash_mqa(
         our_masks.MultiHeadMask([our_masks.NumpyMask(dense)] * 2),
         block_sizes=BLOCKS_128, interpret=True,
     )  # fmt: skip
-    loss = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), (0, 1, 2)))(q, k[0], v[0])
-    ref = lambda q, k, v: attention_reference(q, k, v, dense[None])[0]
-    np.testing.assert_allclose(
-        np.asarray(mqa(q, k[0], v[0])), np.asarray(ref(q, k[0], v[0])), **F32_TOL
-    )
-    for got, want in zip(loss(mqa), loss(ref), strict=True):
-        _assert_close_scaled(got, want, F32_TOL)
+    k, v = k[0], v[0]
+    tol = splash_tolerance(q, k, v)
+    assert_close(mqa(q, k, v), oracle_forward(q, k, v, dense[None])[0], tol, "mqa out")
+    (grads,), oracle = _grads_and_oracle([mqa], dense[None], q, k, v, seed=12)
+    assert_grads(grads, oracle, tol)
 
 
 def test_kernel_is_a_pytree_under_jit():
