@@ -147,11 +147,11 @@ def estimate_mask_cycles(
 
 
 def example_masks(problem: Problem, seed: int = 0) -> dict[str, Any]:
-    """Causal, local (a window of 1/8 of the sequence) and documents (8 random lengths,
+    """Causal, local (a window of 1/8 of the sequence) and documents (16 random lengths,
     causal inside each), one per head."""
     n, heads = problem.seq, problem.heads
     rng = np.random.default_rng(seed)
-    bounds = np.sort(rng.choice(np.arange(1, n), size=7, replace=False))
+    bounds = np.sort(rng.choice(np.arange(1, n), size=15, replace=False))
     cu = np.concatenate([[0], bounds, [n]]).astype(np.int32)
     per_head = {
         "causal": splash.CausalMask((n, n)),

@@ -2,10 +2,11 @@
 
 libtpu writes a `*_static_llo_profile.textproto` per HLO op (with `estimated_cycles`)
 when `LIBTPU_INIT_ARGS` holds `--xla_jf_dump_static_llo_profile_to=DIR`. It reads that
-flag once, when it starts, and on some chips (v4, v5e) the profiler aborts the process
-on some DMA patterns; so the program is exported (`jax.export`, with the traced value
-checks left out: their effect cannot be serialized) and compiled again in a child
-process that starts libtpu with the flag.
+flag once, when it starts, and the profiler aborts the process on some kernels (DMA
+patterns on v4 and v5e; a bf16 pack in our partial-block dQ kernel on v5p); so the
+program is exported (`jax.export`, with the traced value checks left out: their effect
+cannot be serialized) and compiled again in a child process that starts libtpu with
+the flag.
 
 What the estimate is: the cost of the kernel's code per grid step, summed over the grid
 with every step priced as taken (a block-sparse kernel costs the same whatever its
@@ -78,7 +79,7 @@ def estimate_kernel_cycles(
             tail = "\n".join(child.stderr.strip().splitlines()[-5:])
             raise RuntimeError(
                 f"estimating cycles for {target.name} failed (exit {child.returncode}; "
-                f"libtpu's static profiler aborts on some DMA patterns on v4 and v5e): {tail}"
+                f"libtpu's static profiler aborts on some kernels): {tail}"
             )
         return json.loads(result.read_text())
 
