@@ -28,7 +28,6 @@ import glob
 import importlib
 import importlib.util
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -37,7 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib import DummyTqdmFile
 
-from bench.quiet_start import start_jax_quietly
+from bench.quiet_start import has_nvidia_driver, start_jax_quietly
 from bench.report import BenchRow, format_table, machine_description, write_json
 
 SECTIONS = (
@@ -61,7 +60,7 @@ def _prefer_cpu_without_gpu(*, fake_devices: bool = True) -> None:
     accelerator (an explicit JAX_PLATFORMS wins) and, without a GPU and with
     `fake_devices`, asks XLA for 8 host devices. Must run before JAX is imported."""
     has_tpu = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-    if shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0"):
+    if has_nvidia_driver():
         # libtpu (the test extra's, for compile-only TPUs) would otherwise look for a TPU
         # at start-up and print what it cannot find; compile_for loads it when asked.
         if not has_tpu:

@@ -87,21 +87,34 @@ def _temp(fn: Callable, args: Sequence[Any], target: str) -> tuple[int | None, s
         return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
 
 
-def _cu_seqlens() -> np.ndarray:
-    bounds = np.linspace(0, TOKENS, DOCUMENTS + 1).astype(np.int32)
-    return bounds
+def _auto_backend(target: str, supported: tuple[str, ...]) -> str:
+    """The backend `implementation="auto"` picks on `target`'s platform."""
+    from jax_bridge import TARGETS
+    from jax_bridge.core.backend import resolve_implementation
+
+    platform = TARGETS[target].platform
+    return resolve_implementation("auto", op="bench", supported=supported, platform=platform)
+
+
+def _rows(target, op, shape, dtype, supported, ours, args, baselines) -> list[MemoryRow]:
+    """One row per baseline: our program's temp bytes against the baseline's, each
+    compiled for `target` (`baselines`: name -> (program, its arguments))."""
+    temp, error = _temp(ours, args, target)
+    backend = _auto_backend(target, supported)
+    rows = []
+    for name, (fn, base_args) in baselines.items():
+        base, base_error = _temp(fn, base_args, target)
+        rows.append(
+            MemoryRow(target, op, shape, dtype, backend, temp, name, base, error, base_error)
+        )
+    return rows
 
 
 def attention_rows(target: str, dtype: str) -> list[MemoryRow]:
     """varlen_attention (causal, documents) against dense XLA attention (and JAX splash)."""
     from jax_bridge import varlen_attention
-    from jax_bridge.core.backend import resolve_implementation
 
-    platform = "tpu" if target.startswith("tpu") else "cuda"
-    backend = resolve_implementation(
-        "auto", op="bench", supported=("xla", "triton", "pallas"), platform=platform
-    )
-    cu = jnp.asarray(_cu_seqlens())
+    cu = jnp.asarray(np.linspace(0, TOKENS, DOCUMENTS + 1).astype(np.int32))
     qkv = [_spec((TOKENS, HEADS, HEAD_DIM), dtype)] * 3
     ours = _grads(lambda q, k, v: varlen_attention(q, k, v, cu, cu, causal=True), (0, 1, 2))
     segments = jnp.asarray(np.repeat(np.arange(DOCUMENTS), TOKENS // DOCUMENTS))
@@ -117,29 +130,12 @@ def attention_rows(target: str, dtype: str) -> list[MemoryRow]:
             implementation="xla",
         )[0]
 
-    temp, error = _temp(ours, qkv, target)
-    shape = f"{TOKENS}x{HEADS}x{HEAD_DIM}, {DOCUMENTS} docs"
-    rows = []
     baselines = {"dot_product_attention": (_grads(dense, (0, 1, 2)), qkv)}
-    if platform == "tpu":
+    if target.startswith("tpu"):
         baselines["jax splash"] = _jax_splash(dtype, segments)
-    for name, (fn, args) in baselines.items():
-        base, base_error = _temp(fn, args, target)
-        rows.append(
-            MemoryRow(
-                target,
-                "varlen_attention fwd+bwd",
-                shape,
-                dtype,
-                backend,
-                temp,
-                name,
-                base,
-                error,
-                base_error,
-            )
-        )
-    return rows
+    shape = f"{TOKENS}x{HEADS}x{HEAD_DIM}, {DOCUMENTS} docs"
+    supported = ("xla", "triton", "pallas")
+    return _rows(target, "varlen_attention fwd+bwd", shape, dtype, supported, ours, qkv, baselines)
 
 
 def _jax_splash(dtype: str, segments: jax.Array):
@@ -155,7 +151,8 @@ def _jax_splash(dtype: str, segments: jax.Array):
 
 
 def grouped_matmul_rows(target: str, dtype: str) -> list[MemoryRow]:
-    """grouped_matmul forward + backward against ragged_dot and a per-group loop."""
+    """grouped_matmul forward + backward against ragged_dot and a per-group loop, both
+    with float32 outputs like grouped_matmul's default preferred_element_type."""
     from jax_bridge import grouped_matmul
 
     sizes = jnp.asarray(np.full(EXPERTS, ROWS // EXPERTS), jnp.int32)
@@ -164,33 +161,18 @@ def grouped_matmul_rows(target: str, dtype: str) -> list[MemoryRow]:
     group = jnp.repeat(jnp.arange(EXPERTS), ROWS // EXPERTS, total_repeat_length=ROWS)
 
     def loop(lhs, rhs):
-        return sum(jnp.where((group == g)[:, None], lhs, 0) @ rhs[g] for g in range(EXPERTS))
+        rows_of = lambda g: jnp.where((group == g)[:, None], lhs, 0)
+        return sum(jnp.dot(rows_of(g), rhs[g], preferred_element_type=f32) for g in range(EXPERTS))
 
-    ours, error = _temp(_grads(lambda a, b: grouped_matmul(a, b, sizes), (0, 1)), args, target)
-    backend = "xla" if target.startswith("tpu") else "triton"
+    ragged = lambda a, b: jax.lax.ragged_dot(a, b, sizes, preferred_element_type=f32)
+    baselines = {
+        "ragged_dot": (_grads(ragged, (0, 1)), args),
+        "per-group loop": (_grads(loop, (0, 1)), args),
+    }
+    ours = _grads(lambda a, b: grouped_matmul(a, b, sizes), (0, 1))
     shape = f"{ROWS}x{HIDDEN} @ {EXPERTS}x{HIDDEN}x{FFN}"
-    rows = []
-    for name, fn in (
-        # float32 out, as grouped_matmul's default preferred_element_type.
-        ("ragged_dot", lambda a, b: jax.lax.ragged_dot(a, b, sizes, preferred_element_type=f32)),
-        ("per-group loop", loop),
-    ):
-        base, base_error = _temp(_grads(fn, (0, 1)), args, target)
-        rows.append(
-            MemoryRow(
-                target,
-                "grouped_matmul fwd+bwd",
-                shape,
-                dtype,
-                backend,
-                ours,
-                name,
-                base,
-                error,
-                base_error,
-            )
-        )
-    return rows
+    op = "grouped_matmul fwd+bwd"
+    return _rows(target, op, shape, dtype, ("xla", "triton"), ours, args, baselines)
 
 
 def memory_rows(targets: Sequence[str]) -> list[MemoryRow]:
