@@ -58,15 +58,6 @@ def _ds(st: common.BodyStatic, s_scaled, p, dp, delta, mask: jax.Array | None) -
     return ds if mask is None else jnp.where(mask, ds, 0.0)
 
 
-def _product(weights, values, dims, nonfinite, partial_block: bool) -> jax.Array:
-    """weights . values in float32; in a partial block (which may mix documents) zero
-    weights never meet another document's non-finite values (`common.block_product`)."""
-    if partial_block:
-        return common.block_product(weights, values, dims, nonfinite)
-    weights = weights.astype(values.dtype)
-    return jax.lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
-
-
 def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> None:
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_refs = refs
     opts = st.options
@@ -82,7 +73,7 @@ def _dq_step(st, kv_block, nonfinite, refs, dq_acc_ref, partial_block: bool) -> 
         do_ref[...].astype(v.dtype), v, common.NT_DIMS, preferred_element_type=jnp.float32
     )
     ds = _ds(st, scaled, p, dp, delta, mask)
-    dq_acc_ref[...] += _product(ds, k, common.NN_DIMS, nonfinite, partial_block)
+    dq_acc_ref[...] += common.tile_product(ds, k, common.NN_DIMS, nonfinite, partial_block)
 
 
 def _dq_kernel(*refs, st):
@@ -122,12 +113,12 @@ def _dkv_step(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> No
         scaled, s = common.logits(k_ref[kv, :], q, opts.softmax_scale, opts.logits_soft_cap)
         mask = common.tile_mask(mask_refs, tile, st.rule, kv_block, partial_block=partial_block)
         p = _probabilities(s, lse, mask)
-        dv_acc_ref[kv, :] += _product(p, do, common.NN_DIMS, nonfinite, partial_block)
+        dv_acc_ref[kv, :] += common.tile_product(p, do, common.NN_DIMS, nonfinite, partial_block)
         dp = jax.lax.dot_general(
             v, do.astype(v.dtype), common.NT_DIMS, preferred_element_type=jnp.float32
         )
         ds = _ds(st, scaled, p, dp, delta, mask)
-        dk_acc_ref[kv, :] += _product(ds, q, common.NN_DIMS, nonfinite, partial_block)
+        dk_acc_ref[kv, :] += common.tile_product(ds, q, common.NN_DIMS, nonfinite, partial_block)
 
 
 def _dkv_kernel(*refs, st):
@@ -226,8 +217,7 @@ def splash_backward_dq(
     )
     st, ops = _prepare(q, v, mask_info, element_mask, segment_ids, trav, trav.block_kv, options)
     q_map = lambda *a: (trav.head(*a), trav.q_block(*a), 0)
-    nonfinite = common.nonfinite_blocks(k, block=trav.block_kv) if st.has_block_mask else None
-    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
+    prefetch = common.scalar_prefetch(mask_info, st.has_block_mask, (k,), trav.block_kv)
     return common.pallas_call(
         functools.partial(_dq_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -279,8 +269,7 @@ def splash_backward_dkv(
     )
     kv_map = lambda *a: (trav.kv_head(*a), trav.kv_block(*a), 0)
     bkv = trav.block_kv
-    nonfinite = common.nonfinite_blocks(q, dout, block=trav.block_q) if st.has_block_mask else None
-    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
+    prefetch = common.scalar_prefetch(mask_info, st.has_block_mask, (q, dout), trav.block_q)
     return common.pallas_call(
         functools.partial(_dkv_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(

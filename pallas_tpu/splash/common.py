@@ -307,12 +307,15 @@ def fit_lanes(x: jax.Array, width: int) -> jax.Array:
     return jnp.tile(x, (1, reps))[:, :width] if width != NUM_LANES else x
 
 
-def scalar_prefetch(info: MaskInfo, nonfinite: jax.Array, has_block_mask: bool) -> tuple:
+def scalar_prefetch(
+    info: MaskInfo, has_block_mask: bool, flagged: tuple[jax.Array, ...], block: int
+) -> tuple:
     """The grid spec's scalar-prefetch arrays: (data_next, block_mask), and where partial
-    blocks have an element mask also (mask_next, nonfinite), a dummy mask_next when None.
+    blocks have an element mask also (mask_next, `nonfinite_blocks(*flagged, block)`), a
+    dummy mask_next when None.
 
     Without a block mask no block is partial in the kernel: it never reads mask_next or
-    the non-finite flags, and does not pay for copying them into scalar memory. The
+    the non-finite flags, and neither computes nor copies them into scalar memory. The
     dummy is never read either: `mask_block` runs only when partial blocks are loaded.
     """
     data_next, block_mask = jnp.asarray(info.data_next), jnp.asarray(info.block_mask)
@@ -321,7 +324,7 @@ def scalar_prefetch(info: MaskInfo, nonfinite: jax.Array, has_block_mask: bool) 
     mask_next = info.mask_next
     if mask_next is None:
         mask_next = jnp.zeros((1, 1, 1), jnp.int32)
-    return data_next, block_mask, jnp.asarray(mask_next), nonfinite
+    return data_next, block_mask, jnp.asarray(mask_next), nonfinite_blocks(*flagged, block=block)
 
 
 def split_prefetch(refs: tuple, has_block_mask: bool) -> tuple[tuple, Any, tuple]:
@@ -388,6 +391,15 @@ def block_product(
     if _priced_kind.value == "partial":
         return plain()
     return lax.cond(nonfinite() != 0, isolating, plain)
+
+
+def tile_product(weights, values, dims, nonfinite, partial_block: bool) -> jax.Array:
+    """float32 weights . values of one tile: `block_product` in a partial block (which
+    may mix documents), the plain product in a full one (one document's pairs)."""
+    if partial_block:
+        return block_product(weights, values, dims, nonfinite)
+    weights = weights.astype(values.dtype)
+    return lax.dot_general(weights, values, dims, preferred_element_type=jnp.float32)
 
 
 def run_by_kind(kind: jax.Array, has_block_mask: bool, body: Callable[[bool], None]) -> None:

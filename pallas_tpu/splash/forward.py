@@ -60,12 +60,7 @@ def _accumulate(st, kv_block, nonfinite, refs, scratch, partial_block: bool) -> 
         l_ref[...] = alpha * l_prev + p.sum(axis=-1, keepdims=True)
         m_ref[...] = m_next
         v = v_ref[kv, :]
-        if partial_block:  # may mix documents: keep another's NaN/Inf values out
-            pv = common.block_product(p, v, common.NN_DIMS, nonfinite)
-        else:
-            pv = jax.lax.dot_general(
-                p.astype(v.dtype), v, common.NN_DIMS, preferred_element_type=jnp.float32
-            )
+        pv = common.tile_product(p, v, common.NN_DIMS, nonfinite, partial_block)
         acc_ref[...] = common.fit_lanes(alpha, acc_ref.shape[-1]) * acc_ref[...] + pv
 
 
@@ -178,8 +173,7 @@ def splash_forward(
     )
     if sinks is not None:
         sinks = jnp.broadcast_to(sinks.astype(jnp.float32), (NUM_SUBLANES, num_q_heads))
-    nonfinite = common.nonfinite_blocks(v, block=trav.block_kv) if st.has_block_mask else None
-    prefetch = common.scalar_prefetch(mask_info, nonfinite, st.has_block_mask)
+    prefetch = common.scalar_prefetch(mask_info, st.has_block_mask, (v,), trav.block_kv)
     out, lse = common.pallas_call(
         functools.partial(_kernel, st=st),
         grid_spec=pltpu.PrefetchScalarGridSpec(
