@@ -1,5 +1,7 @@
 """CPU benchmark: blockwise varlen attention (implementation="xla") vs dense masked attention.
 
+On a GPU, `main` runs bench/attention_gpu.py instead (the Triton kernels against cuDNN).
+
 16 packed documents of 128, 256 and 512 tokens (2048 to 8192 tokens), causal, 2 heads of
 64 (float32). The dense baseline is `jax.nn.dot_product_attention` over the whole packed
 axis with the equivalent block-diagonal causal mask, i.e. a [tokens, tokens] score matrix
@@ -144,7 +146,11 @@ def _bench_size(doc_len: int) -> list[BenchRow]:
 
 def main() -> list[BenchRow]:
     """Prints the table; returns the forward and forward+backward rows of every document
-    length (baseline: dense)."""
+    length (baseline: dense); on a GPU, the Triton kernels against cuDNN instead."""
+    if jax.default_backend() in ("cuda", "rocm", "gpu"):
+        from bench import attention_gpu
+
+        return attention_gpu.main()
     print(
         f'Varlen attention (implementation="xla") vs dense masked attention\n'
         f"{jax.default_backend()}: {NUM_DOCS} documents of {', '.join(map(str, DOC_LENS))} "

@@ -20,6 +20,8 @@ from jax_bridge.attention.spec import AttentionSpec
 
 __all__ = ["alibi_distance", "allowed_mask", "attention_reference", "dense_attention"]
 
+_HIGHEST = jax.lax.Precision.HIGHEST
+
 
 def _positions(cu_seqlens: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sequence id, position in sequence, sequence length) of every packed token.
@@ -124,7 +126,10 @@ def dense_attention(
     k = jnp.repeat(k, group, axis=1)
     v = jnp.repeat(v, group, axis=1)
     compute = jnp.promote_types(q.dtype, jnp.float32)
-    s = jnp.einsum("qhd,khd->hqk", q.astype(compute), k.astype(compute)) * spec.softmax_scale
+    # HIGHEST: XLA:GPU would otherwise multiply float32 in TF32 (~1e-3 off on an H100), and
+    # an oracle must be exact in its dtype on every platform.
+    s = jnp.einsum("qhd,khd->hqk", q.astype(compute), k.astype(compute), precision=_HIGHEST)
+    s = s * spec.softmax_scale
     if spec.logits_soft_cap is not None:
         s = spec.logits_soft_cap * jnp.tanh(s / spec.logits_soft_cap)
     if alibi_slopes is not None:
@@ -149,7 +154,7 @@ def dense_attention(
     )
     if sinks is not None:
         p = p[..., :-1]
-    out = jnp.einsum("hqk,khd->qhd", p, v.astype(compute))
+    out = jnp.einsum("hqk,khd->qhd", p, v.astype(compute), precision=_HIGHEST)
     return out.astype(q.dtype), lse.astype(jnp.float32)
 
 
