@@ -4,6 +4,8 @@
     python -m bench report [ARGS ...]   # bench.kernel_report.main(ARGS)
     python -m bench tune [ARGS ...]     # bench.tune.main(ARGS)
     python -m bench aot [ARGS ...]      # bench.aot.main(ARGS): compiled for H100/A100/TPUs
+    python -m bench train [ARGS ...]    # bench.train.main(ARGS): the example LM, ours vs dense
+    python -m bench train-at-scale [ARGS ...]  # its train step compiled for 8-256 chips
 
 Each section's `main()` prints its own lines and returns `BenchRow`s (bench/report.py); the
 rows are printed as one table at the end (stdout), while a progress bar over the sections
@@ -51,7 +53,13 @@ SECTIONS = (
 )
 # Subcommand -> the module whose `main(argv)` runs it, imported only when asked for (the
 # modules are optional: a checkout without one says so instead of failing at start-up).
-SUBCOMMANDS = {"report": "bench.kernel_report", "tune": "bench.tune", "aot": "bench.aot"}
+SUBCOMMANDS = {
+    "report": "bench.kernel_report",
+    "tune": "bench.tune",
+    "aot": "bench.aot",
+    "train": "bench.train",
+    "train-at-scale": "bench.train_at_scale",
+}
 assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcommand's name"
 
 

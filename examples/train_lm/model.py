@@ -196,10 +196,12 @@ def token_losses(
     config: ModelConfig,
     kernels: Kernels,
     extra_embedding: jax.Array | None = None,
+    compute_dtype: Any = COMPUTE_DTYPE,
 ) -> jax.Array:
-    """float32 [B, S] cross-entropy per token (0 where the target is NO_TARGET)."""
+    """float32 [B, S] cross-entropy per token (0 where the target is NO_TARGET), computed
+    in `compute_dtype` (bf16; the tests' oracle runs float32)."""
     layout = layout_of(cu_seqlens, tokens.shape[1])
-    low = jax.tree.map(lambda p: p.astype(COMPUTE_DTYPE), params)  # bf16 compute
+    low = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     logits = Transformer(config, kernels).apply({"params": low}, tokens, layout, extra_embedding)
     valid = targets != NO_TARGET
     log_p = jax.nn.log_softmax(logits, axis=-1)

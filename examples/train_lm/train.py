@@ -139,7 +139,8 @@ class Trainer:
         loss, grads = jax.value_and_grad(self.loss)(params, batch)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        return params, opt_state, {"loss": loss, "grad_norm": norm}
 
     def step(self, params, opt_state, batch: PackedBatch):
         """One optimizer step (the inputs' buffers are donated); after `init`."""
