@@ -217,7 +217,13 @@ def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
 
 
 def test_subcommands_are_not_sections() -> None:
-    assert set(SUBCOMMANDS) == {"report", "tune", "aot"} and not set(SUBCOMMANDS) & set(SECTIONS)
+    expected = {"report", "tune", "aot", "train", "train-at-scale"}
+    assert set(SUBCOMMANDS) == expected and not set(SUBCOMMANDS) & set(SECTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_subcommand_has_its_module(name: str) -> None:
+    assert importlib.util.find_spec(SUBCOMMANDS[name]) is not None, name
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))

@@ -46,12 +46,16 @@ def _window(window: int | None) -> tuple[int, int] | None:
     return None if window is None else (window, 0)
 
 
-def _local_attend(q, k, v, sinks, layout: Layout, window, *, context: str | None):
-    """This device's rows: varlen over its packed rows, or the ring over `context`."""
+def _local_attend(
+    q, k, v, sinks, layout: Layout, window, *, context: str | None, windowed_ring: str = "auto"
+):
+    """This device's rows: varlen over its packed rows, or the ring over `context`
+    (windowed layers with the ring's `windowed_ring` implementation)."""
     if context is not None:
         return ring_attention_shard(
             q, k, v, axis_name=context, segment_ids=layout.segment_ids, causal=True,
             sliding_window=_window(window), sinks=sinks,
+            implementation="auto" if window is None else windowed_ring,
         )  # fmt: skip
     rows, seq = q.shape[:2]
     offsets = (jnp.arange(rows, dtype=jnp.int32) * seq)[:, None]
@@ -91,9 +95,14 @@ def our_kernels(mesh: Mesh | None = None) -> Kernels:
     context = "context" if sizes.get("context", 1) > 1 else None
     expert = "expert" if sizes.get("expert", 1) > 1 else None
     tokens = P(ROWS, "context")
+    # The ring's Pallas (TPU) kernels take no sliding window yet: windowed layers run the
+    # ring's XLA blockwise attention there.
+    windowed_ring = "xla" if mesh.devices.flat[0].platform == "tpu" else "auto"
 
     def attend(q, k, v, sinks, layout, window):
-        body = functools.partial(_local_attend, window=window, context=context)
+        body = functools.partial(
+            _local_attend, window=window, context=context, windowed_ring=windowed_ring
+        )
         specs = Layout(P(ROWS), tokens, tokens)
         sink_spec = None if sinks is None else P()
         return jax.shard_map(
