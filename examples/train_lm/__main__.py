@@ -24,6 +24,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rows", type=int, default=4)
     args = parser.parse_args(argv)
+    if min(args.steps, args.seq_len, args.rows) < 1:
+        parser.error("--steps, --seq-len and --rows must be positive")
     try:
         args.mesh = tuple(int(n) for n in args.mesh.split(","))
         assert len(args.mesh) == 3 and min(args.mesh) >= 1

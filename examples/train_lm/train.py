@@ -159,6 +159,7 @@ def run(trainer: Trainer, batches: Iterable[PackedBatch], steps: int, key=None) 
 
 
 def losses_summary(losses: list[float], width: int = 8) -> str:
-    """First / last `width`-step mean losses, as a line."""
+    """First / last `width`-step mean losses, as a line (width at most half the run)."""
+    width = max(1, min(width, len(losses) // 2))
     head, tail = np.mean(losses[:width]), np.mean(losses[-width:])
     return f"loss {head:.3f} (first {width} steps) -> {tail:.3f} (last {width})"
