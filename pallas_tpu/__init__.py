@@ -28,6 +28,8 @@ from pallas_tpu.splash.masks import (
     Mask,
     MultiHeadMask,
     NumpyMask,
+    PredicateMask,
+    PrefixLMMask,
 )
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "MaskInfo",
     "MultiHeadMask",
     "NumpyMask",
+    "PredicateMask",
+    "PrefixLMMask",
     "SegmentIds",
     "SplashAttentionKernel",
     "classify_blocks",

@@ -26,6 +26,8 @@ from pallas_tpu.splash.masks import (
     Mask,
     MultiHeadMask,
     NumpyMask,
+    PredicateMask,
+    PrefixLMMask,
 )
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "MaskInfo",
     "MultiHeadMask",
     "NumpyMask",
+    "PredicateMask",
+    "PrefixLMMask",
     "SegmentIds",
     "SplashAttentionKernel",
     "classify_blocks",

@@ -3,10 +3,12 @@
 `process_mask` classifies every (q block, kv block) pair as empty, partial or full from
 each mask's row intervals (`Mask.row_intervals`): one scatter of the rows' first and last
 touched / covered blocks and a prefix sum, O(q_len + blocks) work, vectorised, never a
-dense [q, kv] array for a computable mask. Only partial blocks are ever materialised, and
+dense [q, kv] array for a computable mask. Masks without row intervals (`NumpyMask`,
+`PredicateMask` and compositions with them) are classified from dense values a few block
+rows at a time (`DENSE_CHUNK_ELEMENTS`). Only partial blocks are ever materialised, and
 only when the kernel cannot evaluate the mask itself (several distinct head masks, `|`,
-`&`, `NumpyMask`). The traversal arrays (`data_next`, `mask_next`) and the shrunk grid
-follow JAX splash's layout, so the two agree on every non-empty block.
+`&`, `NumpyMask`, `PredicateMask`). The traversal arrays (`data_next`, `mask_next`) and
+the shrunk grid follow JAX splash's layout, so the two agree on every non-empty block.
 
 A `DocumentMask` built from traced `cu_seqlens` or segment ids is processed under
 `jax.jit` in the same O(q_len + blocks) work with static output shapes: the grid is not
@@ -215,18 +217,37 @@ def _classify_intervals(xp, lo, hi, block_q: int, ranges) -> Array:
     return classes[:, inverse]
 
 
-def _classify_dense(dense: np.ndarray, block_q: int, block_kv: int) -> np.ndarray:
-    q_len, kv_len = dense.shape
-    blocks = dense.reshape(q_len // block_q, block_q, kv_len // block_kv, block_kv)
-    any_, all_ = blocks.any(axis=(1, 3)), blocks.all(axis=(1, 3))
-    return np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY)).astype(np.int8)
+# Mask elements evaluated at once on the dense paths (16 MiB of bools): a mask without row
+# intervals (PredicateMask, NumpyMask, compositions with them) is classified and its
+# partial blocks built in pieces of about this size, never as one [q_len, kv_len] array.
+DENSE_CHUNK_ELEMENTS = 1 << 24
+
+
+def _row_chunks(q_len: int, kv_len: int, block_q: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of whole block rows, each about DENSE_CHUNK_ELEMENTS
+    elements (at least one block row)."""
+    rows = max(DENSE_CHUNK_ELEMENTS // max(kv_len * block_q, 1), 1) * block_q
+    return [(start, min(start + rows, q_len)) for start in range(0, q_len, rows)]
+
+
+def _classify_dense(mask: mask_lib.Mask, block_q: int, block_kv: int) -> np.ndarray:
+    """int8 [q_blocks, kv_blocks] from the mask's dense values, a few block rows at a time."""
+    q_len, kv_len = mask.shape
+    parts = [np.zeros((0, kv_len // block_kv), np.int8)]
+    for start, stop in _row_chunks(q_len, kv_len, block_q):
+        dense = np.asarray(mask[start:stop, :], np.bool_)
+        blocks = dense.reshape((stop - start) // block_q, block_q, kv_len // block_kv, block_kv)
+        any_, all_ = blocks.any(axis=(1, 3)), blocks.all(axis=(1, 3))
+        parts.append(np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY)).astype(np.int8))
+    return np.concatenate(parts)
 
 
 def classify_blocks(mask: mask_lib.Mask, block_shape: tuple[int, int]) -> Array:
     """int8 [q_blocks, kv_blocks]: 0 empty, 1 partial, 2 full, for a 2-D mask.
 
-    O(q_len + blocks) from the mask's row intervals; a mask without them (NumpyMask, or
-    masks over non-contiguous kv blocks) is classified densely in O(q_len * kv_len).
+    O(q_len + blocks) from the mask's row intervals; a mask without them (NumpyMask,
+    PredicateMask, or masks over non-contiguous kv blocks) is classified densely in
+    O(q_len * kv_len) time, a few block rows at a time (memory O(DENSE_CHUNK_ELEMENTS)).
     """
     block_q, block_kv = block_shape
     kv_len = mask.shape[1]
@@ -241,14 +262,16 @@ def classify_blocks(mask: mask_lib.Mask, block_shape: tuple[int, int]) -> Array:
             "whose kv blocks each hold consecutive ascending positions (e.g. the "
             "load-balanced order with chunks a multiple of block_kv), or kv_sequence=None"
         )
-    return _classify_dense(mask[:, :], block_q, block_kv)
+    return _classify_dense(mask, block_q, block_kv)
 
 
 def _row_is_empty(mask: mask_lib.Mask) -> np.ndarray:
     intervals = mask.row_intervals()
     ranges = _kv_block_ranges(mask.kv_positions(), mask.shape[1], 1)
     if intervals is None or ranges is None:
-        return ~mask[:, :].any(axis=1)
+        if mask.shape[1] == 0:
+            return np.ones(mask.shape[0], np.bool_)
+        return _classify_dense(mask, 1, mask.shape[1]).ravel() == EMPTY
     return np.asarray(_classify_intervals(np, *intervals, 1, ranges) == EMPTY).all(axis=1)
 
 
@@ -310,32 +333,42 @@ def _traverse_shards(classes, partial_ids, grid: _Grid, is_dkv: bool, xp=np):
 # ---- partial blocks
 
 
-def _partial_blocks(mask: mask_lib.Mask, classes: np.ndarray, grid: _Grid) -> np.ndarray:
-    """bool [num_partial, block_q, block_kv]: the partial blocks of one mask, row-major."""
+def _packed_partial_blocks(mask: mask_lib.Mask, classes: np.ndarray, grid: _Grid) -> np.ndarray:
+    """uint8 [num_partial, ceil(block_q * block_kv / 8)]: the partial blocks of one mask,
+    row-major, bit-packed; evaluated about DENSE_CHUNK_ELEMENTS elements at a time."""
     qi, ki = np.nonzero(classes == PARTIAL)
-    rows = qi[:, None, None] * grid.block_q + np.arange(grid.block_q)[None, :, None]
-    cols = ki[:, None, None] * grid.block_kv + np.arange(grid.block_kv)[None, None, :]
-    return np.asarray(mask.evaluate(rows, cols), np.bool_).reshape(
-        len(qi), grid.block_q, grid.block_kv
-    )
+    size = grid.block_q * grid.block_kv
+    step = max(DENSE_CHUNK_ELEMENTS // size, 1)
+    packed = [np.zeros((0, -(-size // 8)), np.uint8)]
+    for start in range(0, len(qi), step):
+        q, k = qi[start : start + step], ki[start : start + step]
+        rows = q[:, None, None] * grid.block_q + np.arange(grid.block_q)[None, :, None]
+        cols = k[:, None, None] * grid.block_kv + np.arange(grid.block_kv)[None, None, :]
+        values = np.asarray(mask.evaluate(rows, cols), np.bool_)
+        packed.append(np.packbits(values.reshape(len(q), size), axis=1))
+    return np.concatenate(packed)
 
 
-def _deduplicate(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique blocks in order of first appearance, id of every input block)."""
-    if len(blocks) == 0:
-        return blocks, np.zeros(0, np.int32)
-    packed = np.packbits(blocks.reshape(len(blocks), -1), axis=1)
+def _deduplicate(packed: np.ndarray, block_shape: tuple[int, int]):
+    """(unique blocks bool [n, *block_shape] in order of first appearance, id of every
+    input block) from bit-packed blocks; only the unique ones are unpacked."""
+    if len(packed) == 0:
+        return np.zeros((0, *block_shape), np.bool_), np.zeros(0, np.int32)
     keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     rank = np.empty(len(first), np.int32)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int32)
-    return blocks[np.sort(first)], rank[inverse.ravel()]
+    size = block_shape[0] * block_shape[1]
+    unique = np.unpackbits(packed[np.sort(first)], axis=1, count=size).astype(np.bool_)
+    return unique.reshape(-1, *block_shape), rank[inverse.ravel()]
 
 
 def _partial_ids(unique_masks, classes, grid: _Grid):
     """Deduplicated partial blocks of every unique mask and their ids [masks, nq, nk]."""
-    per_mask = [_partial_blocks(m, c, grid) for m, c in zip(unique_masks, classes, strict=True)]
-    blocks, ids = _deduplicate(np.concatenate(per_mask) if per_mask else np.zeros((0, 1, 1)))
+    per_mask = [
+        _packed_partial_blocks(m, c, grid) for m, c in zip(unique_masks, classes, strict=True)
+    ]
+    blocks, ids = _deduplicate(np.concatenate(per_mask), (grid.block_q, grid.block_kv))
     partial_ids = np.zeros(classes.shape, np.int32)
     partial_ids[classes == PARTIAL] = ids  # row-major per mask, matching the concatenation
     return blocks, partial_ids

@@ -1,18 +1,20 @@
 """A small mask algebra for splash attention: masks described by their rule, not an array.
 
 mask[i, j] is True where q row i may attend kv row j. Computable masks (`CausalMask`,
-`LocalMask`, `ChunkedCausalMask`, `DocumentMask`) evaluate a rule on positions:
-row i has position `q_sequence[i]` and kv row j position `kv_sequence[j]` (both the
-identity unless given, e.g. the load-balanced order of `reorder_sequence`). `NumpyMask`
-holds an array; `FullMask` allows everything; `|` and `&` combine masks of one shape;
-`MultiHeadMask` gives every head its mask.
+`LocalMask`, `ChunkedCausalMask`, `PrefixLMMask`, `DocumentMask`) evaluate a rule on
+positions: row i has position `q_sequence[i]` and kv row j position `kv_sequence[j]`
+(both the identity unless given, e.g. the load-balanced order of `reorder_sequence`).
+`PredicateMask` evaluates a user's `predicate(q, kv)` the same way (FlexAttention's
+`mask_mod`). `NumpyMask` holds an array; `FullMask` allows everything; `|` and `&`
+combine masks of one shape; `MultiHeadMask` gives every head its mask.
 
-Every mask except `NumpyMask` also states, for each q row, the kv positions it allows as
-a few closed intervals (`row_intervals`): that is what lets `process_mask` classify
-every block in O(q + blocks) work without a dense [q, kv] array. `CausalMask` and
-`LocalMask` keep JAX splash's conventions (q + offset >= kv) so code written for those
-masks ports by changing the import; `DocumentMask` aligns each document bottom-right,
-like `jax_bridge.varlen_attention`.
+Every mask except `NumpyMask` and `PredicateMask` also states, for each q row, the kv
+positions it allows as a few closed intervals (`row_intervals`): that is what lets
+`process_mask` classify every block in O(q + blocks) work without a dense [q, kv] array.
+The other two are classified from their dense values a few block rows at a time.
+`CausalMask` and `LocalMask` keep JAX splash's conventions (q + offset >= kv) so code
+written for those masks ports by changing the import; `PrefixLMMask` follows them;
+`DocumentMask` aligns each document bottom-right, like `jax_bridge.varlen_attention`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ __all__ = [
     "Mask",
     "MultiHeadMask",
     "NumpyMask",
+    "PredicateMask",
+    "PrefixLMMask",
 ]
 
 Array = Any  # np.ndarray, or jax.Array for a DocumentMask built under jax.jit
@@ -319,6 +323,17 @@ class ChunkedCausalRule:
         return (q // self.chunk_size == kv // self.chunk_size) & (q >= kv)
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefixLMRule:
+    """kv < prefix_length or q + offset >= kv: a bidirectional prefix, causal after it."""
+
+    prefix_length: int
+    offset: int = 0
+
+    def __call__(self, q, kv):
+        return (q + self.offset >= kv) | (kv < self.prefix_length)
+
+
 class _ComputableMask(Mask):
     """mask[i, j] = rule(q_sequence[i], kv_sequence[j])."""
 
@@ -431,6 +446,171 @@ class ChunkedCausalMask(_ComputableMask):
     def row_intervals(self):
         q = self.q_sequence.astype(np.int64)
         return _clip(q // self.chunk_size * self.chunk_size), _clip(q)
+
+
+def _check_integer(value: Any, mask: str, argument: str) -> int:
+    """int(value) for a Python or numpy integer (bools and floats rejected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{mask}: {argument} must be an integer, got {type(value).__name__}")
+    return int(value)
+
+
+class PrefixLMMask(_ComputableMask):
+    """Prefix-LM attention: a bidirectional prefix (the prompt), causal after it.
+
+        mask[i, j] = kv_sequence[j] < prefix_length  or  q_sequence[i] + offset >= kv_sequence[j]
+
+    i.e. `CausalMask(shape, offset) | (kv < prefix_length)`. Conventions follow
+    `CausalMask` (top-left aligned positions, `offset` shifts the q side): the prefix is
+    counted in kv positions and does not move with `offset`, so keys at positions
+    [0, prefix_length) are visible to every query whatever q_len, kv_len or offset are.
+    A query inside the prefix therefore sees the whole prefix (and, with offset > 0, the
+    causal keys past it); prefix_length=0 is `CausalMask(shape, offset)`, and
+    prefix_length >= kv_len allows every pair. For a decode step over a kv cache
+    (q_len < kv_len, offset = kv_len - q_len) the prompt stays visible as it should.
+
+    Args:
+      shape: (q_len, kv_len).
+      prefix_length: int in [0, 2**30]: the number of leading kv positions every query sees.
+      offset: added to q positions in the causal term (as `CausalMask.offset`).
+      shard_count, q_sequence, kv_sequence: as `CausalMask`.
+    """
+
+    def __init__(
+        self,
+        shape,
+        prefix_length: int,
+        offset: int = 0,
+        shard_count: int = 1,
+        *,
+        q_sequence=None,
+        kv_sequence=None,
+    ):
+        prefix_length = _check_integer(prefix_length, "PrefixLMMask", "prefix_length")
+        if not 0 <= prefix_length <= UNBOUNDED:
+            # The upper bound keeps `kv < prefix_length` an int32 comparison in the kernel.
+            raise ValueError(
+                f"PrefixLMMask: prefix_length must be in [0, 2**30], got {prefix_length}"
+            )
+        self.prefix_length = prefix_length
+        self.offset = _check_integer(offset, "PrefixLMMask", "offset")
+        rule = PrefixLMRule(self.prefix_length, self.offset)
+        super().__init__(shape, rule, q_sequence, kv_sequence, shard_count)
+
+    def row_intervals(self):
+        # The union of [-inf, prefix_length - 1] and [-inf, q + offset] is one interval.
+        q = self.q_sequence.astype(np.int64)
+        hi = np.maximum(q + self.offset, self.prefix_length - 1)
+        return _clip(np.full_like(q, -UNBOUNDED)), _clip(hi)
+
+
+class PredicateMask(Mask):
+    """A mask written once as a function: mask[i, j] = predicate(q_sequence[i], kv_sequence[j]).
+
+    FlexAttention's `mask_mod` for splash: `predicate(q_index, kv_index)` gets two int32
+    arrays that broadcast against each other (e.g. [n, 1] and [1, m], or 3-D stacks of
+    blocks) and returns a bool array of their broadcast shape, or one that broadcasts to
+    it (`lambda q, kv: kv < 10` is fine). Write it with numpy or jax.numpy operators
+    (`&`, `|`, comparisons, `//`, `%`, `np.where`); it runs on the host only.
+
+    `process_mask` classifies its blocks from dense values computed a few block rows at
+    a time (never the whole [q_len, kv_len] at once) and hands the kernels its partial
+    blocks, deduplicated, exactly as for a `NumpyMask`: the TPU kernels never call the
+    predicate. It composes with `|` and `&` like any mask.
+
+    Args:
+      shape: (q_len, kv_len).
+      predicate: (q_index, kv_index) -> bool array, as above. Masks compare equal when
+        their predicates do (functions: the same object), so reuse one function to share
+        `process_mask`'s cache.
+      name: a label for errors and repr (default the predicate's __name__).
+      triton_predicate: optional `@triton.jit` function (q_index, kv_index) -> bool
+        computing the same predicate on Triton tensors: the hook a GPU block-sparse kernel
+        will call in its partial blocks. Stored as an opaque object (pallas_tpu never
+        imports triton) and unused on TPU.
+      q_sequence, kv_sequence: positions of the q / kv rows, as for `CausalMask`.
+    """
+
+    def __init__(
+        self,
+        shape,
+        predicate: Callable[[Array, Array], Array],
+        *,
+        name: str | None = None,
+        triton_predicate: Any = None,
+        q_sequence=None,
+        kv_sequence=None,
+    ):
+        if not callable(predicate):
+            raise TypeError(f"PredicateMask: predicate must be callable, got {type(predicate)}")
+        if triton_predicate is not None and not callable(triton_predicate):
+            raise TypeError(
+                "PredicateMask: triton_predicate must be a @triton.jit function or None, "
+                f"got {type(triton_predicate).__name__}"
+            )
+        self.name = str(name or getattr(predicate, "__name__", type(predicate).__name__))
+        self._shape = _check_shape(shape, f"PredicateMask {self.name!r}")
+        self.predicate, self.triton_predicate = predicate, triton_predicate
+        label = f"PredicateMask {self.name!r}"
+        q = _as_positions(q_sequence, self._shape[0], f"{label}: q_sequence")
+        self.q_sequence = np.arange(self._shape[0], dtype=np.int32) if q is None else q
+        self.kv_sequence = _as_positions(kv_sequence, self._shape[1], f"{label}: kv_sequence")
+        # Fail at construction, not deep inside process_mask: probe a 2 x 2 corner.
+        corner = np.arange(min(2, self._shape[0])), np.arange(min(2, self._shape[1]))
+        self.evaluate(corner[0][:, None], corner[1][None, :])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def kv_positions(self):
+        return self.kv_sequence
+
+    def evaluate(self, rows, cols):
+        q = self.q_sequence[rows]
+        kv = np.asarray(cols) if self.kv_sequence is None else self.kv_sequence[cols]
+        return self._call(q.astype(np.int32), kv.astype(np.int32))
+
+    def _call(self, q: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """predicate(q, kv) as a bool numpy array of the pair's broadcast shape."""
+        result = self.predicate(q, kv)
+        dtype = getattr(result, "dtype", None)
+        if dtype is None and isinstance(result, (bool, np.bool_)):
+            dtype = np.dtype(np.bool_)
+        if dtype is None or np.dtype(dtype) != np.bool_:
+            got = type(result).__name__ if dtype is None else str(dtype)
+            raise TypeError(f"PredicateMask {self.name!r}: predicate must return bool, got {got}")
+        expected = np.broadcast_shapes(q.shape, kv.shape)
+        result = np.asarray(result)
+        try:
+            return np.broadcast_to(result, expected)
+        except ValueError:
+            raise ValueError(
+                f"PredicateMask {self.name!r}: predicate returned shape {result.shape} for "
+                f"indices of shapes {q.shape} and {kv.shape}; expected {expected} "
+                "(or a shape that broadcasts to it)"
+            ) from None
+
+    def _key(self):
+        def identity(f):  # unhashable callables (e.g. mutable dataclasses) by identity
+            try:
+                hash(f)
+            except TypeError:
+                return ("id", id(f))
+            return f
+
+        kv = None if self.kv_sequence is None else self.kv_sequence.tobytes()
+        sequences = (self.q_sequence.tobytes(), kv)
+        return (self._shape, identity(self.predicate), identity(self.triton_predicate), sequences)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PredicateMask) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"PredicateMask({self._shape}, {self.name!r})"
 
 
 def _is_traced(*values: Any) -> bool:

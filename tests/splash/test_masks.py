@@ -1,13 +1,15 @@
 """The splash mask algebra (`pallas_tpu.splash.masks`) against dense arrays built here.
 
 Every expected array is built independently of the package: `np.tril` / `np.triu` for
-causal and local masks, broadcasting of the documented rules for chunks and documents,
+causal, local and prefix-LM masks, broadcasting of the documented rules for chunks and
+documents, explicit loops for the predicates of `PredicateMask`,
 and `jax_bridge.allowed_mask` (the project's attention oracle) for documents. Nothing
 here calls a mask's own `evaluate` except through the public `mask[:, :]` slicing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import hypothesis.strategies as st
@@ -68,6 +70,38 @@ def dense_documents(cu_q, cu_kv, q_len, kv_len, left, right) -> np.ndarray:
             block &= j_rel[None, :] <= i_rel[:, None] + right
         allowed[cu_q[d] : cu_q[d + 1], cu_kv[d] : cu_kv[d + 1]] = block
     return allowed
+
+
+def dense_prefix_lm(q_len: int, kv_len: int, prefix: int, offset: int = 0) -> np.ndarray:
+    """The causal triangle (q + offset >= kv) plus every column left of `prefix`."""
+    return dense_causal(q_len, kv_len, offset) | (np.arange(kv_len) < prefix)[None, :]
+
+
+@dataclasses.dataclass(frozen=True)
+class Modular:
+    """A scattered, rule-less pattern for PredicateMask: (a * q + b * kv) % m < r.
+    Hashable and equal by value, so equal predicates share process_mask's cache."""
+
+    a: int
+    b: int
+    m: int
+    r: int
+
+    def __call__(self, q, kv):
+        return (self.a * q + self.b * kv) % self.m < self.r
+
+    def dense(self, q_len: int, kv_len: int) -> np.ndarray:
+        """Explicit loops, independent of numpy broadcasting."""
+        allowed = np.zeros((q_len, kv_len), bool)
+        for i in range(q_len):
+            for j in range(kv_len):
+                allowed[i, j] = (self.a * i + self.b * j) % self.m < self.r
+        return allowed
+
+
+modular_predicates = st.builds(
+    Modular, st.integers(0, 5), st.integers(0, 5), st.integers(1, 7), st.integers(0, 7)
+)
 
 
 def permuted(dense: np.ndarray, q_sequence=None, kv_sequence=None) -> np.ndarray:
@@ -131,7 +165,8 @@ def _window_of(causal: bool, window) -> tuple[int | None, int | None]:
 def leaf_masks(draw, shape: tuple[int, int]):
     """(mask, dense) of one computable or numpy mask of `shape`, positions maybe permuted."""
     q_len, kv_len = shape
-    kind = draw(st.sampled_from(["causal", "local", "chunked", "full", "numpy", "document"]))
+    kinds = ["causal", "local", "chunked", "full", "numpy", "document", "prefix_lm", "predicate"]
+    kind = draw(st.sampled_from(kinds))
     if kind == "full":
         return masks.FullMask(shape), np.ones(shape, bool)
     if kind == "numpy":
@@ -152,6 +187,14 @@ def leaf_masks(draw, shape: tuple[int, int]):
         chunk = draw(st.integers(1, 16))
         mask = masks.ChunkedCausalMask(shape, chunk, **positions)
         dense = dense_chunked(q_len, kv_len, chunk)
+    elif kind == "prefix_lm":
+        prefix, offset = draw(st.integers(0, kv_len + 2)), draw(offsets)
+        mask = masks.PrefixLMMask(shape, prefix, offset, **positions)
+        dense = dense_prefix_lm(q_len, kv_len, prefix, offset)
+    elif kind == "predicate":
+        predicate = draw(modular_predicates)
+        mask = masks.PredicateMask(shape, predicate, **positions)
+        dense = predicate.dense(q_len, kv_len)
     else:
         cu_q, cu_kv = draw(documents_fitting(shape))
         causal, window = draw(document_windows())
