@@ -6,7 +6,9 @@ kernels and as its dense twin, in the same run, on the same batches.
 Both flavours start from the same parameters and see the same packed batches (a new set of
 document boundaries every step). Reported: the median step time after the first step (the
 first compiles), tokens per second, the ratio dense/ours (> 1: ours is faster), the trace
-count (1: no re-trace), and the losses side by side every few steps. A progress bar runs on
+count (1: no re-trace), the median time a step waited for its batch (the packing runs
+ahead on a host thread: near zero means the data loader never stalls the step), and the
+losses side by side every few steps. A progress bar runs on
 stderr; `--plot PATH` draws both loss curves as a PNG (matplotlib's Agg canvas).
 On a CPU, one device: the rows measure the kernels' work, not any parallel speed-up.
 """
@@ -47,28 +49,32 @@ def train_flavour(flavour: str, train: TrainConfig, bar: tqdm) -> dict:
     trainer = Trainer(TINY, train, flavour)
     params, opt_state = trainer.init(jax.random.key(train.seed))
     source = Prefetcher(batches(train))
-    losses, seconds = [], []
+    losses, seconds, waits = [], [], []
     try:
         for _ in range(train.steps):
             start = time.perf_counter()
-            params, opt_state, metrics = trainer.step(params, opt_state, next(source))
+            batch = next(source)  # packed ahead on the host: waiting here is a stall
+            waits.append(time.perf_counter() - start)
+            params, opt_state, metrics = trainer.step(params, opt_state, batch)
             losses.append(float(metrics["loss"]))  # float() waits for the step
             seconds.append(time.perf_counter() - start)
             bar.update()
     finally:
         source.close()
-    return {"losses": losses, "step_s": seconds, "traces": trainer.traces}
+    return {"losses": losses, "step_s": seconds, "wait_s": waits, "traces": trainer.traces}
 
 
 def _report(results: dict, train: TrainConfig) -> list[str]:
     tokens = train.rows * train.seq_len
-    lines = [f"{'':8s} {'step (median)':>14s} {'tokens/s':>10s} {'first step':>11s} {'traces':>6s}"]
+    widths = {"step (median)": 14, "tokens/s": 10, "first step": 11, "data wait": 10, "traces": 6}
+    lines = [f"{'':8s} " + " ".join(f"{name:>{width}s}" for name, width in widths.items())]
     for name, r in results.items():
         median = statistics.median(r["step_s"][1:])
         r["median_step_s"], r["tokens_per_s"] = median, tokens / median
+        wait = statistics.median(r["wait_s"][1:])  # the host's packing, not hidden by prefetch
         lines.append(
             f"{name:8s} {median * 1e3:12.1f}ms {tokens / median:10,.0f} "
-            f"{r['step_s'][0]:10.1f}s {r['traces']:6d}"
+            f"{r['step_s'][0]:10.1f}s {wait * 1e6:8.0f}us {r['traces']:6d}"
         )
     ratio = results["dense"]["median_step_s"] / results["ours"]["median_step_s"]
     lines.append(f"dense/ours step time: {ratio:.2f}x (> 1: ours is faster)")

@@ -32,6 +32,7 @@ def test_bench_train_compares_the_twin_on_the_same_batches(tmp_path):
     results = json.loads(path.read_text())["results"]
     assert [len(results[f]["losses"]) for f in ("ours", "dense")] == [3, 3]
     assert results["ours"]["traces"] == results["dense"]["traces"] == 1
+    assert all(len(results[f]["wait_s"]) == 3 for f in ("ours", "dense"))
     # Same parameters, same first batch: the first losses agree to bf16 rounding.
     ours, dense = results["ours"]["losses"][0], results["dense"]["losses"][0]
     assert abs(ours - dense) <= 1e-2 * abs(dense)
