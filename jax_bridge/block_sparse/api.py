@@ -184,16 +184,12 @@ def _attention_bwd(options: BlockSparseOptions, residuals, cotangents):
     d_out, d_lse = cotangents
     delta = row_delta(out, d_out, d_lse)
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
-    dq, dk, dv = first_order_only(backward, OP)(
-        q, k, v, out, lse, d_out, delta, sinks, mask_arrays
-    )
+    dq, dk, dv = first_order_only(backward, OP)(q, k, v, out, lse, d_out, delta, sinks, mask_arrays)
     d_sinks = None
     if sinks is not None:
         d_sinks = cotangent_like(sink_gradient(sinks, lse, delta).astype(sinks.dtype), sinks)
     # Inside shard_map a cotangent must vary exactly where its primal does.
-    dq, dk, dv = (
-        cotangent_like(d.astype(x.dtype), x) for d, x in ((dq, q), (dk, k), (dv, v))
-    )
+    dq, dk, dv = (cotangent_like(d.astype(x.dtype), x) for d, x in ((dq, q), (dk, k), (dv, v)))
     return dq, dk, dv, d_sinks, tuple(None for _ in mask_arrays)
 
 

@@ -102,4 +102,3 @@ def block_sparse_attention_reference(
     out = out.astype(q.dtype)
     lse = lse.astype(jnp.float32)
     return (out, lse) if return_lse else out
-

@@ -243,7 +243,8 @@ def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int):
     # out = sum exp(s - lse) v = acc exp(m - lse); no key and no sink (lse -inf) or a
     # +inf sink: 0.
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    factor = jnp.where(jnp.isfinite(lse), jnp.exp(m_safe - jnp.where(jnp.isfinite(lse), lse, 0.0)), 0.0)
+    finite = jnp.isfinite(lse)
+    factor = jnp.where(finite, jnp.exp(m_safe - jnp.where(finite, lse, 0.0)), 0.0)
     return acc * factor[..., None], lse
 
 
