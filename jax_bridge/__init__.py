@@ -1,7 +1,7 @@
 """ragged-kernels' public JAX API: this module only re-exports.
 
-Each op lives in its own package (`attention`, `grouped_matmul`) and picks its backend
-from a table (`jax_bridge.core.backend`): Triton on GPUs, XLA elsewhere. The host-side
+Each op lives in its own package (`attention`, `grouped_matmul`, `block_sparse`) and picks
+its backend from a table (`jax_bridge.core.backend`): Triton on GPUs, XLA elsewhere. The host-side
 sequence layer is `host`, the Triton launcher `launch`; `moe` holds the mixture-of-experts
 layers built on grouped matmul, and `attention.ring` context-parallel ring attention;
 `tuning` holds launch parameters, heuristics and the opt-in autotuner.
@@ -15,6 +15,8 @@ from jax_bridge.attention.padded import flash_attention
 from jax_bridge.attention.reference import attention_reference
 from jax_bridge.attention.ring import RingStats, ring_attention, ring_attention_shard
 from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.block_sparse.api import block_sparse_attention
+from jax_bridge.block_sparse.reference import block_sparse_attention_reference
 from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.numerics import (
     cdiv,
@@ -126,6 +128,8 @@ __all__ = [
     "attention_configs",
     "attention_reference",
     "autotune",
+    "block_sparse_attention",
+    "block_sparse_attention_reference",
     "cdiv",
     "chunk_array",
     "chunk_bound",

@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-OPS = ("attention", "grouped_matmul")
+OPS = ("attention", "block_sparse", "grouped_matmul")
 BACKENDS = ("xla", "triton", "pallas")
 ALLOWED = {
     "core": {"jax_bridge.core"},

@@ -1,0 +1,196 @@
+"""Block-sparse attention (FlexAttention for JAX): the public op, its backend table and
+the custom_vjp.
+
+One mask algebra (`pallas_tpu.splash.masks`) describes the attention pattern; each
+backend skips the empty blocks of its `MaskInfo`: `xla` (plain JAX over the list of
+non-empty blocks, any platform) and `pallas` (the splash kernels; TPU, or Pallas'
+interpret mode elsewhere). The Triton kernels for GPUs are the next step: adding them is
+one module and one entry in `BACKENDS` (until then "triton" is refused, and "auto" runs
+XLA on GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_bridge.block_sparse import pallas, xla
+from jax_bridge.block_sparse.checks import (
+    OP,
+    check_block_sizes,
+    check_mask,
+    check_qkv,
+    check_scale_and_cap,
+    check_sinks,
+)
+from jax_bridge.block_sparse.common import apply_sink_limits, row_delta, sink_gradient
+from jax_bridge.block_sparse.masks import TracedDocument, split_mask
+from jax_bridge.core.autodiff import first_order_only
+from jax_bridge.core.backend import BackendTable
+from jax_bridge.core.options import OpOptions
+from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.vma import cotangent_like
+from pallas_tpu.splash.config import BlockSizes
+from pallas_tpu.splash.masks import Mask
+
+__all__ = ["BACKENDS", "BlockSparseOptions", "block_sparse_attention"]
+
+BACKENDS = BackendTable(OP, {"xla": xla, "pallas": pallas})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockSparseOptions(OpOptions):
+    """The static half of one call (see `OpOptions`).
+
+    mask: the mask's static half (`masks.split_mask`: the mask, or a traced document's
+    shape / window / row orders); softmax_scale: resolved; logits_soft_cap: None is off;
+    block_sizes: as given (each backend fills its own defaults).
+    """
+
+    mask: Mask | TracedDocument
+    softmax_scale: float
+    logits_soft_cap: float | None = None
+    block_sizes: BlockSizes | None = None
+
+
+def _resolve(implementation: str) -> str:
+    if implementation == "triton" and "triton" not in BACKENDS.backends:
+        raise ValueError(
+            f"{OP}: implementation='triton' is not available yet: the Triton block-sparse "
+            "kernels are not built. Use implementation='xla' (any platform) or 'pallas' "
+            "(TPU; Pallas' interpret mode elsewhere), or 'auto'."
+        )
+    return BACKENDS.resolve(implementation)
+
+
+def block_sparse_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: Mask,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
+    return_lse: bool = False,
+    block_sizes: BlockSizes | None = None,
+    precision: Any = None,
+    implementation: str = "auto",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention whose pattern is a splash mask, computing only its non-empty blocks.
+
+    Args:
+      q: [batch, q_len, num_q_heads, head_dim] (`jax.nn.dot_product_attention`'s layout).
+      k, v: [batch, kv_len, num_kv_heads, head_dim]; num_q_heads % num_kv_heads == 0
+        (GQA: query head h reads kv head h // (num_q_heads // num_kv_heads)). float16,
+        bfloat16 or float32, all one dtype.
+      mask: a `pallas_tpu.splash` mask of shape (q_len, kv_len) shared by every head
+        (CausalMask, LocalMask, ChunkedCausalMask, PrefixLMMask, DocumentMask, FullMask,
+        NumpyMask, PredicateMask, `|` / `&` of them), or a `MultiHeadMask` with one such
+        mask per query head. A DocumentMask may hold traced `cu_seqlens` / segment ids
+        (built under `jax.jit`): then it must be the mask of every head.
+      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static float.
+      logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off.
+      sinks: [num_q_heads] learnable logits that join every row's softmax denominator and
+        carry no value; they receive a gradient.
+      return_lse: also return the natural-log log-sum-exp of each row.
+      block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv (default 128, or
+        less for short sequences); Pallas every field (multiples of 128, default up to
+        512). Sequences are padded to whole blocks either way.
+      precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
+        The Pallas kernels use the TPU's default dot precision.
+      implementation: "auto" (Pallas on TPU, XLA elsewhere for now), "xla", "pallas"
+        (off a TPU in Pallas' interpret mode: slow) or "triton" (not built yet: a
+        ValueError).
+
+    Returns:
+      out [batch, q_len, num_q_heads, head_dim] in q's dtype; with `return_lse` also lse
+      float32 [batch, num_q_heads, q_len]. A row that sees no key gets 0 and lse -inf
+      (with sinks: lse = the sink). A NaN sink makes its head NaN; a +inf sink takes all
+      of the probability (out 0, lse +inf).
+
+    Differentiation: reverse mode for q, k, v and sinks (lse too is differentiable);
+    forward mode and higher-order derivatives are not supported.
+
+    Raises:
+      TypeError / ValueError naming this op and the argument, at trace time.
+    """
+    impl = _resolve(implementation)
+    check_qkv(q, k, v)
+    batch, q_len, num_q_heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    check_mask(mask, q_len, kv_len, num_q_heads)
+    scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
+    sinks = check_sinks(sinks, num_q_heads)
+    static_mask, mask_arrays = split_mask(mask)
+    options = BlockSparseOptions(
+        implementation=impl,
+        precision=canonicalize_precision(precision, OP),
+        mask=static_mask,
+        softmax_scale=scale,
+        logits_soft_cap=cap,
+        block_sizes=check_block_sizes(block_sizes, impl),
+    )
+    if batch == 0 or q_len == 0 or kv_len == 0:
+        out, lse = _no_work(q, v, sinks)
+    else:
+        out, lse = _attention(options, q, k, v, sinks, mask_arrays)
+    return (out, lse) if return_lse else out
+
+
+def _no_work(q, v, sinks):
+    """No query or no key: every row sees only its sink (or nothing)."""
+    out = jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype)
+    lse = jnp.full((q.shape[0], q.shape[2], q.shape[1]), -jnp.inf, jnp.float32)
+    if sinks is not None:
+        lse = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None], lse.shape)
+    return out, lse
+
+
+# ------------------------------------------------------------------- custom_vjp wiring
+#
+# Backend contract: every module in `BACKENDS` exports
+#   forward(q, k, v, sinks, mask_arrays, options) -> (out, lse float32 [B, Hq, Lq]);
+#   backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options) -> (dq, dk, dv)
+# with arrays as documented on `block_sparse_attention`, already validated, q_len and
+# kv_len >= 1; `mask_arrays` the int arrays of `masks.split_mask` (`join_mask` rebuilds
+# the mask from them and options.mask); delta = rowsum(dO * O) - d_lse
+# (`common.row_delta`). The sinks' gradient and their non-finite limits live here.
+
+
+def _forward(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
+    backend = BACKENDS[options.implementation]
+    out, lse = backend.forward(q, k, v, sinks, mask_arrays, options)
+    return (out, lse) if sinks is None else apply_sink_limits(out, lse, sinks)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
+    return _forward(options, q, k, v, sinks, mask_arrays)
+
+
+def _attention_fwd(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
+    forward = first_order_only(functools.partial(_forward, options), OP)
+    out, lse = forward(q, k, v, sinks, mask_arrays)
+    return (out, lse), (q, k, v, out, lse, sinks, mask_arrays)
+
+
+def _attention_bwd(options: BlockSparseOptions, residuals, cotangents):
+    q, k, v, out, lse, sinks, mask_arrays = residuals
+    d_out, d_lse = cotangents
+    delta = row_delta(out, d_out, d_lse)
+    backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
+    dq, dk, dv = first_order_only(backward, OP)(q, k, v, out, lse, d_out, delta, sinks, mask_arrays)
+    d_sinks = None
+    if sinks is not None:
+        d_sinks = cotangent_like(sink_gradient(sinks, lse, delta).astype(sinks.dtype), sinks)
+    # Inside shard_map a cotangent must vary exactly where its primal does.
+    dq, dk, dv = (cotangent_like(d.astype(x.dtype), x) for d, x in ((dq, q), (dk, k), (dv, v)))
+    return dq, dk, dv, d_sinks, tuple(None for _ in mask_arrays)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)

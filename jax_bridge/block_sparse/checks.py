@@ -1,0 +1,140 @@
+"""Trace-time argument checks of `block_sparse_attention`: every message names the op,
+the argument and what was expected."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jax_bridge.block_sparse.masks import is_traced_document
+from jax_bridge.core.validation import is_traced
+from pallas_tpu.splash.config import NUM_LANES, BlockSizes
+from pallas_tpu.splash.masks import Mask, MultiHeadMask
+
+OP = "block_sparse_attention"
+FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def check_qkv(q: Any, k: Any, v: Any) -> None:
+    """q [B, Lq, Hq, D], k / v [B, Lk, Hkv, D], one float dtype, Hq % Hkv == 0."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{OP}: {name} must be an array, got {type(x).__name__}.")
+        if x.ndim != 4:
+            raise ValueError(
+                f"{OP}: {name} must have shape [batch, seq_len, heads, head_dim], got "
+                f"{tuple(x.shape)}."
+            )
+        if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"{OP}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(
+                f"{OP}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{OP}: v must have k's shape [batch, kv_len, num_kv_heads, head_dim], got k "
+            f"{tuple(k.shape)} and v {tuple(v.shape)}."
+        )
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{OP}: k's batch ({k.shape[0]}) must equal q's batch ({q.shape[0]}).")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"{OP}: k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]}).")
+    num_q_heads, num_kv_heads = q.shape[2], k.shape[2]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"{OP}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
+            f"({num_kv_heads})."
+        )
+
+
+def check_mask(mask: Any, q_len: int, kv_len: int, num_q_heads: int) -> None:
+    """A 2-D Mask (q_len, kv_len), or a MultiHeadMask of num_q_heads such masks."""
+    if not isinstance(mask, Mask):
+        raise TypeError(
+            f"{OP}: mask must be a splash Mask (pallas_tpu.splash: CausalMask, LocalMask, "
+            f"DocumentMask, NumpyMask, ..., or a MultiHeadMask), got {type(mask).__name__}."
+        )
+    expected = (q_len, kv_len)
+    if isinstance(mask, MultiHeadMask):
+        if len(mask.masks) != num_q_heads:
+            raise ValueError(
+                f"{OP}: a MultiHeadMask needs one mask per query head ({num_q_heads}), got "
+                f"{len(mask.masks)}."
+            )
+        if any(is_traced_document(m) for m in mask.masks):
+            raise ValueError(
+                f"{OP}: a DocumentMask of traced arrays must be the mask of every head "
+                "(pass it directly, not inside a MultiHeadMask)."
+            )
+        shape = tuple(mask.shape[1:])
+    else:
+        shape = tuple(mask.shape)
+    if shape != expected:
+        raise ValueError(
+            f"{OP}: mask has shape {shape} but (q_len, kv_len) is {expected} (from q's and "
+            "k's seq_len axis)."
+        )
+
+
+def check_static_float(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if is_traced(value) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{OP}: {name} must be a static Python float or None, got {value!r}.")
+    return float(value)
+
+
+def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int):
+    """(scale, cap): scale defaults to 1 / sqrt(head_dim); a cap of None or 0 is off."""
+    scale = check_static_float(softmax_scale, "softmax_scale")
+    cap = check_static_float(logits_soft_cap, "logits_soft_cap")
+    if cap is not None and not cap >= 0:  # negative or NaN
+        raise ValueError(f"{OP}: logits_soft_cap must be positive (or None / 0: off), got {cap}.")
+    return (head_dim**-0.5 if scale is None else scale), (cap or None)
+
+
+def check_sinks(sinks: Any, num_q_heads: int) -> jax.Array | None:
+    if sinks is None:
+        return None
+    sinks = sinks if is_traced(sinks) else jnp.asarray(sinks)
+    if sinks.shape != (num_q_heads,):
+        raise ValueError(
+            f"{OP}: sinks must have shape [num_q_heads] = ({num_q_heads},), got "
+            f"{tuple(sinks.shape)}."
+        )
+    if not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise TypeError(f"{OP}: sinks must have a float dtype, got {sinks.dtype}.")
+    return sinks
+
+
+def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | None:
+    """A splash `BlockSizes` or None. XLA reads block_q / block_kv (any positive ints);
+    Pallas every field (positive multiples of 128)."""
+    if block_sizes is None:
+        return None
+    if not isinstance(block_sizes, BlockSizes):
+        raise TypeError(
+            f"{OP}: block_sizes must be a pallas_tpu.splash.BlockSizes or None, got "
+            f"{type(block_sizes).__name__}."
+        )
+    fields = [f.name for f in dataclasses.fields(block_sizes)]
+    if implementation != "pallas":
+        fields = ["block_q", "block_kv"]
+    for name in fields:
+        value = getattr(block_sizes, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{OP}: block_sizes.{name} must be a positive int, got {value!r}.")
+        if implementation == "pallas" and value % NUM_LANES:
+            raise ValueError(
+                f"{OP}: block_sizes.{name}={value} must be a multiple of {NUM_LANES} for "
+                "implementation='pallas' (the TPU lane width)."
+            )
+    return block_sizes

@@ -1,0 +1,369 @@
+"""Every block-sparse implementation against the dense float64 oracle.
+
+Each case runs `block_sparse_attention` (float32, jitted value and gradients of q, k, v
+and sinks) and `block_sparse_attention_reference` in float64 under `jax.enable_x64` on
+the same inputs; the tolerance is the attention tests' (tests/attention/helpers.py:
+C * u * (S + sqrt(L)) relative to |expected| + max|expected|). Shapes are small and
+uneven (padding to blocks is part of what is tested); the XLA path runs small blocks
+so that masks have many empty, partial and full blocks. Outputs and gradients are
+checked finite everywhere (every element written).
+"""
+
+from __future__ import annotations
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_bridge import block_sparse_attention, block_sparse_attention_reference
+from jax_bridge.block_sparse.masks import block_counts
+from pallas_tpu.splash import (
+    BlockSizes,
+    CausalMask,
+    ChunkedCausalMask,
+    DocumentMask,
+    FullMask,
+    LocalMask,
+    MultiHeadMask,
+    NumpyMask,
+    PredicateMask,
+    PrefixLMMask,
+)
+from tests.attention.helpers import U32, C, assert_close, assert_lse_close, score_bound
+
+IMPLEMENTATIONS = ["xla", "pallas"]
+XLA_BLOCKS = BlockSizes(block_q=32, block_kv=16)
+
+
+def _blocks(implementation: str):
+    return XLA_BLOCKS if implementation == "xla" else None
+
+
+def _inputs(seed, length, num_q_heads=2, num_kv_heads=1, head_dim=8, batch=1, kv_length=None):
+    rng = np.random.default_rng(seed)
+    kv_length = length if kv_length is None else kv_length
+    draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    q = draw(batch, length, num_q_heads, head_dim)
+    k, v = (
+        draw(batch, kv_length, num_kv_heads, head_dim),
+        draw(batch, kv_length, num_kv_heads, head_dim),
+    )
+    sinks = draw(num_q_heads)
+    weights = (draw(batch, length, num_q_heads, head_dim), draw(batch, num_q_heads, length))
+    return q, k, v, sinks, weights
+
+
+def _loss(fn, mask, weights, kwargs):
+    """A scalar touching out and lse with random weights (lse's -inf rows excluded)."""
+
+    def loss(q, k, v, sinks):
+        out, lse = fn(q, k, v, mask, sinks=sinks, return_lse=True, **kwargs)
+        finite = jnp.isfinite(lse)
+        w_out, w_lse = (w.astype(out.dtype) for w in weights)
+        value = jnp.sum(out * w_out) + jnp.sum(jnp.where(finite, lse * w_lse, 0.0))
+        return value, (out, lse)
+
+    return loss
+
+
+def _tolerance(q, k, kwargs, sinks) -> float:
+    tokens_first = lambda x: x[0]  # [L, H, D] of batch entry 0; the bound is per pair
+    bound = score_bound(tokens_first(q), tokens_first(k), kwargs.get("softmax_scale"), sinks)
+    longest = max(q.shape[1], k.shape[1], q.shape[-1])
+    return C * U32 * (bound + np.sqrt(longest))
+
+
+def _wide(x):
+    return jnp.asarray(np.asarray(x, np.float64))
+
+
+def check(implementation, mask, q, k, v, sinks, weights, *, use_sinks=True, **kwargs):
+    """The op's out, lse and gradients against the float64 oracle."""
+    sinks = sinks if use_sinks else None
+    op_kwargs = dict(kwargs, implementation=implementation, block_sizes=_blocks(implementation))
+    argnums = (0, 1, 2, 3) if use_sinks else (0, 1, 2)
+    grad = jax.value_and_grad(
+        _loss(block_sparse_attention, mask, weights, op_kwargs), argnums, has_aux=True
+    )
+    grad = jax.jit(grad)
+    (_, (out, lse)), grads = grad(q, k, v, sinks)
+    with jax.enable_x64(True):
+        wide_weights = tuple(_wide(w) for w in weights)
+        oracle = jax.value_and_grad(
+            _loss(block_sparse_attention_reference, mask, wide_weights, kwargs),
+            argnums,
+            has_aux=True,
+        )
+        wide_sinks = None if sinks is None else _wide(sinks)
+        (_, (want_out, want_lse)), want_grads = oracle(_wide(q), _wide(k), _wide(v), wide_sinks)
+        want_out, want_lse = np.asarray(want_out), np.asarray(want_lse)
+        want_grads = [np.asarray(g) for g in want_grads]
+    tol = _tolerance(q, k, kwargs, sinks)
+    assert out.dtype == q.dtype and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    assert_close(out, want_out, tol, f"{implementation} out")
+    assert_lse_close(lse, want_lse, tol, f"{implementation} lse")
+    for name, got, want in zip("qkvs", grads, want_grads, strict=False):
+        assert_close(got, want, tol, f"{implementation} d{name}")
+    return out, lse
+
+
+# ------------------------------------------------------------------- masks, one by one
+
+L = 150  # not a multiple of any block: padding everywhere
+
+
+def _random_block_mask(seed, q_len, kv_len, block_q=32, block_kv=16) -> np.ndarray:
+    """Blocks drawn empty / full / partial (random elements), one row fully masked."""
+    rng = np.random.default_rng(seed)
+    dense = rng.random((q_len, kv_len)) < 0.5
+    kinds = rng.integers(0, 3, (-(-q_len // block_q), -(-kv_len // block_kv)))
+    for (i, j), kind in np.ndenumerate(kinds):
+        rows, cols = slice(i * block_q, (i + 1) * block_q), slice(j * block_kv, (j + 1) * block_kv)
+        if kind < 2:
+            dense[rows, cols] = bool(kind)
+    dense[7] = False
+    return dense
+
+
+def _masks():
+    docs = np.array([0, 30, 31, 90, 140], np.int32)  # a length-1 document; padding after 140
+    return {
+        "causal": CausalMask((L, L)),
+        "sliding_window": LocalMask((L, L), window_size=(20, 3), offset=0),
+        "chunked_causal": ChunkedCausalMask((L, L), chunk_size=40),
+        "prefix_lm": PrefixLMMask((L, L), prefix_length=37),
+        "documents": DocumentMask(docs, shape=(L, L), causal=True),
+        "prefix_lm_and_documents": PrefixLMMask((L, L), prefix_length=50)
+        & DocumentMask(docs, shape=(L, L)),
+        "predicate": PredicateMask((L, L), lambda q, kv: (q - kv) % 5 == 0, name="every_fifth"),
+        "random_blocks": NumpyMask(_random_block_mask(0, L, L)),
+        "multi_head": MultiHeadMask(
+            [CausalMask((L, L)), LocalMask((L, L), (8, 8), 0), FullMask((L, L)), CausalMask((L, L))]
+        ),
+    }
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", list(_masks()))
+def test_mask_against_oracle(implementation, name):
+    mask = _masks()[name]
+    heads = 4 if name == "multi_head" else 2
+    q, k, v, sinks, weights = _inputs(1, L, num_q_heads=heads, num_kv_heads=heads // 2)
+    # Sinks and the soft cap alternate over the cases; every case runs GQA.
+    use_sinks = name in ("causal", "documents", "random_blocks", "multi_head")
+    cap = 3.0 if name in ("sliding_window", "predicate", "multi_head") else None
+    out, lse = check(
+        implementation,
+        mask,
+        q,
+        k,
+        v,
+        sinks,
+        weights,
+        use_sinks=use_sinks,
+        logits_soft_cap=cap,
+        softmax_scale=0.7,
+    )
+    if name == "random_blocks":  # the fully masked row: 0 out, lse the sink
+        np.testing.assert_array_equal(np.asarray(out[:, 7]), 0.0)
+        np.testing.assert_allclose(np.asarray(lse[0, :, 7]), np.asarray(sinks))
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_traced_documents_under_jit(implementation):
+    """cu_seqlens as data: one trace serves two document layouts."""
+    q, k, v, sinks, weights = _inputs(2, L, num_q_heads=2, num_kv_heads=2)
+    traces = []
+
+    @jax.jit
+    def run(cu, q, k, v, sinks):
+        traces.append(1)
+        mask = DocumentMask(cu, shape=(L, L), causal=True, window=(25, None))
+        fn = _loss(
+            block_sparse_attention,
+            mask,
+            weights,
+            dict(implementation=implementation, block_sizes=_blocks(implementation)),
+        )
+        return jax.value_and_grad(fn, (0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
+
+    for cu in (np.array([0, 50, 120, 150], np.int32), np.array([0, 10, 11, 100, 130], np.int32)):
+        # Same number of documents in both layouts keeps one trace: pad the first with an
+        # empty document.
+        cu = np.pad(cu, (0, 5 - len(cu)), mode="edge")
+        (_, (out, lse)), grads = run(cu, q, k, v, sinks)
+        static = DocumentMask(cu, shape=(L, L), causal=True, window=(25, None))
+        with jax.enable_x64(True):
+            oracle = jax.value_and_grad(
+                _loss(block_sparse_attention_reference, static, tuple(map(_wide, weights)), {}),
+                (0, 1, 2, 3),
+                has_aux=True,
+            )
+            (_, (want_out, want_lse)), want = oracle(*map(_wide, (q, k, v, sinks)))
+            want_out, want_lse, want = (
+                np.asarray(want_out),
+                np.asarray(want_lse),
+                [np.asarray(g) for g in want],
+            )
+        tol = _tolerance(q, k, {}, sinks)
+        assert_close(out, want_out, tol, "out")
+        assert_lse_close(lse, want_lse, tol)
+        for name, got, w in zip("qkvs", grads, want, strict=True):
+            assert_close(got, w, tol, f"d{name}")
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_length_one_and_uneven_kv(implementation):
+    q, k, v, sinks, weights = _inputs(3, 1, num_q_heads=2, num_kv_heads=1, kv_length=1)
+    check(implementation, CausalMask((1, 1)), q, k, v, sinks, weights)
+    q, k, v, sinks, weights = _inputs(4, 5, num_q_heads=2, num_kv_heads=2, kv_length=37, batch=2)
+    check(implementation, CausalMask((5, 37), offset=32), q, k, v, sinks, weights, use_sinks=False)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_nan_in_one_document_stays_there(implementation):
+    cu = np.array([0, 40, 100, 150], np.int32)
+    mask = DocumentMask(cu, shape=(L, L), causal=True)
+    q, k, v, sinks, weights = _inputs(5, L, num_q_heads=2, num_kv_heads=1)
+    fn = jax.jit(
+        jax.value_and_grad(
+            _loss(
+                block_sparse_attention,
+                mask,
+                weights,
+                dict(implementation=implementation, block_sizes=_blocks(implementation)),
+            ),
+            (0, 1, 2),
+            has_aux=True,
+        )
+    )
+    (_, (out, lse)), grads = fn(q, k, v, sinks)
+    poison = lambda x, row, value: x.at[:, row].set(value)
+    bad = (poison(q, 45, jnp.nan), poison(k, 50, jnp.inf), poison(v, 60, jnp.nan))
+    (_, (bad_out, bad_lse)), bad_grads = fn(*bad, sinks)
+    clean = np.r_[0:40, 100:150]  # the other documents
+    np.testing.assert_array_equal(np.asarray(bad_out)[:, clean], np.asarray(out)[:, clean])
+    np.testing.assert_array_equal(np.asarray(bad_lse)[:, :, clean], np.asarray(lse)[:, :, clean])
+    for got, want in zip(bad_grads, grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got)[:, clean], np.asarray(want)[:, clean], atol=1e-6)
+
+
+# ---------------------------------------------------------------- hypothesis: a mix
+
+_LEAVES = st.sampled_from(["causal", "local", "chunked", "prefix", "documents", "numpy"])
+
+
+def _leaf(kind, q_len, kv_len, rng):
+    shape = (q_len, kv_len)
+    if kind == "causal":
+        return CausalMask(shape, offset=int(rng.integers(-5, 20)))
+    if kind == "local":
+        return LocalMask(shape, (int(rng.integers(0, 20)), int(rng.integers(0, 5))), 0)
+    if kind == "chunked":
+        return ChunkedCausalMask(shape, chunk_size=int(rng.integers(1, 40)))
+    if kind == "prefix":
+        return PrefixLMMask(shape, prefix_length=int(rng.integers(0, kv_len)))
+    if kind == "documents":
+        cuts = np.sort(rng.integers(0, min(q_len, kv_len), 3))
+        return DocumentMask(
+            np.r_[0, cuts].astype(np.int32), shape=shape, causal=bool(rng.integers(2))
+        )
+    return NumpyMask(rng.random(shape) < 0.3)
+
+
+@hypothesis.settings(max_examples=3)
+@hypothesis.given(
+    left=_LEAVES,
+    right=_LEAVES,
+    combine=st.sampled_from(["|", "&", "heads"]),
+    q_len=st.integers(1, 90),
+    kv_len=st.integers(1, 90),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis_mask_mix(left, right, combine, q_len, kv_len, seed):
+    rng = np.random.default_rng(seed)
+    a, b = _leaf(left, q_len, kv_len, rng), _leaf(right, q_len, kv_len, rng)
+    mask = {"|": lambda: a | b, "&": lambda: a & b, "heads": lambda: MultiHeadMask([a, b])}[
+        combine
+    ]()
+    q, k, v, sinks, weights = _inputs(seed, q_len, num_q_heads=2, num_kv_heads=1, kv_length=kv_len)
+    for implementation in IMPLEMENTATIONS:
+        check(implementation, mask, q, k, v, sinks, weights)
+
+
+# ---------------------------------------------------------------- work and choice
+
+
+def _dense_nonempty_blocks(dense: np.ndarray, block_q: int, block_kv: int) -> int:
+    q_len, kv_len = dense.shape
+    padded = np.zeros((-(-q_len // block_q) * block_q, -(-kv_len // block_kv) * block_kv), bool)
+    padded[:q_len, :kv_len] = dense
+    blocks = padded.reshape(padded.shape[0] // block_q, block_q, -1, block_kv)
+    return int(blocks.any(axis=(1, 3)).sum())
+
+
+@pytest.mark.parametrize("name", ["causal", "documents", "random_blocks", "multi_head"])
+def test_xla_gathers_exactly_the_visited_blocks(name):
+    mask = _masks()[name]
+    counts = block_counts(mask, num_q_heads=2, block_sizes=XLA_BLOCKS)
+    heads = mask.masks if isinstance(mask, MultiHeadMask) else [mask] * 2
+    visited = sum(_dense_nonempty_blocks(np.asarray(m[:, :]), 32, 16) for m in heads)
+    assert counts.visited == counts.gathered == visited
+    assert counts.dense == len(heads) * 5 * 10 and counts.partial + counts.full == visited
+    if name != "multi_head":  # a full head visits everything
+        assert counts.visited < counts.dense
+
+
+def test_auto_runs_xla_off_tpu_and_triton_is_refused():
+    q, k, v, _, _ = _inputs(6, 20)
+    mask = CausalMask((20, 20))
+    auto = block_sparse_attention(q, k, v, mask)
+    xla = block_sparse_attention(q, k, v, mask, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))
+    with pytest.raises(
+        ValueError, match=r"block_sparse_attention: implementation='triton'.*not built"
+    ):
+        block_sparse_attention(q, k, v, mask, implementation="triton")
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (dict(mask=CausalMask((20, 21))), ValueError, r"mask has shape \(20, 21\).*\(20, 20\)"),
+        (
+            dict(mask=MultiHeadMask([CausalMask((20, 20))] * 3)),
+            ValueError,
+            r"one mask per query head \(2\), got 3",
+        ),
+        (dict(mask=np.ones((20, 20), bool)), TypeError, r"mask must be a splash Mask"),
+        (
+            dict(k=jnp.zeros((1, 20, 3, 8)), v=jnp.zeros((1, 20, 3, 8))),
+            ValueError,
+            r"num_q_heads \(2\) must be a multiple",
+        ),
+        (dict(v=jnp.zeros((1, 20, 1, 8), jnp.bfloat16)), TypeError, r"share one dtype"),
+        (dict(q=jnp.zeros((1, 20, 2, 8), jnp.int32)), TypeError, r"q must be float16"),
+        (dict(q=jnp.zeros((20, 2, 8))), ValueError, r"q must have shape \[batch, seq_len"),
+        (dict(sinks=jnp.zeros(3)), ValueError, r"sinks must have shape \[num_q_heads\]"),
+        (dict(softmax_scale=jnp.float32(1.0) + jnp.zeros(())), TypeError, r"softmax_scale"),
+        (dict(logits_soft_cap=-1.0), ValueError, r"logits_soft_cap must be positive"),
+        (dict(block_sizes=(32, 32)), TypeError, r"block_sizes must be"),
+        (
+            dict(block_sizes=BlockSizes(block_q=100), implementation="pallas"),
+            ValueError,
+            r"multiple of 128",
+        ),
+        (dict(implementation="cuda"), ValueError, r"implementation must be one of"),
+    ],
+)
+def test_bad_inputs_name_the_op_and_argument(change, error, match):
+    q, k, v, _, _ = _inputs(7, 20)
+    args = dict(q=q, k=k, v=v, mask=CausalMask((20, 20)))
+    args.update(change)
+    positional = [args.pop(n) for n in ("q", "k", "v", "mask")]
+    with pytest.raises(error, match=f"block_sparse_attention: .*{match}"):
+        block_sparse_attention(*positional, **args)
