@@ -30,6 +30,7 @@ from examples.train_lm.model import Kernels, Layout
 from jax_bridge import (
     all_to_all_combine,
     all_to_all_dispatch,
+    resolve_implementation,
     ring_attention_shard,
     route,
     top_k_router,
@@ -49,9 +50,13 @@ def _window(window: int | None) -> tuple[int, int] | None:
 def _local_attend(q, k, v, sinks, layout: Layout, window, *, context: str | None):
     """This device's rows: varlen over its packed rows, or the ring over `context`."""
     if context is not None:
+        # The ring's TPU (Pallas) kernels take no sliding window yet: a windowed layer
+        # runs the ring's blockwise XLA backend there ("auto" is Pallas on TPU and fails).
+        auto = resolve_implementation("auto", op="ring", supported=("triton", "pallas"))
+        implementation = "xla" if window is not None and auto == "pallas" else "auto"
         return ring_attention_shard(
             q, k, v, axis_name=context, segment_ids=layout.segment_ids, causal=True,
-            sliding_window=_window(window), sinks=sinks,
+            sliding_window=_window(window), sinks=sinks, implementation=implementation,
         )  # fmt: skip
     rows, seq = q.shape[:2]
     offsets = (jnp.arange(rows, dtype=jnp.int32) * seq)[:, None]
