@@ -458,3 +458,9 @@ def main(argv: Sequence[str]) -> int:
         )
         args.json.write_text(json.dumps(figures, indent=1))
     return 0
+
+
+if __name__ == "__main__":  # python -m bench.train_at_scale (or python -m bench train-at-scale)
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
