@@ -16,6 +16,12 @@ attention and a per-expert loop), it prints:
 2. the largest power-of-two sequence length that fits per device (the sweep stops at the
    first length that does not fit or that the compiler refuses, and says why).
 
+"Fits" compares XLA's figure with the chip's HBM: the runtime's own reservations (CUDA
+context, XLA's allocator fraction) are not counted. A TPU compile of the 1B step takes 3 to
+5 minutes on one core, so the table's compiles run first and the sweeps get what is left
+of `--budget` minutes (25 by default): a sweep cut short says so. On TPUs the windowed
+layers' ring runs its XLA backend (the ring's Pallas kernels take no window yet).
+
 `--quick` compiles for H100 only and sweeps a few lengths; `--json PATH` writes every row.
 """
 
@@ -56,7 +62,7 @@ MESHES = {
 TABLE_SEQ = 32 * 1024  # the packed row length of the table
 SWEEP = {  # powers of two, ascending; each flavour's sweep stops at its first failure
     "ours": [2**k for k in range(12, 19)],  # 4k .. 256k
-    "dense": [2**k for k in range(10, 16)],  # 1k .. 32k
+    "dense": [2**k for k in range(10, 17)],  # 1k .. 64k
 }
 QUICK_SWEEP = {"ours": [TABLE_SEQ, 2 * TABLE_SEQ], "dense": [4096, 8192]}
 FLAVOURS = ("ours", "dense")
@@ -113,8 +119,7 @@ def abstract_state(trainer: Any, mesh: Mesh) -> tuple[Any, Any]:
     from examples.train_lm.model import init_params
     from examples.train_lm.train import param_specs
 
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    params = jax.eval_shape(lambda k: init_params(trainer.model, k), key)
+    params = jax.eval_shape(lambda: init_params(trainer.model, jax.random.key(0)))
     opt_state = jax.eval_shape(trainer.tx.init, params)
 
     def placed(tree: Any) -> Any:
@@ -210,6 +215,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(.*\{$")
 _CALLEES = re.compile(r"\b(?:body|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_S32_CONSTANT = re.compile(r"= s32\[\]\S* constant\((\d+)\)")
 
 
 def executed_collectives(hlo: str) -> dict[str, int]:
@@ -217,8 +223,10 @@ def executed_collectives(hlo: str) -> dict[str, int]:
 
     `CompileReport.collectives` counts instructions: a collective inside the scan over
     blocks (or the ring's loop) appears once however often it runs. Here a while body's
-    count is multiplied by its known trip count (once when XLA does not know it), and a
-    conditional counts its largest branch per kind (the ring skips some pairs).
+    count is multiplied by its trip count: XLA:GPU's `known_trip_count`, else (XLA:TPU
+    states none) the N of a condition `counter < constant(N)`, a scan's counter counting
+    from 0; once when neither is there. A conditional counts its largest branch per kind
+    (the ring skips some pairs).
     """
     from jax_bridge.aot.compile import parse_compiled_text
 
@@ -232,15 +240,23 @@ def executed_collectives(hlo: str) -> dict[str, int]:
         elif name is not None and line.strip() != "}":
             bodies[name].append(line)
 
+    def trip_count(line: str) -> int:
+        if known := _TRIP_COUNT.search(line):
+            return int(known.group(1))
+        condition = re.search(r"condition=%([\w.\-]+)", line)
+        lines = bodies.get(condition.group(1), ()) if condition else ()
+        limits = [int(n) for text in lines for n in _S32_CONSTANT.findall(text)]
+        less_than = any("direction=LT" in text for text in lines)
+        return limits[0] if less_than and len(limits) == 1 else 1
+
     @functools.cache
     def count(computation: str) -> collections.Counter:
         lines = bodies.get(computation, ())
         total = collections.Counter(parse_compiled_text("\n".join(lines))[2])
         for line in lines:
-            trips = _TRIP_COUNT.search(line) if " while(" in line else None
+            trips = trip_count(line) if " while(" in line else 1
             for callee in _CALLEES.findall(line):
-                total.update({k: n * (int(trips.group(1)) if trips else 1)
-                              for k, n in count(callee).items()})  # fmt: skip
+                total.update({k: n * trips for k, n in count(callee).items()})
             if branches := _BRANCHES.search(line):
                 counts = [count(b.strip().lstrip("%")) for b in branches.group(1).split(",")]
                 total.update(functools.reduce(operator.or_, counts, collections.Counter()))

@@ -44,3 +44,35 @@ def test_tables_show_every_row():
     assert "A2A 4 (2)" in table and "no: out of memory" in table
     summary = train_at_scale.sweep_summary("h100", "dense", 256, [row, failed], None)
     assert summary["largest_fitting"] == 256 and summary["stopped_at"] == 512
+
+
+HLO = """
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %a2a = f32[8]{0} all-to-all(%x), channel_id=1, replica_groups={{0,1}}, dimensions={0}
+}
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %c = s32[]{:T(128)} constant(6)
+  %g = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%g, %c), direction=LT
+}
+%one (p: f32[8]) -> f32[8] {
+  %cp = f32[8]{0} collective-permute(%p), channel_id=3, source_target_pairs={{0,1}}
+}
+%two (p: f32[8]) -> f32[8] {
+  %cp.1 = f32[8]{0} collective-permute(%p), channel_id=4, source_target_pairs={{0,1}}
+  %cp.2 = f32[8]{0} collective-permute(%cp.1), channel_id=5, source_target_pairs={{0,1}}
+}
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body
+  %w.1 = s32[] while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %ar = f32[8]{0} all-reduce(%x), channel_id=2, replica_groups={{0,1}}, to_apply=%add
+  ROOT %c = f32[8]{0} conditional(%i, %x, %x), branch_computations={%one, %two}
+}
+"""
+
+
+def test_executed_collectives_multiply_loops_by_their_trip_counts():
+    # The TPU form (condition counter < 6) and the GPU form (known_trip_count 3); the
+    # conditional's larger branch.
+    counts = train_at_scale.executed_collectives(HLO)
+    assert counts == {"all-reduce": 1, "all-to-all": 6 + 3, "collective-permute": 2}
