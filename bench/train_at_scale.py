@@ -150,6 +150,9 @@ def abstract_batch(train: Any, mesh: Mesh) -> Any:
     )
 
 
+_HBM_REFUSAL = re.compile(r"HLO temporaries \((\S+)\) exceeds available HBM \((\S+)\)")
+
+
 def error_kind(error: Exception) -> str:
     """A compiler's refusal in one line: out of memory (TPU compilers check the program
     against HBM themselves) or the exception's type and first line."""
@@ -159,6 +162,8 @@ def error_kind(error: Exception) -> str:
     else:
         kind = type(error).__name__
     first = next((line for line in text.splitlines() if line.strip()), "")
+    if sizes := _HBM_REFUSAL.search(first):  # XLA:TPU's own check, its figures in GiB
+        return f"{kind}: temps {sizes.group(1)} > available HBM {sizes.group(2)} (compiler)"
     return f"{kind}: {first[:200]}"
 
 

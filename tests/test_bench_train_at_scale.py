@@ -76,3 +76,14 @@ def test_executed_collectives_multiply_loops_by_their_trip_counts():
     # conditional's larger branch.
     counts = train_at_scale.executed_collectives(HLO)
     assert counts == {"all-reduce": 1, "all-to-all": 6 + 3, "collective-permute": 2}
+
+
+def test_error_kind_keeps_the_compilers_figures():
+    refusal = RuntimeError(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (44.44G) exceeds available HBM (31.25G).\nmore"
+    )
+    assert train_at_scale.error_kind(refusal) == (
+        "out of memory: temps 44.44G > available HBM 31.25G (compiler)"
+    )
+    assert train_at_scale.error_kind(ValueError("bad\nx")) == "ValueError: bad"
