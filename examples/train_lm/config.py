@@ -65,7 +65,7 @@ ONE_BILLION = ModelConfig(
     num_q_heads=16,
     num_kv_heads=4,
     head_dim=64,
-    ffn=2816,
+    ffn=4608,
     num_experts=8,
     top_k=2,
 )

@@ -30,6 +30,7 @@ from examples.train_lm.model import Kernels, Layout
 from jax_bridge import (
     all_to_all_combine,
     all_to_all_dispatch,
+    resolve_implementation,
     ring_attention_shard,
     route,
     top_k_router,
@@ -46,16 +47,16 @@ def _window(window: int | None) -> tuple[int, int] | None:
     return None if window is None else (window, 0)
 
 
-def _local_attend(
-    q, k, v, sinks, layout: Layout, window, *, context: str | None, windowed_ring: str = "auto"
-):
-    """This device's rows: varlen over its packed rows, or the ring over `context`
-    (windowed layers with the ring's `windowed_ring` implementation)."""
+def _local_attend(q, k, v, sinks, layout: Layout, window, *, context: str | None):
+    """This device's rows: varlen over its packed rows, or the ring over `context`."""
     if context is not None:
+        # The ring's TPU (Pallas) kernels take no sliding window yet: a windowed layer
+        # runs the ring's blockwise XLA backend there ("auto" is Pallas on TPU and fails).
+        auto = resolve_implementation("auto", op="ring", supported=("triton", "pallas"))
+        implementation = "xla" if window is not None and auto == "pallas" else "auto"
         return ring_attention_shard(
             q, k, v, axis_name=context, segment_ids=layout.segment_ids, causal=True,
-            sliding_window=_window(window), sinks=sinks,
-            implementation="auto" if window is None else windowed_ring,
+            sliding_window=_window(window), sinks=sinks, implementation=implementation,
         )  # fmt: skip
     rows, seq = q.shape[:2]
     offsets = (jnp.arange(rows, dtype=jnp.int32) * seq)[:, None]
@@ -95,14 +96,9 @@ def our_kernels(mesh: Mesh | None = None) -> Kernels:
     context = "context" if sizes.get("context", 1) > 1 else None
     expert = "expert" if sizes.get("expert", 1) > 1 else None
     tokens = P(ROWS, "context")
-    # The ring's Pallas (TPU) kernels take no sliding window yet: windowed layers run the
-    # ring's XLA blockwise attention there.
-    windowed_ring = "xla" if mesh.devices.flat[0].platform == "tpu" else "auto"
 
     def attend(q, k, v, sinks, layout, window):
-        body = functools.partial(
-            _local_attend, window=window, context=context, windowed_ring=windowed_ring
-        )
+        body = functools.partial(_local_attend, window=window, context=context)
         specs = Layout(P(ROWS), tokens, tokens)
         sink_spec = None if sinks is None else P()
         return jax.shard_map(
