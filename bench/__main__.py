@@ -48,6 +48,7 @@ SECTIONS = (
     "attention",
     "grouped_matmul",
     "splash_masks",
+    "block_sparse",
     "expert_parallel",
     "ring_attention",
 )

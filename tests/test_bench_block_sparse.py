@@ -1,0 +1,33 @@
+"""`python -m bench block_sparse`: the sparsity sweep's masks and counts, and the timed
+rows' checks (on a reduced size, with the section's own code)."""
+
+import numpy as np
+import pytest
+
+from bench import block_sparse
+from jax_bridge.block_sparse.masks import block_counts
+
+
+def test_random_blocks_keep_the_diagonal_and_about_their_density():
+    keep = block_sparse.RandomBlocks(64 * block_sparse.BLOCK, 0.1).keep
+    assert keep.shape == (64, 64) and keep.diagonal().all()
+    assert 0.05 < keep.mean() < 0.2
+
+
+def test_visited_blocks_are_the_blocks_the_dense_masks_touch():
+    tokens = 1024
+    for name, mask in block_sparse.masks(tokens).items():
+        dense = np.asarray(mask[0:tokens, 0:tokens])
+        blocks = dense.reshape(8, 128, 8, 128).any(axis=(1, 3))
+        counts = block_counts(mask, block_sizes=block_sparse._blocks())
+        assert counts.dense == 64 and counts.visited == int(blocks.sum()), name
+
+
+@pytest.mark.parametrize("name", ["16 documents", "random 90% sparse"])
+def test_timed_rows_check_ours_against_every_baseline(name, monkeypatch):
+    monkeypatch.setattr(block_sparse, "REPEATS", 1)
+    rng = np.random.default_rng(0)
+    q, k, v, d_out = (rng.standard_normal((1, 512, 2, 64)).astype(np.float32) for _ in range(4))
+    rows = block_sparse._timed_row(name, block_sparse.masks(512)[name], q, k, v, d_out)
+    assert len(rows) == (2 if name == "16 documents" else 1)
+    assert all(row.ok and row.times and row.baseline_times for row in rows)
