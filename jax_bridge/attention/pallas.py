@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_bridge.attention.sinks import row_delta, sink_gradient
-from jax_bridge.core.numerics import cdiv
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
-from pallas_tpu.splash.config import NUM_LANES, BlockSizes, KernelOptions
+from pallas_tpu.splash.config import BlockSizes, KernelOptions
 from pallas_tpu.splash.forward import splash_forward
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo, process_mask, process_mask_dkv
 from pallas_tpu.splash.masks import DocumentMask
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from jax_bridge.attention.api import AttentionOptions
 
 HEAD_DIMS = (1, 2**16)  # whole head_dim per tile: no kernel limit beyond VMEM
-_MAX_DEFAULT_BLOCK = 512
 
 
 def check_supported(options: AttentionOptions, has_alibi: bool, op: str) -> None:
@@ -51,11 +49,6 @@ def check_supported(options: AttentionOptions, has_alibi: bool, op: str) -> None
         )
 
 
-def _default_block(total: int) -> int:
-    """A multiple of 128 (a TPU lane row), at most 512, no larger than the padded length."""
-    return min(_MAX_DEFAULT_BLOCK, NUM_LANES * max(cdiv(total, NUM_LANES), 1))
-
-
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Padded lengths, kernel options and the traversals of one call."""
@@ -70,20 +63,11 @@ class _Plan:
     dkv_element: ElementMask
 
 
-def _block_sizes(options: AttentionOptions, total_q: int, total_k: int) -> BlockSizes:
-    given = options.config or BlockSizes()
-    block_q = given.block_q or _default_block(total_q)
-    block_kv = given.block_kv or _default_block(total_k)
-    return dataclasses.replace(given, block_q=block_q, block_kv=block_kv)
-
-
 def _plan(options: AttentionOptions, cu_q, cu_k, total_q: int, total_k: int) -> _Plan:
-    requested = _block_sizes(options, total_q, total_k)
     # Pad both sequences to a multiple of every block: padded tokens belong to no
     # document, so they attend nothing and nothing attends them.
-    q_multiple = max(requested.block_q, requested.block_q_dkv or 0, requested.block_q_dq or 0)
-    kv_multiple = max(requested.block_kv, requested.block_kv_dkv or 0, requested.block_kv_dq or 0)
-    q_len, kv_len = q_multiple * cdiv(total_q, q_multiple), kv_multiple * cdiv(total_k, kv_multiple)
+    given = options.config or BlockSizes()
+    requested, q_len, kv_len = given.for_padding(total_q, total_k)
     blocks = requested.resolve(q_len, kv_len)
     spec = options.spec
     # Invalid cu_seqlens under plain jit give garbage, never out-of-range documents.

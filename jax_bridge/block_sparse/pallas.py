@@ -24,21 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from jax_bridge.block_sparse.masks import join_mask, pad_mask
-from jax_bridge.core.numerics import cdiv
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
-from pallas_tpu.splash.config import NUM_LANES, BlockSizes
+from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha
 from pallas_tpu.splash.masks import MultiHeadMask
 
 if TYPE_CHECKING:
     from jax_bridge.block_sparse.api import BlockSparseOptions
-
-_MAX_DEFAULT_BLOCK = 512
-
-
-def _default_block(length: int) -> int:
-    """A multiple of 128 (a TPU lane row), at most 512, no larger than the padded length."""
-    return min(_MAX_DEFAULT_BLOCK, NUM_LANES * max(cdiv(length, NUM_LANES), 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +43,8 @@ class _Plan:
 
 
 def _plan(options: BlockSparseOptions, mask_arrays, q_len: int, kv_len: int) -> _Plan:
-    given = options.block_sizes or BlockSizes()
-    given = dataclasses.replace(
-        given,
-        block_q=given.block_q or _default_block(q_len),
-        block_kv=given.block_kv or _default_block(kv_len),
-    )
-    # Pad to a multiple of every block the three kernels use.
-    q_multiple = max(given.block_q, given.block_q_dkv or 0, given.block_q_dq or 0)
-    kv_multiple = max(given.block_kv, given.block_kv_dkv or 0, given.block_kv_dq or 0)
-    shape = (q_multiple * cdiv(q_len, q_multiple), kv_multiple * cdiv(kv_len, kv_multiple))
+    given, *padded = (options.block_sizes or BlockSizes()).for_padding(q_len, kv_len)
+    shape = tuple(padded)
     mask = join_mask(options.mask, mask_arrays)
     if isinstance(mask, MultiHeadMask):
         padded = MultiHeadMask([pad_mask(m, shape) for m in mask.masks])

@@ -26,6 +26,10 @@ class SegmentIds(NamedTuple):
     kv: jax.Array
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _default_block(length: int) -> int:
     """The largest of 512/256/128 dividing `length`, else min(512, length).
 
@@ -59,6 +63,29 @@ class BlockSizes:
     block_kv_dkv_compute: int | None = None
     block_q_dq: int | None = None
     block_kv_dq: int | None = None
+
+    def for_padding(self, q_len: int, kv_len: int) -> tuple[BlockSizes, int, int]:
+        """These sizes for sequences that will be padded to whole blocks, and the padded
+        lengths (a multiple of every block the three kernels use).
+
+        An unset block_q / block_kv becomes a multiple of 128 (a TPU lane row), at most
+        `DEFAULT_BLOCK`, no larger than its length rounded up to 128; other fields stay as
+        given (`resolve` fills them).
+        """
+
+        def default(length: int) -> int:
+            return min(DEFAULT_BLOCK, NUM_LANES * max(_cdiv(length, NUM_LANES), 1))
+
+        sizes = dataclasses.replace(
+            self, block_q=self.block_q or default(q_len), block_kv=self.block_kv or default(kv_len)
+        )
+        q_multiple = max(sizes.block_q, sizes.block_q_dkv or 0, sizes.block_q_dq or 0)
+        kv_multiple = max(sizes.block_kv, sizes.block_kv_dkv or 0, sizes.block_kv_dq or 0)
+        return (
+            sizes,
+            q_multiple * _cdiv(q_len, q_multiple),
+            kv_multiple * _cdiv(kv_len, kv_multiple),
+        )
 
     def resolve(self, q_len: int, kv_len: int) -> BlockSizes:
         """Every field filled and validated against the sequence lengths.
