@@ -26,6 +26,7 @@ from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
     as_int32,
     check_cu_seqlens,
+    check_qkv_arrays,
     check_static_int,
     is_traced,
     require,
@@ -37,7 +38,6 @@ from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKer
 __all__ = ["AttentionOptions", "varlen_attention"]
 
 _OP = "varlen_attention"
-_FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
 
 
@@ -184,39 +184,15 @@ def varlen_attention(
 
 
 def _check_qkv(q: Any, k: Any, v: Any, implementation: str, op: str = _OP) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__}.")
-        if x.ndim != 3:
-            raise ValueError(
-                f"{op}: {name} must have shape [tokens, heads, head_dim], got {tuple(x.shape)}."
-            )
-        if jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
-            raise TypeError(f"{op}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise TypeError(
-                f"{op}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
-            )
-    if k.shape != v.shape:
-        raise ValueError(
-            f"{op}: v must have the shape of k [total_k, num_kv_heads, head_dim], got "
-            f"k {tuple(k.shape)} and v {tuple(v.shape)}."
-        )
+    check_qkv_arrays(
+        op, q, k, v, q_doc="[tokens, heads, head_dim]", kv_doc="[total_k, num_kv_heads, head_dim]"
+    )
     head_dim = q.shape[2]
-    if k.shape[2] != head_dim:
-        raise ValueError(f"{op}: k's head_dim ({k.shape[2]}) must equal q's head_dim ({head_dim}).")
     smallest, largest = BACKENDS[implementation].HEAD_DIMS
     if not smallest <= head_dim <= largest:
         raise ValueError(
             f"{op}: q's head_dim must be in [{smallest}, {largest}] for "
             f"implementation={implementation!r}, got {head_dim}."
-        )
-    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"{op}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
-            f"({num_kv_heads})."
         )
 
 

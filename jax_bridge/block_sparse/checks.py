@@ -11,46 +11,21 @@ import jax
 import jax.numpy as jnp
 
 from jax_bridge.block_sparse.masks import is_traced_document
-from jax_bridge.core.validation import is_traced
+from jax_bridge.core.validation import check_qkv_arrays, is_traced
 from pallas_tpu.splash.config import NUM_LANES, BlockSizes
 from pallas_tpu.splash.masks import Mask, MultiHeadMask
 
 OP = "block_sparse_attention"
-FLOAT_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> None:
     """q [B, Lq, Hq, D], k / v [B, Lk, Hkv, D], one float dtype, Hq % Hkv == 0."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{OP}: {name} must be an array, got {type(x).__name__}.")
-        if x.ndim != 4:
-            raise ValueError(
-                f"{OP}: {name} must have shape [batch, seq_len, heads, head_dim], got "
-                f"{tuple(x.shape)}."
-            )
-        if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
-            raise TypeError(f"{OP}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise TypeError(
-                f"{OP}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
-            )
-    if k.shape != v.shape:
-        raise ValueError(
-            f"{OP}: v must have k's shape [batch, kv_len, num_kv_heads, head_dim], got k "
-            f"{tuple(k.shape)} and v {tuple(v.shape)}."
-        )
+    check_qkv_arrays(
+        OP, q, k, v,
+        q_doc="[batch, seq_len, heads, head_dim]", kv_doc="[batch, kv_len, num_kv_heads, head_dim]",
+    )  # fmt: skip
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"{OP}: k's batch ({k.shape[0]}) must equal q's batch ({q.shape[0]}).")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"{OP}: k's head_dim ({k.shape[3]}) must equal q's ({q.shape[3]}).")
-    num_q_heads, num_kv_heads = q.shape[2], k.shape[2]
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"{OP}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
-            f"({num_kv_heads})."
-        )
 
 
 def check_mask(mask: Any, q_len: int, kv_len: int, num_q_heads: int) -> None:

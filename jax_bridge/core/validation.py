@@ -111,6 +111,44 @@ def check_rank(x: jax.Array | np.ndarray, rank: int, name: str, shape_doc: str) 
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}.")
 
 
+ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str) -> None:
+    """An attention op's q, k, v: arrays of q's rank (`q_doc` spells q's shape, e.g.
+    "[tokens, heads, head_dim]"; `kv_doc` k's), one float16 / bfloat16 / float32 dtype,
+    v of k's shape, k's head_dim (last axis) q's, and the query heads (second-last axis)
+    a multiple of the kv heads (GQA). Errors name `op` and the argument."""
+    rank = len(q_doc.split(","))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__}.")
+        if x.ndim != rank:
+            raise ValueError(f"{op}: {name} must have shape {q_doc}, got {tuple(x.shape)}.")
+        if jnp.dtype(x.dtype) not in ATTENTION_DTYPES:
+            raise TypeError(f"{op}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(
+                f"{op}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{op}: v must have the shape of k {kv_doc}, got k {tuple(k.shape)} and v "
+            f"{tuple(v.shape)}."
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"{op}: k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})."
+        )
+    num_q_heads, num_kv_heads = q.shape[-2], k.shape[-2]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"{op}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
+            f"({num_kv_heads})."
+        )
+
+
 def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> jax.Array:
     """Validate cumulative sequence lengths and return them as a JAX array.
 
