@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.report import BenchRow
-from bench.timing import repeat_seconds
+from bench.timing import jit_with_grads, repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
 NUM_DOCS = 16
@@ -72,16 +72,9 @@ def _functions(q: jax.Array, cu_seqlens: jax.Array, mask: jax.Array) -> dict:
 
     d_out = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
 
-    def with_grads(fn):
-        def run(q, k, v):
-            out, pullback = jax.vjp(fn, q, k, v)
-            return out, pullback(d_out)
-
-        return jax.jit(run)
-
     return {
         "forward": (jax.jit(varlen), jax.jit(dense)),
-        "fwd+bwd": (with_grads(varlen), with_grads(dense)),
+        "fwd+bwd": (jit_with_grads(varlen, d_out), jit_with_grads(dense, d_out)),
     }
 
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.report import BenchRow
-from bench.timing import repeat_seconds
+from bench.timing import jit_with_grads, repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
 TOTAL_TOKENS = 16384
@@ -47,14 +47,6 @@ def _baseline(doc_len: int, implementation: str) -> Callable:
         return out.reshape(total, heads, dim)
 
     return dense
-
-
-def _with_grads(fn: Callable, d_out: jax.Array) -> Callable:
-    def run(q, k, v):
-        out, pullback = jax.vjp(fn, q, k, v)
-        return out, pullback(d_out)
-
-    return jax.jit(run)
 
 
 def _relative_errors(ours, reference) -> dict[str, float]:
@@ -99,8 +91,8 @@ def _bench_size(doc_len: int, total: int, heads: int, dim: int, repeats: int) ->
     passes = {
         "forward": (jax.jit(ours), jax.jit(baseline), flops),
         "fwd+bwd": (
-            _with_grads(ours, d_out),
-            _with_grads(baseline, d_out),
+            jit_with_grads(ours, d_out),
+            jit_with_grads(baseline, d_out),
             FWD_BWD_FLOP_FACTOR * flops,
         ),
     }

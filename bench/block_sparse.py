@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.report import BenchRow
-from bench.timing import repeat_seconds
+from bench.timing import jit_with_grads, repeat_seconds
 from jax_bridge import block_sparse_attention, varlen_attention
 from jax_bridge.block_sparse.masks import block_counts
 from pallas_tpu.splash import (
@@ -98,17 +98,6 @@ def _dense_mask(mask, tokens: int) -> np.ndarray:
     return np.asarray(mask[0:tokens, 0:tokens])
 
 
-def _with_grads(fn, d_out):
-    """jit of (q, k, v, dense mask, cu_seqlens) -> (out, (dq, dk, dv)); masks are
-    arguments, not constants XLA would spend seconds folding."""
-
-    def run(q, k, v, *masks):
-        out, pullback = jax.vjp(lambda q, k, v: fn(q, k, v, *masks), q, k, v)
-        return out, pullback(d_out)
-
-    return jax.jit(run)
-
-
 def _max_error(result, reference) -> float:
     pairs = zip(jax.tree.leaves(result), jax.tree.leaves(reference), strict=True)
     return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs)
@@ -128,7 +117,7 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
             q[0], k[0], v[0], cu, cu, causal=True, implementation="xla"
         )[None]
     timed = {
-        m: repeat_seconds(_with_grads(f, d_out), q, k, v, dense, cu, repeats=REPEATS)
+        m: repeat_seconds(jit_with_grads(f, d_out), q, k, v, dense, cu, repeats=REPEATS)
         for m, f in methods.items()
     }
     allowed = float(np.count_nonzero(dense))

@@ -34,3 +34,15 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> tupl
     """
     times, out = repeat_seconds(fn, *args, repeats=repeats)
     return statistics.median(times), out
+
+
+def jit_with_grads(fn: Callable[..., Any], d_out: Any) -> Callable[..., Any]:
+    """jit of (q, k, v, *rest) -> (fn(q, k, v, *rest), (dq, dk, dv)) for the cotangent
+    `d_out`: a forward + backward pass to time. `rest` (masks, offsets) is passed as
+    arguments, not closed over, so XLA does not fold it as a constant."""
+
+    def run(q, k, v, *rest):
+        out, pullback = jax.vjp(lambda q, k, v: fn(q, k, v, *rest), q, k, v)
+        return out, pullback(d_out)
+
+    return jax.jit(run)
