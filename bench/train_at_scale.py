@@ -171,15 +171,12 @@ def compile_step(model: Any, target: str, flavour: str, sizes: dict[str, int], s
     """Compiles one train step for `target` on a mesh of `sizes`; returns its StepRow.
 
     rows = data * expert packed rows of `seq_len` tokens per step (one per row shard).
-    `compile_for` cannot donate (its own `jax.jit` would drop an inner jit's donation), and
-    a step that does not donate its state holds it twice; so this compiles as `Trainer.init`
-    jits the step, under `compile_for`'s `tracing_for` (the target's kernels and Triton
-    configurations), and reads the report the same way.
+    The step is jitted as `Trainer.init` jits it (the state donated, its shardings kept:
+    a step that did not donate would hold the state twice) and handed to `compile_for`.
     """
     from examples.train_lm.config import TrainConfig
     from examples.train_lm.train import Trainer
-    from jax_bridge.aot.compile import parse_compiled_text, tracing_for
-    from jax_bridge.aot.targets import get_target
+    from jax_bridge import compile_for
 
     mesh = make_target_mesh(target, sizes)
     train = TrainConfig(seq_len=seq_len, rows=sizes["data"] * sizes["expert"])
@@ -193,24 +190,20 @@ def compile_step(model: Any, target: str, flavour: str, sizes: dict[str, int], s
     )
     start = time.perf_counter()
     try:
-        with tracing_for(get_target(target)):
-            compiled = step.trace(params, opt_state, batch).lower().compile()
+        program = compile_for(step, params, opt_state, batch, target=target, mesh=mesh)
     except Exception as error:  # the compiler's refusal is the row's result
         return dataclasses.replace(
             row, error=error_kind(error), compile_seconds=time.perf_counter() - start
         )
-    memory, hlo = compiled.memory_analysis(), compiled.as_text()
+    report, hlo = program.report, program.as_text()
     return dataclasses.replace(
         row,
-        argument_bytes=memory.argument_size_in_bytes,
-        output_bytes=memory.output_size_in_bytes,
-        temp_bytes=memory.temp_size_in_bytes,
-        alias_bytes=memory.alias_size_in_bytes,
-        total_bytes=memory.argument_size_in_bytes
-        + memory.output_size_in_bytes
-        + memory.temp_size_in_bytes
-        - memory.alias_size_in_bytes,
-        collectives=parse_compiled_text(hlo)[2],
+        argument_bytes=report.argument_bytes,
+        output_bytes=report.output_bytes,
+        temp_bytes=report.temp_bytes,
+        alias_bytes=report.alias_bytes,
+        total_bytes=report.total_bytes,
+        collectives=dict(report.collectives),
         collectives_per_step=executed_collectives(hlo),
         compile_seconds=time.perf_counter() - start,
     )

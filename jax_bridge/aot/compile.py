@@ -156,7 +156,9 @@ def compile_for(
     """Compiles `jax.jit(fn)(*args, **kwargs)` for `target` on this host.
 
     Args:
-      fn: the function (ops of this package, or anything JAX).
+      fn: the function (ops of this package, or anything JAX), or an already `jax.jit`-ed
+        one, compiled as it is: its donate_argnums, in/out shardings and static arguments
+        are kept (wrapping it in another jit would drop its donation).
       *args, **kwargs: its arguments: arrays or `jax.ShapeDtypeStruct`s (with a sharding
         on `target_devices(target)` / a `target_mesh`, or none: then on the target's first
         device, or replicated over `mesh`), and static values named in `static_argnames`.
@@ -180,7 +182,14 @@ def compile_for(
     if estimate_cycles and target.platform != "tpu":
         raise ValueError(f"compile_for: estimate_cycles is for TPU targets, not {target.name!r}.")
     args, kwargs = place((args, kwargs), target, mesh)
-    jitted = jax.jit(fn, static_argnames=static_argnames)
+    if isinstance(fn, jax.stages.Wrapped):
+        if static_argnames:
+            raise ValueError(
+                "compile_for: give static_argnames to the jax.jit of an already-jitted fn."
+            )
+        jitted = fn
+    else:
+        jitted = jax.jit(fn, static_argnames=static_argnames)
     with tracing_for(target):
         compiled = jitted.trace(*args, **kwargs).lower().compile()
     cycles = None

@@ -87,6 +87,17 @@ def test_report_counts_bytes_kernels_and_collectives():
     assert "HloModule" in program.as_text()
 
 
+def test_an_already_jitted_function_keeps_its_donation():
+    x = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+    step = lambda x: jnp.tanh(x) * 2
+    donated = jb.compile_for(jax.jit(step, donate_argnums=0), x, target="h100").report
+    plain = jb.compile_for(step, x, target="h100").report
+    assert donated.alias_bytes == 1024 * 256 * 4 and plain.alias_bytes == 0
+    assert donated.total_bytes == plain.total_bytes - 1024 * 256 * 4
+    with pytest.raises(ValueError, match="static_argnames"):
+        jb.compile_for(jax.jit(step), x, target="h100", static_argnames=("y",))
+
+
 def test_parse_compiled_text_reads_root_and_plain_instructions():
     text = "\n".join(
         [
