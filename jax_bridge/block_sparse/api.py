@@ -3,10 +3,9 @@ the custom_vjp.
 
 One mask algebra (`pallas_tpu.splash.masks`) describes the attention pattern; each
 backend skips the empty blocks of its `MaskInfo`: `xla` (plain JAX over the list of
-non-empty blocks, any platform) and `pallas` (the splash kernels; TPU, or Pallas'
-interpret mode elsewhere). The Triton kernels for GPUs are the next step: adding them is
-one module and one entry in `BACKENDS` (until then "triton" is refused, and "auto" runs
-XLA on GPUs).
+non-empty blocks, any platform), `pallas` (the splash kernels; TPU, or Pallas' interpret
+mode elsewhere) and `triton` (GPUs, or Triton's interpreter elsewhere; per-tile lists of
+the blocks to visit, `tile_lists`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_bridge.block_sparse import pallas, xla
+from jax_bridge.block_sparse import pallas, triton, xla
 from jax_bridge.block_sparse.checks import (
     OP,
     check_block_sizes,
@@ -39,7 +38,7 @@ from pallas_tpu.splash.masks import Mask
 
 __all__ = ["BACKENDS", "BlockSparseOptions", "block_sparse_attention"]
 
-BACKENDS = BackendTable(OP, {"xla": xla, "pallas": pallas})
+BACKENDS = BackendTable(OP, {"xla": xla, "pallas": pallas, "triton": triton})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,16 +54,6 @@ class BlockSparseOptions(OpOptions):
     softmax_scale: float
     logits_soft_cap: float | None = None
     block_sizes: BlockSizes | None = None
-
-
-def _resolve(implementation: str) -> str:
-    if implementation == "triton" and "triton" not in BACKENDS.backends:
-        raise ValueError(
-            f"{OP}: implementation='triton' is not available yet: the Triton block-sparse "
-            "kernels are not built. Use implementation='xla' (any platform) or 'pallas' "
-            "(TPU; Pallas' interpret mode elsewhere), or 'auto'."
-        )
-    return BACKENDS.resolve(implementation)
 
 
 def block_sparse_attention(
@@ -100,12 +89,14 @@ def block_sparse_attention(
       return_lse: also return the natural-log log-sum-exp of each row.
       block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv (default 128, or
         less for short sequences); Pallas every field (multiples of 128, default up to
-        512). Sequences are padded to whole blocks either way.
+        512); Triton (block_q, block_kv), (block_q_dq, block_kv_dq) and (block_q_dkv,
+        block_kv_dkv), powers of two >= 16 (default: the varlen kernels' tiles for the
+        GPU). Sequences are padded to whole blocks either way.
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
         The Pallas kernels use the TPU's default dot precision.
-      implementation: "auto" (Pallas on TPU, XLA elsewhere for now), "xla", "pallas"
-        (off a TPU in Pallas' interpret mode: slow) or "triton" (not built yet: a
-        ValueError).
+      implementation: "auto" (Triton on GPUs, Pallas on TPU, XLA elsewhere), "xla",
+        "pallas" (off a TPU in Pallas' interpret mode: slow) or "triton" (off a GPU in
+        Triton's interpreter: slow).
 
     Returns:
       out [batch, q_len, num_q_heads, head_dim] in q's dtype; with `return_lse` also lse
@@ -119,7 +110,7 @@ def block_sparse_attention(
     Raises:
       TypeError / ValueError naming this op and the argument, at trace time.
     """
-    impl = _resolve(implementation)
+    impl = BACKENDS.resolve(implementation)
     check_qkv(q, k, v)
     batch, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]

@@ -90,7 +90,8 @@ def check_sinks(sinks: Any, num_q_heads: int) -> jax.Array | None:
 
 def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | None:
     """A splash `BlockSizes` or None. XLA reads block_q / block_kv (any positive ints);
-    Pallas every field (positive multiples of 128)."""
+    Pallas every field (positive multiples of 128); Triton its three kernels' (q, kv)
+    tiles (powers of two >= 16)."""
     if block_sizes is None:
         return None
     if not isinstance(block_sizes, BlockSizes):
@@ -99,14 +100,21 @@ def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | Non
             f"{type(block_sizes).__name__}."
         )
     fields = [f.name for f in dataclasses.fields(block_sizes)]
-    if implementation != "pallas":
+    if implementation == "xla":
         fields = ["block_q", "block_kv"]
+    elif implementation == "triton":
+        fields = ["block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv", "block_kv_dkv"]
     for name in fields:
         value = getattr(block_sizes, name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{OP}: block_sizes.{name} must be a positive int, got {value!r}.")
+        if implementation == "triton" and (value < 16 or value & (value - 1)):
+            raise ValueError(
+                f"{OP}: block_sizes.{name}={value} must be a power of two >= 16 for "
+                "implementation='triton'."
+            )
         if implementation == "pallas" and value % NUM_LANES:
             raise ValueError(
                 f"{OP}: block_sizes.{name}={value} must be a multiple of {NUM_LANES} for "

@@ -1,0 +1,220 @@
+"""The Triton backend of block-sparse attention: the kernels of
+`triton_kernels.block_sparse`, launched through `triton_call` (on a GPU, or on a CPU
+through Triton's interpreter).
+
+Backend contract: see `jax_bridge.block_sparse.api`. Each kernel gets its own tile lists
+(`tile_lists`) for its own tile shape: the forward and dQ kernels keep a query tile and
+visit key tiles, the dK/dV kernel the reverse. Every stationary tile of every head gets a
+program (a tile with nothing to visit writes zeros, lse -inf or the sink, and exits), so
+every output element is written; programs take the heaviest tiles first. Tile shapes
+are the varlen kernels' defaults for the device, unless `block_sizes` gives them:
+(block_q, block_kv) for the forward, (block_q_dq, block_kv_dq) for dQ and (block_q_dkv,
+block_kv_dkv) for dK/dV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bridge.block_sparse.masks import head_groups, join_mask, padded_shape
+from jax_bridge.block_sparse.tile_lists import (
+    TABLE,
+    ElementRule,
+    TileLists,
+    element_rule,
+    tile_lists,
+)
+from jax_bridge.core.precision import triton_input_precision
+from jax_bridge.launch.target import follow_lowering_platform, launch_target
+from jax_bridge.launch.triton_call import triton_call
+from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
+from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
+from triton_kernels.flash_attention.config import (
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    AttentionFeatures,
+    block_d,
+    default_attention_config,
+)
+
+if TYPE_CHECKING:
+    from jax_bridge.block_sparse.api import BlockSparseOptions
+
+HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
+_LOG2E = float(np.log2(np.e))
+
+# block_sizes fields of each kernel's (query, key) tile.
+_BLOCK_FIELDS = {
+    "forward": ("block_q", "block_kv"),
+    "backward_dq": ("block_q_dq", "block_kv_dq"),
+    "backward_dkdv": ("block_q_dkv", "block_kv_dkv"),
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """One call's launch plan: each kernel's config, the head groups and the rule."""
+
+    configs: dict[str, Any]
+    groups: tuple[tuple[tuple[int, ...], Any], ...]
+    rule: ElementRule
+    q_len: int
+    kv_len: int
+
+    def lists(self, kind: str) -> TileLists:
+        config = self.configs[kind]
+        block_shape = (config.block_m, config.block_n)
+        kv_major = kind == "backward_dkdv"
+        return tile_lists(self.groups, block_shape, self.q_len, self.kv_len, kv_major)
+
+    def group_heads(self) -> np.ndarray:
+        """int32 [G, width]: each group's query heads, -1 padded."""
+        width = max(len(heads) for heads, _ in self.groups)
+        rows = [list(heads) + [-1] * (width - len(heads)) for heads, _ in self.groups]
+        return np.asarray(rows, np.int32)
+
+    def head_group(self, num_q_heads: int) -> np.ndarray:
+        """int32 [Hq]: each query head's group."""
+        group = np.zeros(num_q_heads, np.int32)
+        for g, (heads, _) in enumerate(self.groups):
+            group[list(heads)] = g
+        return group
+
+
+def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype) -> Any:
+    # Partial tiles evaluate an element mask: as register-heavy as a two-sided window.
+    features = AttentionFeatures(
+        causal=True, window_left=True, soft_cap=options.logits_soft_cap is not None
+    )
+    capability = launch_target().compute_capability
+    config = default_attention_config(
+        head_dim, jnp.dtype(dtype).name, capability, kind, features=features
+    )
+    given = options.block_sizes
+    if given is None:
+        return config
+    block_q, block_kv = (getattr(given, name) for name in _BLOCK_FIELDS[kind])
+    return dataclasses.replace(
+        config, block_m=block_q or config.block_m, block_n=block_kv or config.block_n
+    )
+
+
+def _plan(options: BlockSparseOptions, mask_arrays, q, k) -> _Plan:
+    _, q_len, num_q_heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    configs = {kind: _config(options, kind, head_dim, q.dtype) for kind in _BLOCK_FIELDS}
+    mask = join_mask(options.mask, mask_arrays)
+    groups = head_groups(mask, num_q_heads)
+    # Token arrays cover every kernel's padded rows and columns.
+    padded = [padded_shape(q_len, kv_len, (c.block_m, c.block_n)) for c in configs.values()]
+    q_tokens, kv_tokens = (max(p[i] for p in padded) for i in (0, 1))
+    rule = element_rule(groups, q_tokens, kv_tokens)
+    return _Plan(configs, groups, rule, q_len, kv_len)
+
+
+def _common_arguments(plan: _Plan, lists: TileLists, options: BlockSparseOptions) -> tuple:
+    """The kernels' shared arguments after their group map: lists, rule, lengths, scalars."""
+    n_tiles, width = lists.shape
+    table = lists.table if plan.rule.mode == TABLE else np.zeros((1,), np.int8)
+    arrays = (lists.counts, lists.tiles, lists.codes, table, *plan.rule.arrays)
+    return (
+        *(jnp.asarray(x) for x in arrays),
+        plan.q_len,
+        plan.kv_len,
+        n_tiles,
+        width,
+        np.float32(options.softmax_scale),
+        np.float32(options.logits_soft_cap or 1.0),
+        *plan.rule.scalars(),
+    )
+
+
+def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> dict:
+    config = plan.configs[kind]
+    head_dim = q.shape[-1]
+    precision = "ieee" if q.dtype != jnp.float32 else triton_input_precision(options.precision)
+    return dict(
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        NUM_Q_HEADS=q.shape[2],
+        NUM_KV_HEADS=k.shape[2],
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=block_d(head_dim),
+        HAS_SOFT_CAP=options.logits_soft_cap is not None,
+        INPUT_PRECISION=precision,
+        **plan.rule.flags(),
+    )
+
+
+@follow_lowering_platform
+def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
+    """(out [B, Lq, Hq, D] in q's dtype, lse float32 [B, Hq, Lq]); see the api."""
+    batch, q_len, num_q_heads, _ = q.shape
+    plan = _plan(options, mask_arrays, q, k)
+    lists = plan.lists("forward")
+    group_heads = plan.group_heads()
+    sink_array = jnp.zeros((1,), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
+    return triton_call(
+        q,
+        k,
+        v,
+        sink_array,
+        jnp.asarray(lists.items),
+        jnp.asarray(group_heads),
+        *_common_arguments(plan, lists, options),
+        kernel=block_sparse_forward_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((batch, num_q_heads, q_len), jnp.float32),
+        ),
+        grid=(lists.items.shape[0], group_heads.shape[1], batch),
+        name="block_sparse_attention_fwd",
+        GROUP_WIDTH=group_heads.shape[1],
+        HAS_SINKS=sinks is not None,
+        **_constexprs(plan, options, "forward", q, k),
+    )
+
+
+@follow_lowering_platform
+def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: BlockSparseOptions):
+    """(dq, dk, dv) in the inputs' dtypes; see the api."""
+    del out, sinks  # delta carries rowsum(dO * O); lse includes the sink
+    batch = q.shape[0]
+    plan = _plan(options, mask_arrays, q, k)
+    # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
+    lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
+    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32))
+    lists = plan.lists("backward_dq")
+    group_heads = plan.group_heads()
+    dq = triton_call(
+        *inputs,
+        jnp.asarray(lists.items),
+        jnp.asarray(group_heads),
+        *_common_arguments(plan, lists, options),
+        kernel=block_sparse_dq_kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(lists.items.shape[0], group_heads.shape[1], batch),
+        name="block_sparse_attention_bwd_dq",
+        GROUP_WIDTH=group_heads.shape[1],
+        **_constexprs(plan, options, "backward_dq", q, k),
+    )
+    lists = plan.lists("backward_dkdv")
+    dk, dv = triton_call(
+        *inputs,
+        jnp.asarray(lists.items),
+        jnp.asarray(plan.head_group(q.shape[2])),
+        *_common_arguments(plan, lists, options),
+        kernel=block_sparse_dkdv_kernel,
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        grid=(lists.items.shape[0], k.shape[2], batch),
+        name="block_sparse_attention_bwd_dkdv",
+        **_constexprs(plan, options, "backward_dkdv", q, k),
+    )
+    return dq, dk, dv

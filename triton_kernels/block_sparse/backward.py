@@ -1,0 +1,381 @@
+"""Block-sparse FlashAttention-2 backward kernels: dQ (query tile stationary) and dK/dV
+(key tile stationary).
+
+Layout, tile lists, mask modes and isolation as `block_sparse.forward` (read its
+docstring). The row statistics come from the bridge, float32 `[batch, NUM_Q_HEADS,
+q_len]`: lse_log2 = log2(e) * lse with +inf for a row with nothing allowed (so
+exp2(s2 - lse_log2) is the probability, 0 for such a row), and delta = rowsum(dO * O) -
+d_lse. With P = exp(S - lse):
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
+
+and with a soft cap dS is further multiplied by 1 - tanh^2. In partial tiles P and dS are
+selected to 0 where masked (never multiplied by 0), so a non-finite dP or tanh there
+stays out.
+
+The dK/dV kernel keeps one key tile of one kv head stationary and, for GQA, walks the
+lists of every query head of its group itself: each dK/dV row is written by exactly one
+program, with no atomics, so the result is deterministic.
+"""
+
+import triton
+import triton.language as tl
+
+from triton_kernels.block_sparse.forward import (
+    _allowed,
+    _isolating_dot,
+    _list_base,
+    _tile_scores,
+)
+from triton_kernels.flash_attention.forward import _load_rows, _score_constants, _tile_ptrs
+
+
+@triton.jit
+def _gradient_tile(
+    s2,
+    t,
+    dp,
+    lse2,
+    delta,
+    allowed,
+    PARTIAL: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    KV_MAJOR: tl.constexpr,
+):
+    """(P, dS) of one tile from its log2 scores s2, tanh t, dP and the query rows' lse_log2
+    and delta (broadcast along the tile's query axis: rows, or columns when KV_MAJOR)."""
+    if KV_MAJOR:
+        p = tl.exp2(s2 - lse2[None, :])
+        ds = p * (dp - delta[None, :])
+    else:
+        p = tl.exp2(s2 - lse2[:, None])
+        ds = p * (dp - delta[:, None])
+    if HAS_SOFT_CAP:
+        ds *= 1.0 - t * t
+    if PARTIAL:
+        p = tl.where(allowed, p, 0.0)
+        ds = tl.where(allowed, ds, 0.0)
+    return p, ds
+
+
+@triton.jit
+def _dq_step(
+    dq,
+    poisoned,
+    q,
+    do,
+    k,
+    v,
+    lse2,
+    delta,
+    allowed,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    PARTIAL: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dq += dS K over one key tile (unscaled)."""
+    qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+    dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
+    _, ds = _gradient_tile(s2, t, dp, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, False)
+    if PARTIAL:
+        dq, poisoned = _isolating_dot(ds, k, dq, poisoned, INPUT_PRECISION)
+    else:
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+    return dq, poisoned
+
+
+@triton.jit
+def block_sparse_dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_log2_ptr,
+    delta_ptr,
+    items_ptr,
+    group_heads_ptr,
+    counts_ptr,
+    tiles_ptr,
+    codes_ptr,
+    table_ptr,
+    q_doc_ptr,
+    kv_doc_ptr,
+    q_pos_ptr,
+    kv_pos_ptr,
+    q_len,
+    kv_len,
+    n_tiles,
+    width,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    prefix,
+    dq_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_WIDTH: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
+
+    Grid and lists as `block_sparse_forward_kernel`; d_out_ptr as q; lse_log2_ptr,
+    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; dq_ptr: as q.
+    """
+    item = tl.program_id(0)
+    tile = tl.load(items_ptr + 2 * item)
+    group = tl.load(items_ptr + 2 * item + 1)
+    head = tl.load(group_heads_ptr + group * GROUP_WIDTH + tl.program_id(1))
+    if head < 0:
+        return
+    batch = tl.program_id(2).to(tl.int64)
+    kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    rows = tile * BLOCK_M + offs_m
+    row_ok = rows < q_len
+    q_base = (batch * q_len + tile * BLOCK_M) * Q_STRIDE + head * HEAD_DIM
+    q_ptrs = _tile_ptrs(q_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    do_ptrs = _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    q = _load_rows(q_ptrs, row_ok, d_ok, True, EVEN_D)
+    do = _load_rows(do_ptrs, row_ok, d_ok, True, EVEN_D)
+    stats = (batch * NUM_Q_HEADS + head) * q_len + rows
+    lse2 = tl.load(lse_log2_ptr + stats, mask=row_ok, other=float("inf"))
+    delta = tl.load(delta_ptr + stats, mask=row_ok, other=0.0)
+    kv_base = batch * kv_len * KV_STRIDE + kv_head * HEAD_DIM
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    poisoned = offs_m < 0
+    full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
+    for t in range(0, full):
+        kv_row = kv_base + (tl.load(tiles_ptr + base + t) * BLOCK_N).to(tl.int64) * KV_STRIDE
+        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
+        v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
+        dq, poisoned = _dq_step(
+            dq, poisoned, q, do, k, v, lse2, delta, True, qk_scale_log2, scale_over_cap,
+            cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
+        )  # fmt: skip
+    for t in range(full, total):
+        kv_tile = tl.load(tiles_ptr + base + t)
+        cols = kv_tile * BLOCK_N + offs_n
+        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        allowed = _allowed(
+            rows, cols, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
+            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
+            window_left, window_right, prefix,
+            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+        )  # fmt: skip
+        dq, poisoned = _dq_step(
+            dq, poisoned, q, do, k, v, lse2, delta, allowed, qk_scale_log2, scale_over_cap,
+            cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+        )  # fmt: skip
+    dq = tl.where(poisoned[:, None], float("nan"), dq * softmax_scale)
+    dq_ptrs = _tile_ptrs(dq_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _dkdv_step(
+    dk,
+    dv,
+    poisoned_k,
+    poisoned_v,
+    k,
+    v,
+    q,
+    do,
+    lse2,
+    delta,
+    allowed,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    PARTIAL: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dv += P^T dO and dk += dS^T Q (unscaled) over one query tile; the tile is
+    transposed: rows are keys, columns queries."""
+    qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
+    s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+    dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+    p_t, ds_t = _gradient_tile(s2_t, t_t, dp_t, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, True)
+    if PARTIAL:
+        dv, poisoned_v = _isolating_dot(p_t, do, dv, poisoned_v, INPUT_PRECISION)
+        dk, poisoned_k = _isolating_dot(ds_t, q, dk, poisoned_k, INPUT_PRECISION)
+    else:
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+    return dk, dv, poisoned_k, poisoned_v
+
+
+@triton.jit
+def _dkdv_query_tile(q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_tile, q_len,
+                     offs_m, offs_d, d_ok, CHECK: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROWS_ALIGNED: tl.constexpr,
+                     EVEN_D: tl.constexpr):  # fmt: skip
+    """(query positions, q, dO, lse_log2, delta) of query tile `q_tile` of `head`."""
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    cols = q_tile * BLOCK_M + offs_m
+    col_ok = cols < q_len
+    q_base = (batch * q_len + q_tile * BLOCK_M) * Q_STRIDE + head * HEAD_DIM
+    q = _load_rows(
+        _tile_ptrs(q_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), col_ok, d_ok,
+        CHECK, EVEN_D,
+    )  # fmt: skip
+    do = _load_rows(
+        _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), col_ok, d_ok,
+        CHECK, EVEN_D,
+    )  # fmt: skip
+    stats = (batch * NUM_Q_HEADS + head) * q_len + cols
+    if CHECK:
+        lse2 = tl.load(lse_log2_ptr + stats, mask=col_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + stats, mask=col_ok, other=0.0)
+    else:
+        lse2 = tl.load(lse_log2_ptr + stats)
+        delta = tl.load(delta_ptr + stats)
+    return cols, q, do, lse2, delta
+
+
+@triton.jit
+def block_sparse_dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    d_out_ptr,
+    lse_log2_ptr,
+    delta_ptr,
+    items_ptr,
+    head_group_ptr,
+    counts_ptr,
+    tiles_ptr,
+    codes_ptr,
+    table_ptr,
+    q_doc_ptr,
+    kv_doc_ptr,
+    q_pos_ptr,
+    kv_pos_ptr,
+    q_len,
+    kv_len,
+    n_tiles,
+    width,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    prefix,
+    dk_ptr,
+    dv_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dK, dV of one [BLOCK_N]-row key tile of one kv head of one batch entry.
+
+    Grid: (len(items), NUM_KV_HEADS, batch); items: int32 [n] key tiles, heaviest first,
+    every key tile once. head_group_ptr: int32 [NUM_Q_HEADS], each query head's group;
+    the lists (counts, tiles, codes) are per key tile: the query tiles that visit it.
+    The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
+    """
+    kv_tile = tl.load(items_ptr + tl.program_id(0))
+    kv_head = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    GQA: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    keys = kv_tile * BLOCK_N + offs_n
+    key_ok = keys < kv_len
+    kv_base = (batch * kv_len + kv_tile * BLOCK_N) * KV_STRIDE + kv_head * HEAD_DIM
+    k_ptrs = _tile_ptrs(k_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    v_ptrs = _tile_ptrs(v_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    k = _load_rows(k_ptrs, key_ok, d_ok, True, EVEN_D)
+    v = _load_rows(v_ptrs, key_ok, d_ok, True, EVEN_D)
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    poisoned_k = offs_n < 0
+    poisoned_v = offs_n < 0
+    for g in range(0, GQA):
+        head = kv_head * GQA + g
+        group = tl.load(head_group_ptr + head)
+        full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
+        for t in range(0, full):
+            _, q, do, lse2, delta = _dkdv_query_tile(
+                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
+                tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, False,
+                NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
+            )  # fmt: skip
+            dk, dv, poisoned_k, poisoned_v = _dkdv_step(
+                dk, dv, poisoned_k, poisoned_v, k, v, q, do, lse2, delta, True,
+                qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
+            )  # fmt: skip
+        for t in range(full, total):
+            cols, q, do, lse2, delta = _dkdv_query_tile(
+                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
+                tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, True,
+                NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
+            )  # fmt: skip
+            allowed = _allowed(
+                cols, keys, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
+                q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
+                window_left, window_right, prefix,
+                MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+            )  # fmt: skip
+            dk, dv, poisoned_k, poisoned_v = _dkdv_step(
+                dk, dv, poisoned_k, poisoned_v, k, v, q, do, lse2, delta, allowed,
+                qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+            )  # fmt: skip
+    dk = tl.where(poisoned_k[:, None], float("nan"), dk * softmax_scale)
+    dv = tl.where(poisoned_v[:, None], float("nan"), dv)
+    out_mask = key_ok[:, None] & d_ok[None, :]
+    dk_ptrs = _tile_ptrs(dk_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    dv_ptrs = _tile_ptrs(dv_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_mask)

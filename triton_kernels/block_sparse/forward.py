@@ -1,0 +1,338 @@
+"""Block-sparse FlashAttention-2 forward kernel, and the tile helpers the backward shares.
+
+Layout: `q: [batch, q_len, NUM_Q_HEADS, HEAD_DIM]`, `k, v: [batch, kv_len, NUM_KV_HEADS,
+HEAD_DIM]`, contiguous; lse float32 `[batch, NUM_Q_HEADS, q_len]` (natural log).
+
+Work comes as per-tile lists built on the host (or in the graph, for traced documents)
+from the mask's block classification, one set per head group (heads sharing one 2-D
+mask; group g's heads are `group_heads[g, :]`, -1 padded):
+
+* `counts: int32 [G, n_tiles, 2]`: (full tiles, all tiles) of each stationary tile
+  (a query tile in the forward and dQ kernels, a key tile in dK/dV);
+* `tiles: int32 [G, n_tiles, width]`: the other side's tiles it visits, its full ones
+  first, then its partial ones;
+* `codes: int32 [G, n_tiles, width]`: for a partial tile in TABLE mode, its element mask
+  in `table: int8 [P, BLOCK_M, BLOCK_N]` (the distinct partial blocks, stored once).
+
+Full tiles are computed with no element mask and no bounds checks (they lie inside both
+sequences); only partial ones evaluate the mask, in one of three modes (`MASK_MODE`):
+
+* TABLE (0): the deduplicated partial blocks (any static mask: NumpyMask, `|`, `&`);
+* TOKENS (1): per-token document ids and positions, `q_doc[i] == kv_doc[j]` and a window
+  `q_pos[i] - left <= kv_pos[j] <= q_pos[i] + right`, or'ed with `kv_pos[j] < prefix`
+  inside the document (DocumentMask, Causal, Local, ChunkedCausal, PrefixLM);
+* PREDICATE (2): a user's `@triton.jit` predicate of (q position, kv position).
+
+Padded rows and columns are masked in every mode (ids -1 / -2 never match; the table's
+padding is False; the predicate is bounded by q_len / kv_len).
+
+Isolation: a masked score is a select to -inf, never a product with 0; and in partial
+tiles the value-side product (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) zeroes
+non-finite rows of its right operand and flags the rows of the result that give them a
+non-zero weight, which end NaN: NaN or Inf in one document never reaches another.
+
+Scores live in the log2 domain (`s * log2(e)` folded into the scale).
+"""
+
+import triton
+import triton.language as tl
+
+from triton_kernels.flash_attention.forward import (
+    LN2,
+    LOG2E,
+    _load_rows,
+    _score_constants,
+    _tanh,
+    _tile_ptrs,
+)
+
+TABLE = tl.constexpr(0)
+TOKENS = tl.constexpr(1)
+PREDICATE_MODE = tl.constexpr(2)
+
+
+@triton.jit
+def _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP: tl.constexpr):
+    """(s2, t): log2(e) * the (soft-capped) scaled scores of raw products `qk`, and
+    tanh(scale * qk / cap) for the soft cap's gradient (qk itself without a cap)."""
+    t = qk
+    if HAS_SOFT_CAP:
+        t = _tanh(qk * scale_over_cap)
+        s2 = t * cap_log2
+    else:
+        s2 = qk * qk_scale_log2
+    return s2, t
+
+
+@triton.jit
+def _q_side(x, KV_MAJOR: tl.constexpr):
+    """A per-query vector as a tile axis: rows, or columns of a KV_MAJOR tile."""
+    if KV_MAJOR:
+        y = x[None, :]
+    else:
+        y = x[:, None]
+    return y
+
+
+@triton.jit
+def _kv_side(x, KV_MAJOR: tl.constexpr):
+    """A per-key vector as a tile axis: columns, or rows of a KV_MAJOR tile."""
+    if KV_MAJOR:
+        y = x[:, None]
+    else:
+        y = x[None, :]
+    return y
+
+
+@triton.jit
+def _allowed(
+    q_idx,
+    kv_idx,
+    q_local,
+    kv_local,
+    code,
+    table_ptr,
+    q_doc_ptr,
+    kv_doc_ptr,
+    q_pos_ptr,
+    kv_pos_ptr,
+    q_len,
+    kv_len,
+    window_left,
+    window_right,
+    prefix,
+    MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+    TABLE_Q: tl.constexpr,
+    TABLE_KV: tl.constexpr,
+    KV_MAJOR: tl.constexpr,
+):
+    """The element mask of one partial tile: bool [len(q_idx), len(kv_idx)], or its
+    transpose [len(kv_idx), len(q_idx)] when KV_MAJOR (the dK/dV kernel's tiles).
+
+    q_idx, kv_idx: the tile's rows / columns in the (padded) sequences; q_local,
+    kv_local: the same within the tile (0..TABLE_Q-1, 0..TABLE_KV-1: the table's block).
+    """
+    if MASK_MODE == TABLE:
+        offsets = _q_side(q_local, KV_MAJOR) * TABLE_KV + _kv_side(kv_local, KV_MAJOR)
+        ok = tl.load(table_ptr + code.to(tl.int64) * (TABLE_Q * TABLE_KV) + offsets) != 0
+    elif MASK_MODE == TOKENS:
+        q_pos = _q_side(tl.load(q_pos_ptr + q_idx), KV_MAJOR)
+        kv_pos = _kv_side(tl.load(kv_pos_ptr + kv_idx), KV_MAJOR)
+        inside = (q_pos == q_pos) & (kv_pos == kv_pos)  # all True, tile-shaped
+        if HAS_LEFT:
+            inside &= kv_pos >= q_pos - window_left
+        if HAS_RIGHT:
+            inside &= kv_pos <= q_pos + window_right
+        if HAS_PREFIX:
+            inside |= kv_pos < prefix
+        q_doc = _q_side(tl.load(q_doc_ptr + q_idx), KV_MAJOR)
+        same = q_doc == _kv_side(tl.load(kv_doc_ptr + kv_idx), KV_MAJOR)
+        ok = same & inside
+    else:
+        q_ok = q_idx < q_len
+        kv_ok = kv_idx < kv_len
+        q_pos = _q_side(tl.load(q_pos_ptr + q_idx, mask=q_ok, other=0), KV_MAJOR)
+        kv_pos = _kv_side(tl.load(kv_pos_ptr + kv_idx, mask=kv_ok, other=0), KV_MAJOR)
+        ok = PREDICATE(q_pos, kv_pos) & _q_side(q_ok, KV_MAJOR) & _kv_side(kv_ok, KV_MAJOR)
+    return ok
+
+
+@triton.jit
+def _isolating_dot(w, x, acc, poisoned, INPUT_PRECISION: tl.constexpr):
+    """(acc + w @ x, poisoned'): the product of a partial tile, where a zero weight never
+    meets a non-finite row of x (0 * NaN would be NaN). Rows of w with a non-zero weight
+    on such a row are or'ed into `poisoned` [len(w)] instead, and end NaN.
+
+    w: float32 [R, C], exactly 0 wherever masked; x: [C, BLOCK_D]; acc: float32 [R, BLOCK_D].
+    """
+    xf = x.to(tl.float32)
+    bad = tl.max(((xf != xf) | (tl.abs(xf) == float("inf"))).to(tl.int32), 1) > 0  # [C]
+    if tl.max(bad.to(tl.int32), 0) > 0:
+        x = tl.where(bad[:, None], 0.0, xf).to(x.dtype)
+        hit = tl.max(((w != 0.0) & bad[None, :]).to(tl.int32), 1) > 0
+        poisoned = poisoned | hit
+    acc = tl.dot(w.to(x.dtype), x, acc, input_precision=INPUT_PRECISION)
+    return acc, poisoned
+
+
+@triton.jit
+def _list_base(counts_ptr, group, tile, n_tiles, width):
+    """(full, total, offset of the tile's list) for stationary `tile` of head group `group`."""
+    row = group.to(tl.int64) * n_tiles + tile
+    full = tl.load(counts_ptr + 2 * row)
+    total = tl.load(counts_ptr + 2 * row + 1)
+    return full, total, row * width
+
+
+@triton.jit
+def _forward_step(
+    acc,
+    m_i,
+    l_i,
+    poisoned,
+    q,
+    k,
+    v,
+    allowed,
+    qk_scale_log2,
+    scale_over_cap,
+    cap_log2,
+    PARTIAL: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """One online-softmax update of (acc, m_i, l_i) with one key tile.
+
+    Invariant: m_i is the running max of the allowed s2 (or -inf), l_i = sum exp2(s2 -
+    m_i), acc = sum exp2(s2 - m_i) * v over the keys seen so far (and the sink).
+    """
+    qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+    if PARTIAL:
+        s2 = tl.where(allowed, s2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s2, 1))
+    # A row with nothing allowed so far keeps m = -inf: shift by 0 so exp2 gives 0, not NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s2 - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if PARTIAL:
+        acc, poisoned = _isolating_dot(p, v, acc, poisoned, INPUT_PRECISION)
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+    return acc, m_new, l_i, poisoned
+
+
+@triton.jit
+def block_sparse_forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    sinks_ptr,
+    items_ptr,
+    group_heads_ptr,
+    counts_ptr,
+    tiles_ptr,
+    codes_ptr,
+    table_ptr,
+    q_doc_ptr,
+    kv_doc_ptr,
+    q_pos_ptr,
+    kv_pos_ptr,
+    q_len,
+    kv_len,
+    n_tiles,
+    width,
+    softmax_scale,
+    logits_soft_cap,
+    window_left,
+    window_right,
+    prefix,
+    out_ptr,
+    lse_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_WIDTH: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
+
+    Grid: (len(items), GROUP_WIDTH, batch). items: int32 [n, 2] (query tile, head group),
+    heaviest first, every query tile of every group once; program (i, j, b) serves head
+    group_heads[group, j] (exits at -1). The rest as the module docstring; q_len, kv_len:
+    the real lengths; n_tiles, width: the lists' dims.
+    """
+    item = tl.program_id(0)
+    tile = tl.load(items_ptr + 2 * item)
+    group = tl.load(items_ptr + 2 * item + 1)
+    head = tl.load(group_heads_ptr + group * GROUP_WIDTH + tl.program_id(1))
+    if head < 0:
+        return
+    batch = tl.program_id(2).to(tl.int64)
+    kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    rows = tile * BLOCK_M + offs_m
+    row_ok = rows < q_len
+    q_base = (batch * q_len + tile * BLOCK_M) * Q_STRIDE + head * HEAD_DIM
+    q_ptrs = _tile_ptrs(q_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    q = _load_rows(q_ptrs, row_ok, d_ok, True, EVEN_D)
+    kv_base = batch * kv_len * KV_STRIDE + kv_head * HEAD_DIM
+    qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
+        softmax_scale, logits_soft_cap, HAS_SOFT_CAP
+    )
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    poisoned = offs_m < 0
+    if HAS_SINKS:
+        # The sink joins every row's softmax with no value: start at m = sink, l = 1
+        # (a sink of -inf is none: m = -inf, l = 0).
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + head) * LOG2E
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
+    for t in range(0, full):
+        kv_tile = tl.load(tiles_ptr + base + t)
+        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
+        v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
+        acc, m_i, l_i, poisoned = _forward_step(
+            acc, m_i, l_i, poisoned, q, k, v, True, qk_scale_log2, scale_over_cap, cap_log2,
+            False, HAS_SOFT_CAP, INPUT_PRECISION,
+        )  # fmt: skip
+    for t in range(full, total):
+        kv_tile = tl.load(tiles_ptr + base + t)
+        cols = kv_tile * BLOCK_N + offs_n
+        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        allowed = _allowed(
+            rows, cols, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
+            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
+            window_left, window_right, prefix,
+            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+        )  # fmt: skip
+        acc, m_i, l_i, poisoned = _forward_step(
+            acc, m_i, l_i, poisoned, q, k, v, allowed, qk_scale_log2, scale_over_cap,
+            cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+        )  # fmt: skip
+
+    # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: out 0, lse -inf.
+    has_mass = l_i > 0.0
+    l_safe = tl.where(has_mass, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    out = tl.where(poisoned[:, None], float("nan"), out)
+    lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    out_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    lse_row = (batch * NUM_Q_HEADS + head) * q_len
+    tl.store(lse_ptr + lse_row + rows, lse, mask=row_ok)
