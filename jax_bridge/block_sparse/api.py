@@ -21,6 +21,7 @@ from jax_bridge.block_sparse import pallas, triton, xla
 from jax_bridge.block_sparse.checks import (
     OP,
     check_block_sizes,
+    check_head_dim,
     check_mask,
     check_qkv,
     check_scale_and_cap,
@@ -111,9 +112,11 @@ def block_sparse_attention(
       TypeError / ValueError naming this op and the argument, at trace time.
     """
     impl = BACKENDS.resolve(implementation)
+    block_sizes = check_block_sizes(block_sizes, impl)
     check_qkv(q, k, v)
     batch, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
+    check_head_dim(head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
     sinks = check_sinks(sinks, num_q_heads)
@@ -124,7 +127,7 @@ def block_sparse_attention(
         mask=static_mask,
         softmax_scale=scale,
         logits_soft_cap=cap,
-        block_sizes=check_block_sizes(block_sizes, impl),
+        block_sizes=block_sizes,
     )
     if batch == 0 or q_len == 0 or kv_len == 0:
         out, lse = _no_work(q, v, sinks)
@@ -145,6 +148,7 @@ def _no_work(q, v, sinks):
 # ------------------------------------------------------------------- custom_vjp wiring
 #
 # Backend contract: every module in `BACKENDS` exports
+#   HEAD_DIMS: (smallest, largest) head_dim it runs;
 #   forward(q, k, v, sinks, mask_arrays, options) -> (out, lse float32 [B, Hq, Lq]);
 #   backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options) -> (dq, dk, dv)
 # with arrays as documented on `block_sparse_attention`, already validated, q_len and

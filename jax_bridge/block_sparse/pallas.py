@@ -32,6 +32,8 @@ from pallas_tpu.splash.masks import MultiHeadMask
 if TYPE_CHECKING:
     from jax_bridge.block_sparse.api import BlockSparseOptions
 
+HEAD_DIMS = (1, 2**16)  # whole head_dim per tile: no kernel limit beyond VMEM
+
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:

@@ -109,7 +109,7 @@ def static_tile_lists(
         offset += len(part[3])
         parts.append(part)
     width = max(p[1].shape[1] for p in parts)
-    pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
+    pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))
     counts = np.stack([p[0] for p in parts]).astype(np.int32)
     tiles = np.stack([pad(p[1]) for p in parts])
     codes = np.stack([pad(p[2]) for p in parts])
@@ -191,11 +191,13 @@ _PLACEHOLDER = np.zeros((1,), np.int32)
 
 
 def _padded(values: np.ndarray, length: int, fill: int) -> np.ndarray:
-    return np.concatenate([np.asarray(values, np.int32), np.full(length - len(values), fill, np.int32)])
+    return np.concatenate(
+        [np.asarray(values, np.int32), np.full(length - len(values), fill, np.int32)]
+    )
 
 
 def _positions(mask) -> tuple[np.ndarray, np.ndarray]:
-    q_len, kv_len = mask.shape
+    kv_len = mask.shape[1]
     kv = mask.kv_sequence if mask.kv_sequence is not None else np.arange(kv_len)
     return np.asarray(mask.q_sequence, np.int64), np.asarray(kv, np.int64)
 
@@ -221,14 +223,16 @@ def element_rule(groups, q_tokens: int, kv_tokens: int) -> ElementRule:
     if len(groups) > 1:
         return ElementRule(TABLE, (_PLACEHOLDER,) * 4)
     mask = groups[0][1]
-    fits = lambda x: np.all(np.abs(np.asarray(x)) < 2**30)  # noqa: E731
+    fits = lambda x: np.all(np.abs(np.asarray(x)) < 2**30)
     if isinstance(mask, DocumentMask):
         q_rel, kv_rel, q_doc, kv_doc = pad_mask(mask, (q_tokens, kv_tokens)).element_arrays()
         return ElementRule(TOKENS, (q_doc, kv_doc, q_rel, kv_rel), mask.window)
     if isinstance(mask, _ComputableMask):
         tokens = _rule_tokens(mask)
         # The kernels compare positions +- the window in int32.
-        if tokens is not None and all(fits(x) for x in (*tokens[:4], *tokens[4], tokens[5]) if x is not None):
+        if tokens is not None and all(
+            fits(x) for x in (*tokens[:4], *tokens[4], tokens[5]) if x is not None
+        ):
             q_doc, kv_doc, q_pos, kv_pos, window, prefix = tokens
             arrays = (
                 _padded(q_doc, q_tokens, -1),

@@ -33,14 +33,9 @@ from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.launch.target import follow_lowering_platform, launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
+from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
-from triton_kernels.flash_attention.config import (
-    MAX_HEAD_DIM,
-    MIN_HEAD_DIM,
-    AttentionFeatures,
-    block_d,
-    default_attention_config,
-)
+from triton_kernels.flash_attention.config import MAX_HEAD_DIM, MIN_HEAD_DIM, block_d
 
 if TYPE_CHECKING:
     from jax_bridge.block_sparse.api import BlockSparseOptions
@@ -87,13 +82,10 @@ class _Plan:
 
 
 def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype) -> Any:
-    # Partial tiles evaluate an element mask: as register-heavy as a two-sided window.
-    features = AttentionFeatures(
-        causal=True, window_left=True, soft_cap=options.logits_soft_cap is not None
-    )
     capability = launch_target().compute_capability
-    config = default_attention_config(
-        head_dim, jnp.dtype(dtype).name, capability, kind, features=features
+    soft_cap = options.logits_soft_cap is not None
+    config = block_sparse_config(
+        head_dim, jnp.dtype(dtype).name, capability, kind, soft_cap=soft_cap
     )
     given = options.block_sizes
     if given is None:

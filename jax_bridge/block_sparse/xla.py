@@ -63,6 +63,8 @@ from pallas_tpu.splash.mask_info import classify_blocks
 if TYPE_CHECKING:
     from jax_bridge.block_sparse.api import BlockSparseOptions
 
+HEAD_DIMS = (1, 2**16)  # no kernel limit: any head_dim a matmul takes
+
 _F32 = jnp.float32
 # Score elements (batch * pairs * heads * block_q * block_kv) per step: 16 MiB of float32.
 _STEP_ELEMENTS = 1 << 22

@@ -110,7 +110,7 @@ def interpreted(kernel: triton.JITFunction) -> InterpretedFunction:
 
 
 @contextlib.contextmanager
-def _device_functions_interpreted(kernel: triton.JITFunction) -> Iterator[None]:
+def _device_functions_interpreted(*kernels: triton.JITFunction) -> Iterator[None]:
     """Swaps every `@triton.jit` function the kernel can reach for an interpretable copy.
 
     Without `TRITON_INTERPRET=1` at import time, helper functions (a project's own and
@@ -129,7 +129,7 @@ def _device_functions_interpreted(kernel: triton.JITFunction) -> Iterator[None]:
     snapshots = [(obj, dict(vars(obj))) for obj in language]
     swapped: list[tuple[dict[str, Any], str, Any]] = []
     seen: set[int] = set()
-    pending = [kernel.fn.__globals__, vars(tl), vars(tl.standard), vars(tl.math)]
+    pending = [k.fn.__globals__ for k in kernels] + [vars(tl), vars(tl.standard), vars(tl.math)]
     while pending:
         namespace = pending.pop()
         if id(namespace) in seen:
@@ -228,5 +228,16 @@ def run_interpreted(
         return
     wrap = lambda a: HostTensor(a) if isinstance(a, np.ndarray) else a
     launch_args = [wrap(a) for a in args] + [HostTensor(o) for o in outputs]
-    with _launch_lock, _device_functions_interpreted(kernel), _gpu_bfloat16_arithmetic():
+    # A device function passed as a constexpr (a user's predicate) is called from
+    # interpreted code too: it and what it reaches are swapped like the kernel's helpers.
+    functions = [v for v in constexprs.values() if isinstance(v, triton.JITFunction)]
+    constexprs = {
+        name: interpreted(v) if isinstance(v, triton.JITFunction) else v
+        for name, v in constexprs.items()
+    }
+    with (
+        _launch_lock,
+        _device_functions_interpreted(kernel, *functions),
+        _gpu_bfloat16_arithmetic(),
+    ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
