@@ -16,6 +16,9 @@ from typing import Any
 
 import triton
 
+from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
+from triton_kernels.block_sparse.config import block_sparse_config
+from triton_kernels.block_sparse.forward import TOKENS, block_sparse_forward_kernel
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -43,6 +46,12 @@ ATTENTION_KERNELS = {
     "forward": attention_forward_kernel,
     "backward_dkdv": attention_backward_dkdv_kernel,
     "backward_dq": attention_backward_dq_kernel,
+}
+
+BLOCK_SPARSE_KERNELS = {
+    "forward": block_sparse_forward_kernel,
+    "backward_dkdv": block_sparse_dkdv_kernel,
+    "backward_dq": block_sparse_dq_kernel,
 }
 
 CAUSAL = AttentionFeatures(causal=True)
@@ -177,6 +186,84 @@ def attention_preprocess_variant(head_dim: int, dtype_name: str = "bfloat16") ->
     )
 
 
+_BLOCK_SPARSE_SCALARS = dict.fromkeys(
+    ("q_len", "kv_len", "n_tiles", "width", "window_left", "window_right", "prefix"), "i32"
+) | dict(softmax_scale="fp32", logits_soft_cap="fp32")
+_BLOCK_SPARSE_TENSORS = {
+    "q_ptr",
+    "k_ptr",
+    "v_ptr",
+    "d_out_ptr",
+    "out_ptr",
+    "dq_ptr",
+    "dk_ptr",
+    "dv_ptr",
+}
+
+
+def block_sparse_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[str, str]:
+    """Types of a block-sparse kernel's runtime parameters: q/k/v/out and their gradients
+    in `dtype_name`; statistics and sinks float32; the mask table and the non-finite row
+    flags int8; lists and token arrays int32."""
+    element = TRITON_TYPES[dtype_name]
+    signature = {}
+    for name in kernel.arg_names:
+        if name in _BLOCK_SPARSE_SCALARS:
+            signature[name] = _BLOCK_SPARSE_SCALARS[name]
+        elif name in _BLOCK_SPARSE_TENSORS or name.endswith("_clean_ptr"):
+            signature[name] = f"*{element}"
+        elif name in _FLOAT32_POINTERS:
+            signature[name] = "*fp32"
+        elif name == "table_ptr" or name.endswith("_bad_ptr"):
+            signature[name] = "*i8"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+    return signature
+
+
+def block_sparse_variant(
+    kind: str,
+    head_dim: int,
+    compute_capability: int,
+    dtype_name: str = "bfloat16",
+    config: AttentionKernelConfig | None = None,
+) -> KernelVariant:
+    """One block-sparse kernel (`kind` in forward/backward_dkdv/backward_dq) as a causal
+    mask launches it (partial tiles by the in-kernel token rule), at its default
+    configuration or at `config`."""
+    if config is None:
+        config = block_sparse_config(head_dim, dtype_name, compute_capability, kind)
+    kernel = BLOCK_SPARSE_KERNELS[kind]
+    constexprs = dict(
+        NUM_Q_HEADS=_Q_HEADS,
+        NUM_KV_HEADS=_KV_HEADS,
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=block_d(head_dim),
+        MASK_MODE=TOKENS.value,
+        HAS_LEFT=False,
+        HAS_RIGHT=True,
+        HAS_PREFIX=False,
+        PREDICATE=None,
+        HAS_SOFT_CAP=False,
+        INPUT_PRECISION="ieee",
+    )
+    if kind != "backward_dkdv":
+        constexprs["GROUP_WIDTH"] = _Q_HEADS
+    if kind == "forward":
+        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=True)
+    return KernelVariant(
+        name=f"block_sparse_{kind}",
+        kernel=kernel,
+        signature=block_sparse_signature(kernel, dtype_name),
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        description=f"{dtype_name} d={head_dim} causal {config.block_m}x{config.block_n}",
+    )
+
+
 # name: (kernel, config function, layout constexprs)
 GMM_KERNELS = {
     "gmm": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=False, ACCUMULATE=False)),
@@ -244,5 +331,7 @@ def default_variants(
         for kind in ATTENTION_KERNELS:  # the launch of many sequences (segment ids)
             variants.append(attention_variant(kind, head_dim, compute_capability, persistent=True))
         variants.append(attention_preprocess_variant(head_dim))
+        for kind in BLOCK_SPARSE_KERNELS:
+            variants.append(block_sparse_variant(kind, head_dim, compute_capability))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
     return variants

@@ -145,6 +145,13 @@ def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> di
     )
 
 
+def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(x with its non-finite rows zeroed, int8 [B, L, H] flags of those rows) for x
+    [B, L, H, D]: what the partial tiles' isolating products read (one fused pass)."""
+    bad = jnp.logical_not(jnp.all(jnp.isfinite(x), axis=-1))
+    return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), bad.astype(jnp.int8)
+
+
 @follow_lowering_platform
 def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, D] in q's dtype, lse float32 [B, Hq, Lq]); see the api."""
@@ -157,6 +164,7 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
         q,
         k,
         v,
+        *_isolated(v),
         sink_array,
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
@@ -170,6 +178,8 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
         name="block_sparse_attention_fwd",
         GROUP_WIDTH=group_heads.shape[1],
         HAS_SINKS=sinks is not None,
+        # max commutes with a positive scale when nothing else transforms the scores
+        RAW_SCORE_MAX=options.softmax_scale > 0 and options.logits_soft_cap is None,
         **_constexprs(plan, options, "forward", q, k),
     )
 
@@ -187,6 +197,7 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
     group_heads = plan.group_heads()
     dq = triton_call(
         *inputs,
+        *_isolated(k),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
@@ -200,6 +211,8 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
         *inputs,
+        *_isolated(q),
+        *_isolated(d_out),
         jnp.asarray(lists.items),
         jnp.asarray(plan.head_group(q.shape[2])),
         *_common_arguments(plan, lists, options),

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import triton
+import triton.language as tl  # noqa: F401  (Triton's interpreter wants it beside a jit function)
 
 from jax_bridge import block_sparse_attention, block_sparse_attention_reference
 from jax_bridge.block_sparse.api import BACKENDS

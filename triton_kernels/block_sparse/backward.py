@@ -25,6 +25,7 @@ from triton_kernels.block_sparse.forward import (
     _allowed,
     _isolating_dot,
     _list_base,
+    _row_flags,
     _tile_scores,
 )
 from triton_kernels.flash_attention.forward import _load_rows, _score_constants, _tile_ptrs
@@ -61,7 +62,6 @@ def _gradient_tile(
 @triton.jit
 def _dq_step(
     dq,
-    poisoned,
     q,
     do,
     k,
@@ -69,6 +69,7 @@ def _dq_step(
     lse2,
     delta,
     allowed,
+    k_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
@@ -76,16 +77,17 @@ def _dq_step(
     HAS_SOFT_CAP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """dq += dS K over one key tile (unscaled)."""
+    """dq += dS K over one key tile (unscaled). In a partial tile k is the cleaned copy:
+    a row that may see a non-finite key has a NaN lse, hence NaN weights, and ends NaN."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
     _, ds = _gradient_tile(s2, t, dp, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, False)
     if PARTIAL:
-        dq, poisoned = _isolating_dot(ds, k, dq, poisoned, INPUT_PRECISION)
+        dq = _isolating_dot(ds, k, k_bad, dq, INPUT_PRECISION)
     else:
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-    return dq, poisoned
+    return dq
 
 
 @triton.jit
@@ -96,6 +98,8 @@ def block_sparse_dq_kernel(
     d_out_ptr,
     lse_log2_ptr,
     delta_ptr,
+    k_clean_ptr,
+    k_bad_ptr,
     items_ptr,
     group_heads_ptr,
     counts_ptr,
@@ -134,7 +138,9 @@ def block_sparse_dq_kernel(
     """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
 
     Grid and lists as `block_sparse_forward_kernel`; d_out_ptr as q; lse_log2_ptr,
-    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; dq_ptr: as q.
+    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; k_clean_ptr, k_bad_ptr: k with its
+    non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS] flags of them (partial
+    tiles read k there); dq_ptr: as q.
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -168,7 +174,6 @@ def block_sparse_dq_kernel(
     )
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    poisoned = offs_m < 0
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
     for t in range(0, full):
         kv_row = kv_base + (tl.load(tiles_ptr + base + t) * BLOCK_N).to(tl.int64) * KV_STRIDE
@@ -176,15 +181,15 @@ def block_sparse_dq_kernel(
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        dq, poisoned = _dq_step(
-            dq, poisoned, q, do, k, v, lse2, delta, True, qk_scale_log2, scale_over_cap,
+        dq = _dq_step(
+            dq, q, do, k, v, lse2, delta, True, True, qk_scale_log2, scale_over_cap,
             cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
         kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k_ptrs = _tile_ptrs(k_clean_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
@@ -194,11 +199,13 @@ def block_sparse_dq_kernel(
             window_left, window_right, prefix,
             MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
-        dq, poisoned = _dq_step(
-            dq, poisoned, q, do, k, v, lse2, delta, allowed, qk_scale_log2, scale_over_cap,
+        dq = _dq_step(
+            dq, q, do, k, v, lse2, delta, allowed,
+            _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS),
+            qk_scale_log2, scale_over_cap,
             cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
         )  # fmt: skip
-    dq = tl.where(poisoned[:, None], float("nan"), dq * softmax_scale)
+    dq *= softmax_scale
     dq_ptrs = _tile_ptrs(dq_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
@@ -207,8 +214,6 @@ def block_sparse_dq_kernel(
 def _dkdv_step(
     dk,
     dv,
-    poisoned_k,
-    poisoned_v,
     k,
     v,
     q,
@@ -216,6 +221,8 @@ def _dkdv_step(
     lse2,
     delta,
     allowed,
+    q_bad,
+    do_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
@@ -230,12 +237,12 @@ def _dkdv_step(
     dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
     p_t, ds_t = _gradient_tile(s2_t, t_t, dp_t, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, True)
     if PARTIAL:
-        dv, poisoned_v = _isolating_dot(p_t, do, dv, poisoned_v, INPUT_PRECISION)
-        dk, poisoned_k = _isolating_dot(ds_t, q, dk, poisoned_k, INPUT_PRECISION)
+        dv = _isolating_dot(p_t, do, do_bad, dv, INPUT_PRECISION)
+        dk = _isolating_dot(ds_t, q, q_bad, dk, INPUT_PRECISION)
     else:
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-    return dk, dv, poisoned_k, poisoned_v
+    return dk, dv
 
 
 @triton.jit
@@ -274,6 +281,10 @@ def block_sparse_dkdv_kernel(
     d_out_ptr,
     lse_log2_ptr,
     delta_ptr,
+    q_clean_ptr,
+    q_bad_ptr,
+    do_clean_ptr,
+    do_bad_ptr,
     items_ptr,
     head_group_ptr,
     counts_ptr,
@@ -314,6 +325,8 @@ def block_sparse_dkdv_kernel(
     Grid: (len(items), NUM_KV_HEADS, batch); items: int32 [n] key tiles, heaviest first,
     every key tile once. head_group_ptr: int32 [NUM_Q_HEADS], each query head's group;
     the lists (counts, tiles, codes) are per key tile: the query tiles that visit it.
+    q_clean_ptr, q_bad_ptr, do_clean_ptr, do_bad_ptr: q and dO with their non-finite rows
+    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there).
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
     """
     kv_tile = tl.load(items_ptr + tl.program_id(0))
@@ -340,8 +353,6 @@ def block_sparse_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    poisoned_k = offs_n < 0
-    poisoned_v = offs_n < 0
     for g in range(0, GQA):
         head = kv_head * GQA + g
         group = tl.load(head_group_ptr + head)
@@ -352,13 +363,13 @@ def block_sparse_dkdv_kernel(
                 tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, False,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
-            dk, dv, poisoned_k, poisoned_v = _dkdv_step(
-                dk, dv, poisoned_k, poisoned_v, k, v, q, do, lse2, delta, True,
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q, do, lse2, delta, True, True, True,
                 qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
             )  # fmt: skip
         for t in range(full, total):
             cols, q, do, lse2, delta = _dkdv_query_tile(
-                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
+                q_clean_ptr, do_clean_ptr, lse_log2_ptr, delta_ptr, batch, head,
                 tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, True,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
@@ -368,12 +379,13 @@ def block_sparse_dkdv_kernel(
                 window_left, window_right, prefix,
                 MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
             )  # fmt: skip
-            dk, dv, poisoned_k, poisoned_v = _dkdv_step(
-                dk, dv, poisoned_k, poisoned_v, k, v, q, do, lse2, delta, allowed,
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q, do, lse2, delta, allowed,
+                _row_flags(q_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS),
+                _row_flags(do_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS),
                 qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
             )  # fmt: skip
-    dk = tl.where(poisoned_k[:, None], float("nan"), dk * softmax_scale)
-    dv = tl.where(poisoned_v[:, None], float("nan"), dv)
+    dk *= softmax_scale
     out_mask = key_ok[:, None] & d_ok[None, :]
     dk_ptrs = _tile_ptrs(dk_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     dv_ptrs = _tile_ptrs(dv_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)

@@ -28,8 +28,11 @@ padding is False; the predicate is bounded by q_len / kv_len).
 
 Isolation: a masked score is a select to -inf, never a product with 0; and in partial
 tiles the value-side product (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) zeroes
-non-finite rows of its right operand and flags the rows of the result that give them a
-non-zero weight, which end NaN: NaN or Inf in one document never reaches another.
+non-finite rows of its right operand and makes NaN the accumulator rows that give them a
+non-zero weight (`_isolating_dot`): NaN or Inf in one document never reaches another.
+Each such operand comes twice from the bridge: as given (full tiles) and with its
+non-finite rows zeroed, plus int8 flags `[batch, len, heads]` of those rows (partial
+tiles): one pass over the operand there instead of a test of every tile here.
 
 Scores live in the log2 domain (`s * log2(e)` folded into the scale).
 """
@@ -142,21 +145,30 @@ def _allowed(
 
 
 @triton.jit
-def _isolating_dot(w, x, acc, poisoned, INPUT_PRECISION: tl.constexpr):
-    """(acc + w @ x, poisoned'): the product of a partial tile, where a zero weight never
-    meets a non-finite row of x (0 * NaN would be NaN). Rows of w with a non-zero weight
-    on such a row are or'ed into `poisoned` [len(w)] instead, and end NaN.
+def _isolating_dot(w, x, bad, acc, INPUT_PRECISION: tl.constexpr):
+    """acc + w @ x for a partial tile, where a zero weight never meets a non-finite value
+    (0 * NaN would be NaN): x comes from the bridge's copy of the operand whose
+    non-finite rows (`bad`: bool [C], its flags) are 0, and the rows of the result that
+    give such a row a non-zero weight become NaN instead (and stay NaN: every later
+    update of an accumulator row scales and adds to it). x itself is never modified, so
+    it can stay a shared-memory operand of the matmul.
 
     w: float32 [R, C], exactly 0 wherever masked; x: [C, BLOCK_D]; acc: float32 [R, BLOCK_D].
     """
-    xf = x.to(tl.float32)
-    bad = tl.max(((xf != xf) | (tl.abs(xf) == float("inf"))).to(tl.int32), 1) > 0  # [C]
-    if tl.max(bad.to(tl.int32), 0) > 0:
-        x = tl.where(bad[:, None], 0.0, xf).to(x.dtype)
+    w = w.to(x.dtype)
+    acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+    if tl.max(bad.to(tl.int32), 0) > 0:  # rare: the common path pays one reduction
         hit = tl.max(((w != 0.0) & bad[None, :]).to(tl.int32), 1) > 0
-        poisoned = poisoned | hit
-    acc = tl.dot(w.to(x.dtype), x, acc, input_precision=INPUT_PRECISION)
-    return acc, poisoned
+        acc = tl.where(hit[:, None], float("nan"), acc)
+    return acc
+
+
+@triton.jit
+def _row_flags(flags_ptr, batch, length, idx, head, HEADS: tl.constexpr):
+    """bool [len(idx)]: the flags (int8 [batch, length, HEADS]) of rows `idx` of `head`;
+    False past `length`."""
+    offsets = (batch * length + idx) * HEADS + head
+    return tl.load(flags_ptr + offsets, mask=idx < length, other=0) != 0
 
 
 @triton.jit
@@ -173,16 +185,17 @@ def _forward_step(
     acc,
     m_i,
     l_i,
-    poisoned,
     q,
     k,
     v,
     allowed,
+    v_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """One online-softmax update of (acc, m_i, l_i) with one key tile.
@@ -191,21 +204,33 @@ def _forward_step(
     m_i), acc = sum exp2(s2 - m_i) * v over the keys seen so far (and the sink).
     """
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-    s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     if PARTIAL:
+        s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
         s2 = tl.where(allowed, s2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s2, 1))
-    # A row with nothing allowed so far keeps m = -inf: shift by 0 so exp2 gives 0, not NaN.
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s2 - m_shift[:, None])
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        # A row with nothing allowed so far keeps m = -inf: shift by 0 (exp2 gives 0, not NaN).
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s2 - m_shift[:, None])
+    elif RAW_SCORE_MAX:
+        # A positive scale and no other transform: the row max commutes with the scale,
+        # which then joins exp2's argument in one fused multiply-add per score. Every row
+        # of a full tile has allowed keys, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+        m_shift = m_new
+        p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+    else:
+        s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        m_shift = m_new
+        p = tl.exp2(s2 - m_shift[:, None])
     alpha = tl.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if PARTIAL:
-        acc, poisoned = _isolating_dot(p, v, acc, poisoned, INPUT_PRECISION)
+        acc = _isolating_dot(p, v, v_bad, acc, INPUT_PRECISION)
     else:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-    return acc, m_new, l_i, poisoned
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -213,6 +238,8 @@ def block_sparse_forward_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    v_clean_ptr,
+    v_bad_ptr,
     sinks_ptr,
     items_ptr,
     group_heads_ptr,
@@ -250,13 +277,17 @@ def block_sparse_forward_kernel(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
 
     Grid: (len(items), GROUP_WIDTH, batch). items: int32 [n, 2] (query tile, head group),
     heaviest first, every query tile of every group once; program (i, j, b) serves head
-    group_heads[group, j] (exits at -1). The rest as the module docstring; q_len, kv_len:
-    the real lengths; n_tiles, width: the lists' dims.
+    group_heads[group, j] (exits at -1). v_clean_ptr: v with its non-finite rows zeroed;
+    v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows. The rest as the
+    module docstring; q_len, kv_len: the real lengths; n_tiles, width: the lists' dims.
+    RAW_SCORE_MAX: full tiles take the row max on raw q.k (valid only for softmax_scale
+    > 0 without a soft cap; the bridge decides).
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -285,7 +316,6 @@ def block_sparse_forward_kernel(
     )
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    poisoned = offs_m < 0
     if HAS_SINKS:
         # The sink joins every row's softmax with no value: start at m = sink, l = 1
         # (a sink of -inf is none: m = -inf, l = 0).
@@ -303,16 +333,16 @@ def block_sparse_forward_kernel(
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        acc, m_i, l_i, poisoned = _forward_step(
-            acc, m_i, l_i, poisoned, q, k, v, True, qk_scale_log2, scale_over_cap, cap_log2,
-            False, HAS_SOFT_CAP, INPUT_PRECISION,
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k, v, True, True, qk_scale_log2, scale_over_cap, cap_log2,
+            False, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
         kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
         k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_clean_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         allowed = _allowed(
@@ -321,16 +351,17 @@ def block_sparse_forward_kernel(
             window_left, window_right, prefix,
             MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
-        acc, m_i, l_i, poisoned = _forward_step(
-            acc, m_i, l_i, poisoned, q, k, v, allowed, qk_scale_log2, scale_over_cap,
-            cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k, v, allowed,
+            _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS),
+            qk_scale_log2, scale_over_cap, cap_log2,
+            True, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
         )  # fmt: skip
 
     # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: out 0, lse -inf.
     has_mass = l_i > 0.0
     l_safe = tl.where(has_mass, l_i, 1.0)
     out = acc / l_safe[:, None]
-    out = tl.where(poisoned[:, None], float("nan"), out)
     lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     out_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
