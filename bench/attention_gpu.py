@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.report import BenchRow
-from bench.timing import jit_with_grads, repeat_seconds
+from bench.timing import jit_with_grads, relative_errors, repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
 TOTAL_TOKENS = 16384
@@ -47,17 +47,6 @@ def _baseline(doc_len: int, implementation: str) -> Callable:
         return out.reshape(total, heads, dim)
 
     return dense
-
-
-def _relative_errors(ours, reference) -> dict[str, float]:
-    leaves = jax.tree.leaves(ours)
-    names = ("out", "dq", "dk", "dv")[: len(leaves)]
-    pairs = zip(leaves, jax.tree.leaves(reference), strict=True)
-    return {
-        name: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-        / max(float(jnp.max(jnp.abs(b.astype(jnp.float32)))), 1e-30)
-        for name, (a, b) in zip(names, pairs, strict=True)
-    }
 
 
 def _pick_baseline(doc_len: int, q: jax.Array) -> tuple[str, Callable]:
@@ -102,7 +91,7 @@ def _bench_size(doc_len: int, total: int, heads: int, dim: int, repeats: int) ->
     for label, (fn_ours, fn_base, work) in passes.items():
         t_ours, result = repeat_seconds(fn_ours, q, k, v, repeats=repeats)
         t_base, reference = repeat_seconds(fn_base, q, k, v, repeats=repeats)
-        errors = _relative_errors(result, reference)
+        errors = relative_errors(result, reference)
         ok = max(errors.values()) < TOLERANCE
         mine, theirs = statistics.median(t_ours), statistics.median(t_base)
         print(

@@ -10,6 +10,8 @@
    with the dense boolean mask, and, for the document mask, against our
    `varlen_attention(implementation="xla")` too. Every row checks its output and
    gradients against the dense result.
+On a GPU, part 2 is bench/block_sparse_gpu.py instead: the Triton kernels in bfloat16 at
+8k / 16k tokens against dense masked attention, cuDNN and our varlen kernels.
 Rows carry the useful FLOPs: 4 * head_dim per allowed (query, key) pair and head, times
 3.5 for forward + backward (bench/report.py).
 """
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.report import BenchRow
-from bench.timing import jit_with_grads, repeat_seconds
+from bench.timing import jit_with_grads, relative_errors, repeat_seconds
 from jax_bridge import block_sparse_attention, varlen_attention
 from jax_bridge.block_sparse.masks import block_counts
 from pallas_tpu.splash import (
@@ -98,11 +100,6 @@ def _dense_mask(mask, tokens: int) -> np.ndarray:
     return np.asarray(mask[0:tokens, 0:tokens])
 
 
-def _max_error(result, reference) -> float:
-    pairs = zip(jax.tree.leaves(result), jax.tree.leaves(reference), strict=True)
-    return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs)
-
-
 def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
     dense = jnp.asarray(_dense_mask(mask, q.shape[1]))[None, None]
     methods = {
@@ -125,7 +122,7 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
     shape = f"{q.shape[1]} tok h{HEADS} d{HEAD_DIM} {name} f32"
     rows = []
     for baseline in [m for m in methods if m != "ours"]:
-        error = _max_error(timed["ours"][1], timed[baseline][1])
+        error = max(relative_errors(timed["ours"][1], timed[baseline][1]).values())
         ok = error < TOLERANCE
         ratio = statistics.median(timed[baseline][0]) / statistics.median(timed["ours"][0])
         print(f"  {name:18s} vs {baseline:6s}: {ratio:5.2f}x, max error {error:.1e}")
@@ -135,7 +132,7 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
                 "block_sparse",
                 "block_sparse_attention fwd+bwd",
                 shape,
-                "cpu xla",
+                f"{jax.default_backend()} xla",
                 timed["ours"][0],
                 label,
                 timed[baseline][0],
@@ -148,8 +145,13 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
 
 
 def main() -> list[BenchRow]:
-    """Prints the sweep and the timed comparisons; returns the timed rows."""
+    """Prints the sweep and the timed comparisons; returns the timed rows (on a GPU: the
+    Triton kernels', bench/block_sparse_gpu.py)."""
     sweep()
+    if jax.default_backend() == "gpu":
+        from bench import block_sparse_gpu
+
+        return block_sparse_gpu.main(masks, document_starts)
     rng = np.random.default_rng(0)
     shape = (1, TIMED_TOKENS, HEADS, HEAD_DIM)
     q, k, v, d_out = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 
 def repeat_seconds(
@@ -46,3 +47,14 @@ def jit_with_grads(fn: Callable[..., Any], d_out: Any) -> Callable[..., Any]:
         return out, pullback(d_out)
 
     return jax.jit(run)
+
+
+def relative_errors(result, reference, names=("out", "dq", "dk", "dv")) -> dict[str, float]:
+    """{name: max |result - reference| / max |reference|} of each leaf of two equal pytrees
+    (e.g. an output and its gradients), in float32; leaves are named in order."""
+    pairs = zip(jax.tree.leaves(result), jax.tree.leaves(reference), strict=True)
+    errors = {}
+    for name, (a, b) in zip(names, pairs, strict=False):
+        a, b = (jnp.asarray(x, jnp.float32) for x in (a, b))
+        errors[name] = float(jnp.max(jnp.abs(a - b))) / max(float(jnp.max(jnp.abs(b))), 1e-30)
+    return errors

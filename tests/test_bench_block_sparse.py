@@ -31,3 +31,21 @@ def test_timed_rows_check_ours_against_every_baseline(name, monkeypatch):
     rows = block_sparse._timed_row(name, block_sparse.masks(512)[name], q, k, v, d_out)
     assert len(rows) == (2 if name == "16 documents" else 1)
     assert all(row.ok and row.times and row.baseline_times for row in rows)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_gpu_rows_check_triton_against_each_baseline_that_runs(monkeypatch):
+    # Through Triton's interpreter at a toy size: no cuDNN here, so the rows are the
+    # dense XLA baseline and, for the documents, our varlen kernels.
+    from bench import block_sparse_gpu
+
+    monkeypatch.setattr(block_sparse_gpu, "TOKENS", (64,))
+    monkeypatch.setattr(block_sparse_gpu, "HEADS", 1)
+    monkeypatch.setattr(block_sparse_gpu, "HEAD_DIM", 16)
+    monkeypatch.setattr(block_sparse_gpu, "REPEATS", 1)
+    monkeypatch.setattr(block_sparse_gpu, "MASKS", ("causal", "16 documents"))
+    rows = block_sparse_gpu.main(block_sparse.masks, block_sparse.document_starts)
+    assert [row.baseline for row in rows] == ["dense xla", "dense xla", "varlen triton"]
+    assert all(row.ok and row.times and row.baseline_times for row in rows)
+    causal_pairs = 64 * 65 / 2
+    assert rows[0].flops == 3.5 * 4 * 16 * 1 * causal_pairs

@@ -1,0 +1,200 @@
+"""What is specific to the Triton backend of block_sparse_attention: its tile lists, its
+element rules, its cuda lowering and its kernels' static report. (Its numbers against the
+oracle are in test_conformance.py, with every other backend.)"""
+
+from __future__ import annotations
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_bridge.block_sparse.masks import FULL, PARTIAL, head_groups, padded_shape
+from jax_bridge.block_sparse.tile_lists import (
+    PREDICATE,
+    TABLE,
+    TOKENS,
+    element_rule,
+    tile_lists,
+)
+from pallas_tpu.splash import (
+    CausalMask,
+    ChunkedCausalMask,
+    DocumentMask,
+    LocalMask,
+    MultiHeadMask,
+    NumpyMask,
+    PredicateMask,
+    PrefixLMMask,
+)
+
+
+def _block_classes(dense: np.ndarray, block_shape) -> np.ndarray:
+    """EMPTY / PARTIAL / FULL of each block of a dense mask padded with False."""
+    bq, bk = block_shape
+    rows, cols = -(-dense.shape[0] // bq) * bq, -(-dense.shape[1] // bk) * bk
+    padded = np.zeros((rows, cols), bool)
+    padded[: dense.shape[0], : dense.shape[1]] = dense
+    blocks = padded.reshape(rows // bq, bq, cols // bk, bk)
+    return np.where(blocks.all((1, 3)), FULL, np.where(blocks.any((1, 3)), PARTIAL, 0))
+
+
+@hypothesis.given(
+    q_len=st.integers(1, 70),
+    kv_len=st.integers(1, 70),
+    block=st.sampled_from([(16, 16), (32, 16), (16, 32)]),
+    kv_major=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_lists_visit_exactly_the_nonempty_tiles_full_first_heaviest_first(
+    q_len, kv_len, block, kv_major, seed
+):
+    """Invariant: for each stationary tile, its list is the set of non-empty tiles of the
+    other side, full ones first (`counts` = (full, total)); a partial tile's table block
+    is its element mask; the program order visits every stationary tile of every group
+    once, by non-increasing work."""
+    rng = np.random.default_rng(seed)
+    dense = [rng.random((q_len, kv_len)) < p for p in (0.1, 0.6)]
+    dense[1][:, : kv_len // 2] = True  # some full tiles
+    mask = MultiHeadMask([NumpyMask(dense[0]), NumpyMask(dense[1]), NumpyMask(dense[0])])
+    groups = head_groups(mask, 3)
+    lists = tile_lists(groups, block, q_len, kv_len, kv_major)
+    for g in range(len(groups)):
+        classes = _block_classes(dense[g % 2], block)
+        if kv_major:
+            classes = classes.T
+        assert lists.counts.shape[1] == classes.shape[0]
+        for tile, row in enumerate(classes):
+            full, total = lists.counts[g, tile]
+            visited = lists.tiles[g, tile, :total]
+            assert full == np.sum(row == FULL) and total == np.sum(row != 0)
+            assert set(visited) == set(np.flatnonzero(row))
+            assert np.all(row[visited[:full]] == FULL) and np.all(row[visited[full:]] == PARTIAL)
+            for other, code in zip(visited[full:], lists.codes[g, tile, full:total], strict=True):
+                q_tile, kv_tile = (other, tile) if kv_major else (tile, other)
+                rows = slice(q_tile * block[0], (q_tile + 1) * block[0])
+                cols = slice(kv_tile * block[1], (kv_tile + 1) * block[1])
+                want = np.zeros(block, bool)
+                part = dense[g % 2][rows, cols]
+                want[: part.shape[0], : part.shape[1]] = part
+                np.testing.assert_array_equal(lists.table[code] != 0, want)
+    work = lists.counts[..., 1]
+    if kv_major:
+        per_tile = sum(len(h) * work[g] for g, (h, _) in enumerate(groups))
+        assert sorted(lists.items) == list(range(work.shape[1]))
+        assert np.all(np.diff(per_tile[lists.items]) <= 0)
+    else:
+        pairs = {(int(t), int(g)) for t, g in lists.items}
+        assert pairs == {(t, g) for g in range(len(groups)) for t in range(work.shape[1])}
+        assert np.all(np.diff(work[lists.items[:, 1], lists.items[:, 0]]) <= 0)
+
+
+def _rule_values(rule, q_len: int, kv_len: int) -> np.ndarray:
+    """The element rule's mask on the real rectangle, evaluated with numpy as the kernel
+    does (tokens: same document, window, prefix)."""
+    q_doc, kv_doc, q_pos, kv_pos = (np.asarray(a)[:n] for a, n in zip(
+        rule.arrays, (q_len, kv_len, q_len, kv_len), strict=True
+    ))  # fmt: skip
+    q, kv = q_pos[:, None].astype(np.int64), kv_pos[None, :].astype(np.int64)
+    inside = np.ones((q_len, kv_len), bool)
+    left, right = rule.window
+    if left is not None:
+        inside &= kv >= q - left
+    if right is not None:
+        inside &= kv <= q + right
+    if rule.prefix is not None:
+        inside |= kv < rule.prefix
+    return (q_doc[:, None] == kv_doc[None, :]) & inside
+
+
+def _segment_ids(rng, length: int) -> np.ndarray:
+    """Ascending positive document ids, then padding (0)."""
+    ids = np.sort(rng.integers(1, 4, length))
+    ids[length - int(rng.integers(0, length // 3 + 1)) :] = 0
+    return ids.astype(np.int32)
+
+
+@hypothesis.given(
+    kind=st.sampled_from(["causal", "local", "chunked", "prefix", "documents", "segments"]),
+    q_len=st.integers(1, 60),
+    kv_len=st.integers(1, 60),
+    seed=st.integers(0, 2**16),
+)
+def test_token_rules_equal_the_mask(kind, q_len, kv_len, seed):
+    """Invariant: a mask with a position rule gets the TOKENS rule, and that rule (same
+    document, window, prefix) equals the mask on every (q, kv) pair; padded tokens belong
+    to no document."""
+    rng = np.random.default_rng(seed)
+    shape = (q_len, kv_len)
+    offset = int(rng.integers(-5, 10))
+    mask = {
+        "causal": lambda: CausalMask(shape, offset=offset),
+        "local": lambda: LocalMask(
+            shape, (int(rng.integers(0, 9)), int(rng.integers(0, 4))), offset
+        ),
+        "chunked": lambda: ChunkedCausalMask(shape, chunk_size=int(rng.integers(1, 20))),
+        "prefix": lambda: PrefixLMMask(shape, int(rng.integers(0, kv_len + 1)), offset=offset),
+        "documents": lambda: DocumentMask(
+            np.r_[0, np.sort(rng.integers(0, min(shape) + 1, 2)), min(shape)].astype(np.int32),
+            shape=shape,
+            window=(int(rng.integers(0, 6)), 0),
+        ),
+        "segments": lambda: DocumentMask.from_segment_ids(
+            *(_segment_ids(rng, n) for n in shape), causal=bool(rng.integers(2))
+        ),
+    }[kind]()
+    q_tokens, kv_tokens = padded_shape(q_len, kv_len, (32, 32))
+    rule = element_rule(((tuple(range(2)), mask),), q_tokens, kv_tokens)
+    assert rule.mode == TOKENS
+    np.testing.assert_array_equal(_rule_values(rule, q_len, kv_len), np.asarray(mask[:, :]))
+    q_doc, kv_doc = (np.asarray(a) for a in rule.arrays[:2])
+    assert np.all(q_doc[q_len:] == -1) and np.all(kv_doc[kv_len:] == -2)
+
+
+def test_other_masks_read_the_table_and_predicates_their_kernel_function():
+    shape = (40, 40)
+    predicate = PredicateMask(shape, lambda q, kv: q >= kv, triton_predicate=object.__call__)
+    table = [
+        NumpyMask(np.tri(40, dtype=bool)),
+        CausalMask(shape) | LocalMask(shape, (2, 2), 0),
+        PredicateMask(shape, lambda q, kv: q >= kv),
+    ]
+    for mask in table:
+        assert element_rule((((0,), mask),), 64, 64).mode == TABLE
+    assert element_rule((((0,), predicate),), 64, 64).mode == PREDICATE
+    assert element_rule((((0,), CausalMask(shape)),), 64, 64).mode == TOKENS
+    two_groups = head_groups(MultiHeadMask([CausalMask(shape), LocalMask(shape, (2, 2), 0)]), 2)
+    assert element_rule(two_groups, 64, 64).mode == TABLE
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+def test_lowers_for_cuda_with_each_element_rule(compute_capability):
+    """jax_triton's real lowering (Triton to PTX and cubin, no GPU): forward, dQ and dK/dV
+    for a token rule, the table and an in-kernel predicate, in bfloat16."""
+    from jax_bridge import block_sparse_attention
+    from jax_bridge.launch.lowering import lower_for_cuda
+    from tests.block_sparse.test_conformance import _every_fifth, _every_fifth_triton
+
+    length = 256
+    shape = (length, length)
+    masks = [
+        PrefixLMMask(shape, 40),
+        NumpyMask(np.random.default_rng(0).random(shape) < 0.3),
+        PredicateMask(shape, _every_fifth, triton_predicate=_every_fifth_triton),
+    ]
+    spec = lambda heads: jax.ShapeDtypeStruct((1, length, heads, 64), jnp.bfloat16)
+    for mask in masks:
+
+        def step(q, k, v, mask=mask):
+            def loss(q, k, v):
+                out = block_sparse_attention(q, k, v, mask, implementation="triton")
+                return jnp.sum(out.astype(jnp.float32))
+
+            return jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+
+        text = lower_for_cuda(
+            step, spec(4), spec(2), spec(2), compute_capability=compute_capability
+        )
+        assert text.count("triton_kernel_call") == 3
