@@ -264,6 +264,8 @@ def test_nan_in_one_document_stays_there(implementation):
     bad = (poison(q, 45, jnp.nan), poison(k, 50, jnp.inf), poison(v, 60, jnp.nan))
     (_, (bad_out, bad_lse)), bad_grads = fn(*bad, sinks)
     clean = np.r_[0:40, 100:150]  # the other documents
+    # Inside the poisoned document every row from 60 on sees v[60] (and k[50]): NaN.
+    assert np.isnan(np.asarray(bad_out)[:, 60:100]).all()
     # Equal up to rounding (XLA:GPU may round one compiled program's runs differently).
     close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     close(np.asarray(bad_out)[:, clean], np.asarray(out)[:, clean])

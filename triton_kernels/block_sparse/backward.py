@@ -23,8 +23,8 @@ import triton.language as tl
 
 from triton_kernels.block_sparse.forward import (
     _allowed,
-    _isolating_dot,
     _list_base,
+    _poison_rows,
     _row_flags,
     _tile_scores,
 )
@@ -69,7 +69,6 @@ def _dq_step(
     lse2,
     delta,
     allowed,
-    k_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
@@ -77,17 +76,12 @@ def _dq_step(
     HAS_SOFT_CAP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """dq += dS K over one key tile (unscaled). In a partial tile k is the cleaned copy:
-    a row that may see a non-finite key has a NaN lse, hence NaN weights, and ends NaN."""
+    """dq += dS K over one key tile (unscaled); in a partial tile k is the cleaned copy."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
     _, ds = _gradient_tile(s2, t, dp, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, False)
-    if PARTIAL:
-        dq = _isolating_dot(ds, k, k_bad, dq, INPUT_PRECISION)
-    else:
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-    return dq
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
 
 
 @triton.jit
@@ -182,7 +176,7 @@ def block_sparse_dq_kernel(
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, True, True, qk_scale_log2, scale_over_cap,
+            dq, q, do, k, v, lse2, delta, True, qk_scale_log2, scale_over_cap,
             cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
@@ -193,16 +187,21 @@ def block_sparse_dq_kernel(
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        code = tl.load(codes_ptr + base + t)
+        k_bad = _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        if tl.max(k_bad.to(tl.int32), 0) > 0:  # rare: see the forward
+            dq = _poison_rows(dq, _allowed(
+                rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+                kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+                HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+            ), k_bad)  # fmt: skip
         allowed = _allowed(
-            rows, cols, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
-            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
-            window_left, window_right, prefix,
-            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, allowed,
-            _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS),
-            qk_scale_log2, scale_over_cap,
+            dq, q, do, k, v, lse2, delta, allowed, qk_scale_log2, scale_over_cap,
             cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
         )  # fmt: skip
     dq *= softmax_scale
@@ -221,8 +220,6 @@ def _dkdv_step(
     lse2,
     delta,
     allowed,
-    q_bad,
-    do_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
@@ -236,12 +233,8 @@ def _dkdv_step(
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
     p_t, ds_t = _gradient_tile(s2_t, t_t, dp_t, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, True)
-    if PARTIAL:
-        dv = _isolating_dot(p_t, do, do_bad, dv, INPUT_PRECISION)
-        dk = _isolating_dot(ds_t, q, q_bad, dk, INPUT_PRECISION)
-    else:
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
@@ -364,7 +357,7 @@ def block_sparse_dkdv_kernel(
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q, do, lse2, delta, True, True, True,
+                dk, dv, k, v, q, do, lse2, delta, True,
                 qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
             )  # fmt: skip
         for t in range(full, total):
@@ -373,16 +366,24 @@ def block_sparse_dkdv_kernel(
                 tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, True,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
+            code = tl.load(codes_ptr + base + t)
+            q_bad = _row_flags(q_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS)
+            do_bad = _row_flags(do_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS)
+            if tl.max((q_bad | do_bad).to(tl.int32), 0) > 0:  # rare: see the forward
+                seen = _allowed(
+                    cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+                )  # fmt: skip
+                dk = _poison_rows(dk, seen, q_bad)
+                dv = _poison_rows(dv, seen, do_bad)
             allowed = _allowed(
-                cols, keys, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
-                q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
-                window_left, window_right, prefix,
+                cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
                 MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
             )  # fmt: skip
             dk, dv = _dkdv_step(
                 dk, dv, k, v, q, do, lse2, delta, allowed,
-                _row_flags(q_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS),
-                _row_flags(do_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS),
                 qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
             )  # fmt: skip
     dk *= softmax_scale

@@ -26,13 +26,13 @@ sequences); only partial ones evaluate the mask, in one of three modes (`MASK_MO
 Padded rows and columns are masked in every mode (ids -1 / -2 never match; the table's
 padding is False; the predicate is bounded by q_len / kv_len).
 
-Isolation: a masked score is a select to -inf, never a product with 0; and in partial
-tiles the value-side product (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) zeroes
-non-finite rows of its right operand and makes NaN the accumulator rows that give them a
-non-zero weight (`_isolating_dot`): NaN or Inf in one document never reaches another.
-Each such operand comes twice from the bridge: as given (full tiles) and with its
-non-finite rows zeroed, plus int8 flags `[batch, len, heads]` of those rows (partial
-tiles): one pass over the operand there instead of a test of every tile here.
+Isolation: a masked score is a select to -inf, never a product with 0. A partial tile's
+value-side products (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) read a copy of
+their right operand whose non-finite rows the bridge zeroed, so a masked (zero) weight
+never meets a NaN; the rows that may see such a row are made NaN instead
+(`_poison_rows`, from int8 flags `[batch, len, heads]` of those rows, the tile's mask
+evaluated again only when a flag is set): NaN or Inf in one document never reaches
+another. Full tiles read the operands as given.
 
 Scores live in the log2 domain (`s * log2(e)` folded into the scale).
 """
@@ -145,22 +145,12 @@ def _allowed(
 
 
 @triton.jit
-def _isolating_dot(w, x, bad, acc, INPUT_PRECISION: tl.constexpr):
-    """acc + w @ x for a partial tile, where a zero weight never meets a non-finite value
-    (0 * NaN would be NaN): x comes from the bridge's copy of the operand whose
-    non-finite rows (`bad`: bool [C], its flags) are 0, and the rows of the result that
-    give such a row a non-zero weight become NaN instead (and stay NaN: every later
-    update of an accumulator row scales and adds to it). x itself is never modified, so
-    it can stay a shared-memory operand of the matmul.
-
-    w: float32 [R, C], exactly 0 wherever masked; x: [C, BLOCK_D]; acc: float32 [R, BLOCK_D].
-    """
-    w = w.to(x.dtype)
-    acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
-    if tl.max(bad.to(tl.int32), 0) > 0:  # rare: the common path pays one reduction
-        hit = tl.max(((w != 0.0) & bad[None, :]).to(tl.int32), 1) > 0
-        acc = tl.where(hit[:, None], float("nan"), acc)
-    return acc
+def _poison_rows(acc, allowed, bad):
+    """acc with NaN rows where a row may see a non-finite row of the other operand: the
+    reference's 0 * NaN-free value there is NaN (and stays NaN: every later update of an
+    accumulator row scales and adds to it). allowed: bool [R, C]; bad: bool [C]."""
+    hit = tl.max((allowed & bad[None, :]).to(tl.int32), 1) > 0
+    return tl.where(hit[:, None], float("nan"), acc)
 
 
 @triton.jit
@@ -189,7 +179,6 @@ def _forward_step(
     k,
     v,
     allowed,
-    v_bad,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
@@ -225,11 +214,7 @@ def _forward_step(
         p = tl.exp2(s2 - m_shift[:, None])
     alpha = tl.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    if PARTIAL:
-        acc = _isolating_dot(p, v, v_bad, acc, INPUT_PRECISION)
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -334,7 +319,7 @@ def block_sparse_forward_kernel(
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, True, True, qk_scale_log2, scale_over_cap, cap_log2,
+            acc, m_i, l_i, q, k, v, True, qk_scale_log2, scale_over_cap, cap_log2,
             False, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
@@ -345,16 +330,22 @@ def block_sparse_forward_kernel(
         v_ptrs = _tile_ptrs(v_clean_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
+        code = tl.load(codes_ptr + base + t)
+        v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again here so
+            # that the common path keeps nothing extra live
+            acc = _poison_rows(acc, _allowed(
+                rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+                kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+                HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+            ), v_bad)  # fmt: skip
         allowed = _allowed(
-            rows, cols, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr,
-            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
-            window_left, window_right, prefix,
-            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, allowed,
-            _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS),
-            qk_scale_log2, scale_over_cap, cap_log2,
+            acc, m_i, l_i, q, k, v, allowed, qk_scale_log2, scale_over_cap, cap_log2,
             True, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
         )  # fmt: skip
 
