@@ -227,12 +227,15 @@ def block_sparse_variant(
     compute_capability: int,
     dtype_name: str = "bfloat16",
     config: AttentionKernelConfig | None = None,
+    soft_cap: bool = False,
 ) -> KernelVariant:
     """One block-sparse kernel (`kind` in forward/backward_dkdv/backward_dq) as a causal
-    mask launches it (partial tiles by the in-kernel token rule), at its default
-    configuration or at `config`."""
+    mask launches it (partial tiles by the in-kernel token rule), with or without a soft
+    cap, at its default configuration or at `config`."""
     if config is None:
-        config = block_sparse_config(head_dim, dtype_name, compute_capability, kind)
+        config = block_sparse_config(
+            head_dim, dtype_name, compute_capability, kind, soft_cap=soft_cap
+        )
     kernel = BLOCK_SPARSE_KERNELS[kind]
     constexprs = dict(
         NUM_Q_HEADS=_Q_HEADS,
@@ -246,13 +249,13 @@ def block_sparse_variant(
         HAS_RIGHT=True,
         HAS_PREFIX=False,
         PREDICATE=None,
-        HAS_SOFT_CAP=False,
+        HAS_SOFT_CAP=soft_cap,
         INPUT_PRECISION="ieee",
     )
     if kind != "backward_dkdv":
         constexprs["GROUP_WIDTH"] = _Q_HEADS
     if kind == "forward":
-        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=True)
+        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=not soft_cap)
     return KernelVariant(
         name=f"block_sparse_{kind}",
         kernel=kernel,
@@ -260,7 +263,8 @@ def block_sparse_variant(
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        description=f"{dtype_name} d={head_dim} causal {config.block_m}x{config.block_n}",
+        description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''} "
+        f"{config.block_m}x{config.block_n}",
     )
 
 

@@ -198,3 +198,24 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
             step, spec(4), spec(2), spec(2), compute_capability=compute_capability
         )
         assert text.count("triton_kernel_call") == 3
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize(("head_dim", "soft_cap"), [(64, False), (128, False), (128, True)])
+@pytest.mark.parametrize("kind", ["forward", "backward_dq", "backward_dkdv"])
+def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap, kind):
+    """The default tiles (bf16, a causal mask's token rule, GQA): no spills, tensor cores,
+    wgmma on sm_90; there, without a soft cap, the full-tile loop costs at most 10% more
+    warp-instructions per MFLOP than the varlen kernel's unmasked loop."""
+    from jax_bridge.launch.report import variant_report
+    from triton_kernels.catalog import attention_variant, block_sparse_variant
+
+    variant = block_sparse_variant(kind, head_dim, compute_capability, soft_cap=soft_cap)
+    report = variant_report(variant, compute_capability)
+    print(variant.description, report.summary(), report.instructions_per_mflop)
+    assert report.uses_mma and not report.spills, report.summary()
+    if compute_capability >= 90:
+        assert report.uses_wgmma, report.summary()
+        if not soft_cap:
+            varlen = variant_report(attention_variant(kind, head_dim, compute_capability), 90)
+            assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
