@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+import runpy
 
 import pytest
 
@@ -14,5 +15,8 @@ def test_readme_has_examples():
 
 
 @pytest.mark.parametrize("index", range(len(EXAMPLES)))
-def test_readme_example_runs(index):
-    exec(compile(EXAMPLES[index], f"README.md example {index}", "exec"), {})
+def test_readme_example_runs(index, tmp_path):
+    # Run from a file, as a user pasting it would: `@triton.jit` reads its function's source.
+    script = tmp_path / f"readme_example_{index}.py"
+    script.write_text(EXAMPLES[index])
+    runpy.run_path(str(script), run_name="__main__")
