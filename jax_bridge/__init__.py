@@ -17,6 +17,7 @@ from jax_bridge.attention.ring import RingStats, ring_attention, ring_attention_
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.block_sparse.api import block_sparse_attention
 from jax_bridge.block_sparse.reference import block_sparse_attention_reference
+from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.numerics import (
     cdiv,
@@ -119,6 +120,7 @@ __all__ = [
     "MoEParams",
     "RingStats",
     "Routing",
+    "ScoreMod",
     "SegmentMasks",
     "TuneResult",
     "TuningCache",

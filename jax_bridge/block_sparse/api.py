@@ -25,10 +25,12 @@ from jax_bridge.block_sparse.checks import (
     check_mask,
     check_qkv,
     check_scale_and_cap,
+    check_score_mod,
     check_sinks,
 )
 from jax_bridge.block_sparse.common import apply_sink_limits, row_delta, sink_gradient
 from jax_bridge.block_sparse.masks import TracedDocument, split_mask
+from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
@@ -48,13 +50,15 @@ class BlockSparseOptions(OpOptions):
 
     mask: the mask's static half (`masks.split_mask`: the mask, or a traced document's
     shape / window / row orders); softmax_scale: resolved; logits_soft_cap: None is off;
-    block_sizes: as given (each backend fills its own defaults).
+    block_sizes: as given (each backend fills its own defaults); score_mod: the user's
+    score hook or None.
     """
 
     mask: Mask | TracedDocument
     softmax_scale: float
     logits_soft_cap: float | None = None
     block_sizes: BlockSizes | None = None
+    score_mod: ScoreMod | None = None
 
 
 def block_sparse_attention(
@@ -67,6 +71,7 @@ def block_sparse_attention(
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
     return_lse: bool = False,
+    score_mod: ScoreMod | None = None,
     block_sizes: BlockSizes | None = None,
     precision: Any = None,
     implementation: str = "auto",
@@ -88,6 +93,10 @@ def block_sparse_attention(
       sinks: [num_q_heads] learnable logits that join every row's softmax denominator and
         carry no value; they receive a gradient.
       return_lse: also return the natural-log log-sum-exp of each row.
+      score_mod: a `ScoreMod` (FlexAttention's score_mod): score' = fn(score, batch,
+        query head, q position, kv position) on every scaled, soft-capped score before
+        the mask; gradients flow through it. XLA and Triton (which needs its
+        `triton_fn`) run it; Pallas refuses it.
       block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv (default 128, or
         less for short sequences); Pallas every field (multiples of 128, default up to
         512); Triton (block_q, block_kv), (block_q_dq, block_kv_dq) and (block_q_dkv,
@@ -119,6 +128,7 @@ def block_sparse_attention(
     check_head_dim(head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
+    check_score_mod(score_mod, impl)
     sinks = check_sinks(sinks, num_q_heads)
     static_mask, mask_arrays = split_mask(mask)
     options = BlockSparseOptions(
@@ -128,6 +138,7 @@ def block_sparse_attention(
         softmax_scale=scale,
         logits_soft_cap=cap,
         block_sizes=block_sizes,
+        score_mod=score_mod,
     )
     if batch == 0 or q_len == 0 or kv_len == 0:
         out, lse = _no_work(q, v, sinks)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_bridge.block_sparse.masks import is_traced_document
+from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.validation import check_qkv_arrays, is_traced
 from pallas_tpu.splash.config import NUM_LANES, BlockSizes
 from pallas_tpu.splash.masks import Mask, MultiHeadMask
@@ -64,6 +65,28 @@ def check_mask(mask: Any, q_len: int, kv_len: int, num_q_heads: int) -> None:
         raise ValueError(
             f"{OP}: mask has shape {shape} but (q_len, kv_len) is {expected} (from q's and "
             "k's seq_len axis)."
+        )
+
+
+def check_score_mod(score_mod: Any, implementation: str) -> None:
+    """None, or a ScoreMod the backend can run (Triton needs its triton_fn; the splash
+    kernels have no hook)."""
+    if score_mod is None:
+        return
+    if not isinstance(score_mod, ScoreMod):
+        raise TypeError(
+            f"{OP}: score_mod must be a jax_bridge.ScoreMod or None, got "
+            f"{type(score_mod).__name__}."
+        )
+    if implementation == "pallas":
+        raise ValueError(
+            f"{OP}: score_mod is not supported by implementation='pallas' (the splash "
+            "kernels have no score hook); use 'xla' or 'triton'."
+        )
+    if implementation == "triton" and score_mod.triton_fn is None:
+        raise ValueError(
+            f"{OP}: score_mod {score_mod.name!r} has no triton_fn, which "
+            "implementation='triton' calls in its kernels; give one or use 'xla'."
         )
 
 

@@ -2,10 +2,10 @@
 
 Written for clarity, not speed: memory is O(batch * heads * q_len * kv_len). Every
 convention of `block_sparse_attention` appears once, on whole matrices: scores scaled,
-then soft-capped, then masked; sinks join the denominator; a row that sees nothing
-returns 0 with lse -inf (the sink's logit with sinks). Differentiable with `jax.grad`
-in q, k, v and sinks. Computes in float32, or in float64 for float64 inputs (under
-`jax.enable_x64`).
+then soft-capped, then through the score hook, then masked; sinks join the denominator;
+a row that sees nothing returns 0 with lse -inf (the sink's logit with sinks).
+Differentiable with `jax.grad` in q, k, v and sinks. Computes in float32, or in float64
+for float64 inputs (under `jax.enable_x64`).
 An oracle for finite inputs: unlike the backends it does not keep a masked NaN value
 from meeting a zero weight (0 * NaN) in the value product.
 """
@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.block_sparse.score_mod import ScoreMod
 from pallas_tpu.splash.masks import DocumentMask, Mask, MultiHeadMask
 
 __all__ = ["block_sparse_attention_reference", "dense_mask"]
@@ -57,6 +58,7 @@ def block_sparse_attention_reference(
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
     return_lse: bool = False,
+    score_mod: ScoreMod | None = None,
     **unused: Any,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """What `block_sparse_attention` computes, densely.
@@ -68,6 +70,7 @@ def block_sparse_attention_reference(
         one mask per query head; a DocumentMask of traced arrays is evaluated in jnp.
       softmax_scale: default 1 / sqrt(head_dim). logits_soft_cap: c * tanh(s / c), None
         or 0 is off. sinks: [num_q_heads] logits in every row's denominator.
+      score_mod: a `ScoreMod` applied to the (soft-capped) scores before the mask.
       return_lse: also return lse, float32 [batch, num_q_heads, q_len].
       unused: `block_sizes`, `precision`, `implementation` of the op, accepted and ignored.
 
@@ -84,6 +87,9 @@ def block_sparse_attention_reference(
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(compute), k, precision=_HIGHEST) * scale
     if logits_soft_cap:
         s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+    if score_mod is not None:
+        b, h, i, j = (jnp.arange(n, dtype=jnp.int32) for n in s.shape)
+        s = score_mod.apply(s, b[:, None, None, None], h[:, None, None], i[:, None], j)
     allowed = dense_mask(mask, num_q_heads)[None]
     s = jnp.where(allowed, s, -jnp.inf)  # a select: NaN of masked pairs never counts
     if sinks is not None:

@@ -141,6 +141,7 @@ def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> di
         BLOCK_D=block_d(head_dim),
         HAS_SOFT_CAP=options.logits_soft_cap is not None,
         INPUT_PRECISION=precision,
+        SCORE_MOD=None if options.score_mod is None else options.score_mod.triton_fn,
         **plan.rule.flags(),
     )
 
@@ -150,6 +151,10 @@ def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     [B, L, H, D]: what the partial tiles' isolating products read (one fused pass)."""
     bad = jnp.logical_not(jnp.all(jnp.isfinite(x), axis=-1))
     return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), bad.astype(jnp.int8)
+
+
+def _score_mod_grad(options: BlockSparseOptions) -> Any:
+    return None if options.score_mod is None else options.score_mod.triton_grad
 
 
 @follow_lowering_platform
@@ -179,7 +184,9 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
         GROUP_WIDTH=group_heads.shape[1],
         HAS_SINKS=sinks is not None,
         # max commutes with a positive scale when nothing else transforms the scores
-        RAW_SCORE_MAX=options.softmax_scale > 0 and options.logits_soft_cap is None,
+        RAW_SCORE_MAX=options.softmax_scale > 0
+        and options.logits_soft_cap is None
+        and options.score_mod is None,
         **_constexprs(plan, options, "forward", q, k),
     )
 
@@ -206,6 +213,7 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
         grid=(lists.items.shape[0], group_heads.shape[1], batch),
         name="block_sparse_attention_bwd_dq",
         GROUP_WIDTH=group_heads.shape[1],
+        SCORE_MOD_GRAD=_score_mod_grad(options),
         **_constexprs(plan, options, "backward_dq", q, k),
     )
     lists = plan.lists("backward_dkdv")
@@ -220,6 +228,7 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
         out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         grid=(lists.items.shape[0], k.shape[2], batch),
         name="block_sparse_attention_bwd_dkdv",
+        SCORE_MOD_GRAD=_score_mod_grad(options),
         **_constexprs(plan, options, "backward_dkdv", q, k),
     )
     return dq, dk, dv

@@ -174,12 +174,29 @@ def _product(spec: str, weights, values, precision) -> jax.Array:
     return lax.cond(jnp.all(jnp.isfinite(values)), plain, isolating, weights, values)
 
 
-def _scores(q_tiles, k_tiles, options: BlockSparseOptions):
-    """(capped scores, pre-cap scaled scores) float32 [B, n, Hk, G, bq, bk]."""
+def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions):
+    """(scores, capped scores, d scores / d capped) float32 [B, n, Hk, G, bq, bk]: scaled,
+    soft-capped, then through the score hook (the derivative is 1.0 without one).
+
+    positions: (heads [Hk, G], q_block [n], kv_block [n], block_shape) of the step, for
+    the hook's index arguments.
+    """
     scaled = _dot("bcqhgd,bckhd->bchgqk", q_tiles, k_tiles, options.precision)
     scaled = scaled * options.softmax_scale
     cap = options.logits_soft_cap
-    return (scaled if cap is None else cap * jnp.tanh(scaled / cap)), scaled
+    capped = scaled if cap is None else cap * jnp.tanh(scaled / cap)
+    hook = options.score_mod
+    if hook is None:
+        return capped, capped, 1.0
+    heads, q_block, kv_block, (bq, bk) = positions
+    batch = jnp.arange(capped.shape[0], dtype=jnp.int32)[:, None, None, None, None, None]
+    head = jnp.asarray(heads, jnp.int32)[None, None, :, :, None, None]
+    q_pos = (q_block[:, None] * bq + jnp.arange(bq, dtype=jnp.int32))[None, :, None, None, :, None]
+    kv_pos = (kv_block[:, None] * bk + jnp.arange(bk, dtype=jnp.int32))[None, :, None, None, None]
+    apply = lambda c: hook.apply(c, batch, head, q_pos, kv_pos)
+    # The hook is elementwise in the score: a jvp with ones is its derivative.
+    scores, slope = jax.jvp(apply, (capped,), (jnp.ones_like(capped),))
+    return scores, capped, slope
 
 
 # ------------------------------------------------------------------- one head group
@@ -207,8 +224,9 @@ def _tiles(q, k, v, block_shape, d_out=None) -> _Tiles:
     return _Tiles(cut_q(q), cut_k(k), cut_k(v), None if d_out is None else cut_q(d_out))
 
 
-def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int):
-    """(out f32 [B, nq, Hk, G, bq, Dv], lse f32 [B, nq, Hk, G, bq]) of one head group.
+def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int, heads, block_shape):
+    """(out f32 [B, nq, Hk, G, bq, Dv], lse f32 [B, nq, Hk, G, bq]) of one head group
+    (heads: int [Hk, G], its query heads).
 
     Invariant after every step: m is the running max of each row's visited scores
     (-inf: none yet), l = sum exp(s - m), acc = sum exp(s - m) v (both 0 when m = -inf).
@@ -225,7 +243,8 @@ def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int):
         m, l, acc = carry
         q_block, kv_block = pairs[0], pairs[1]
         allowed = work.allowed(*pairs)[None, :, None, None]
-        s, _ = _scores(t.q[:, q_block], t.k[:, kv_block], options)
+        positions = (heads, q_block, kv_block, block_shape)
+        s, _, _ = _scores(t.q[:, q_block], t.k[:, kv_block], options, positions)
         s = jnp.where(allowed, s, -jnp.inf)  # a select: NaN of masked pairs is dropped
         m_new = m.at[:, q_block].max(jnp.max(s, axis=-1))
         # A row with no finite max yet shifts by 0: exp(-inf - 0) = 0, never NaN.
@@ -250,9 +269,11 @@ def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int):
     return acc * factor[..., None], lse
 
 
-def _group_backward(t: _Tiles, lse, delta, work: _Work, options, pairs_per_step: int):
+def _group_backward(
+    t: _Tiles, lse, delta, work: _Work, options, pairs_per_step: int, heads, block_shape
+):
     """(dq like t.q, dk like t.k, dv like t.v) of one head group; lse, delta f32
-    [B, nq, Hk, G, bq]."""
+    [B, nq, Hk, G, bq]; heads as `_group_forward`."""
     # A row that saw nothing (lse -inf) has no probabilities: exp(s - inf) = 0.
     lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)
     cap, precision = options.logits_soft_cap, options.precision
@@ -262,12 +283,12 @@ def _group_backward(t: _Tiles, lse, delta, work: _Work, options, pairs_per_step:
         q_block, kv_block = pairs[0], pairs[1]
         allowed = work.allowed(*pairs)[None, :, None, None]
         q, k, v, d_out = (t.q[:, q_block], t.k[:, kv_block], t.v[:, kv_block], t.d_out[:, q_block])
-        s, _ = _scores(q, k, options)
+        s, capped, slope = _scores(q, k, options, (heads, q_block, kv_block, block_shape))
         p = jnp.where(allowed, jnp.exp(s - lse[:, q_block][..., None]), 0.0)
         dp = _dot("bcqhgd,bckhd->bchgqk", d_out, v, precision)
-        ds = jnp.where(allowed, p * (dp - delta[:, q_block][..., None]), 0.0)
-        if cap is not None:  # d(c tanh(x / c)) / dx = 1 - (s / c)^2
-            ds = ds * (1.0 - jnp.square(jnp.where(allowed, s, 0.0) / cap))
+        ds = jnp.where(allowed, p * (dp - delta[:, q_block][..., None]) * slope, 0.0)
+        if cap is not None:  # d(c tanh(x / c)) / dx = 1 - (capped / c)^2
+            ds = ds * (1.0 - jnp.square(jnp.where(allowed, capped, 0.0) / cap))
         ds = ds * options.softmax_scale
         dq = dq.at[:, q_block].add(_product("bchgqk,bckhd->bcqhgd", ds, k, precision))
         dk = dk.at[:, kv_block].add(_product("bchgqk,bcqhgd->bckhd", ds, q, precision))
@@ -326,6 +347,13 @@ def _group_view(x, heads, kv_heads, group: int):
     return x[:, :, heads][:, :, :, None]
 
 
+def _head_index(heads, num_q_heads: int, group: int) -> np.ndarray:
+    """int32 [Hk, G]: the query head of each (kv head, group member) of `_group_view`."""
+    if heads is None:
+        return np.arange(num_q_heads, dtype=np.int32).reshape(-1, group)
+    return np.asarray(heads, np.int32)[:, None]
+
+
 def _rows_view(x, heads, layout: _Layout, hk: int):
     """[B, Hq, Q] -> [B, nq, Hk, G, bq] for the group's heads."""
     x = x if heads is None else x[:, heads]
@@ -357,7 +385,10 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
             sink = sink.reshape(q5.shape[2], group)
         tiles = _tiles(q5, k4, v4, layout.block_shape)
         steps = layout.pairs_per_step(batch, q5.shape[2] * group)
-        o, l = _group_forward(tiles, sink, layout.work(head_mask), options, steps)
+        head_index = _head_index(heads, num_q_heads, layout.group)
+        o, l = _group_forward(
+            tiles, sink, layout.work(head_mask), options, steps, head_index, layout.block_shape
+        )
         o = o.transpose(0, 1, 4, 2, 3, 5).reshape(batch, layout.padded[0], -1, o.shape[-1])
         index = slice(None) if heads is None else heads
         out = out.at[:, :, index].set(o)
@@ -391,6 +422,8 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
             layout.work(head_mask),
             options,
             steps,
+            _head_index(heads, num_q_heads, layout.group),
+            layout.block_shape,
         )
         g_dq = g_dq.reshape(batch, layout.padded[0], -1, q.shape[-1])
         g_dk, g_dv = (x.reshape(batch, layout.padded[1], hk, x.shape[-1]) for x in (g_dk, g_dv))

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import triton
-import triton.language as tl  # noqa: F401  (Triton's interpreter wants it beside a jit function)
+import triton.language as tl
 
-from jax_bridge import block_sparse_attention, block_sparse_attention_reference
+from jax_bridge import ScoreMod, block_sparse_attention, block_sparse_attention_reference
 from jax_bridge.block_sparse.api import BACKENDS
 from jax_bridge.block_sparse.masks import block_counts
 from jax_bridge.core.backend import compiling_for_platform
@@ -141,6 +141,39 @@ def _every_fifth_triton(q, kv):
     # q - kv may be negative: Triton's % keeps the dividend's sign, numpy's the divisor's;
     # both are 0 exactly on the multiples of 5.
     return (q - kv) % 5 == 0
+
+
+def _relative_bias(s, batch, head, q, kv):
+    """A per-head relative-position bias (ALiBi-like, additive) plus a per-batch offset."""
+    return s - 0.25 * (head + 1) * jnp.abs(q - kv).astype(s.dtype) + 0.5 * batch
+
+
+@triton.jit
+def _relative_bias_triton(s, batch, head, q, kv):
+    return s - 0.25 * (head + 1) * tl.abs(q - kv).to(tl.float32) + 0.5 * batch
+
+
+def _square_cap(s, batch, head, q, kv):
+    """A non-additive hook: s * |s| / (1 + |s|), derivative (|s|^2 + 2|s|) / (1 + |s|)^2."""
+    del batch, head, q, kv
+    return s * jnp.abs(s) / (1.0 + jnp.abs(s))
+
+
+@triton.jit
+def _square_cap_triton(s, batch, head, q, kv):
+    return s * tl.abs(s) / (1.0 + tl.abs(s))
+
+
+@triton.jit
+def _square_cap_grad(s, batch, head, q, kv):
+    a = tl.abs(s)
+    return (a * a + 2.0 * a) / ((1.0 + a) * (1.0 + a))
+
+
+SCORE_MODS = {
+    "relative_bias": ScoreMod(_relative_bias, _relative_bias_triton),
+    "square_cap": ScoreMod(_square_cap, _square_cap_triton, _square_cap_grad),
+}
 
 
 def _masks():
@@ -272,6 +305,42 @@ def test_nan_in_one_document_stays_there(implementation):
     close(np.asarray(bad_lse)[:, :, clean], np.asarray(lse)[:, :, clean])
     for got, want in zip(bad_grads, grads, strict=True):
         np.testing.assert_allclose(np.asarray(got)[:, clean], np.asarray(want)[:, clean], atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+@pytest.mark.parametrize("hook", list(SCORE_MODS))
+def test_score_mod_against_oracle(implementation, hook):
+    """A score hook (additive, or with its own derivative) under a prefix-LM mask inside
+    documents and under per-head masks, with GQA, sinks and a soft cap: out, lse and
+    every gradient against the float64 oracle applying the JAX twin."""
+    docs = DocumentMask(np.array([0, 70, 150], np.int32), shape=(L, L))
+    masks = [
+        PrefixLMMask((L, L), prefix_length=20) & docs,
+        MultiHeadMask([CausalMask((L, L)), LocalMask((L, L), (9, 2), 0)]),
+    ]
+    q, k, v, sinks, weights = _inputs(11, L, num_q_heads=2, num_kv_heads=1, batch=2)
+    for mask in masks:
+        check(
+            implementation, mask, q, k, v, sinks, weights,
+            score_mod=SCORE_MODS[hook], logits_soft_cap=8.0,
+        )  # fmt: skip
+
+
+def test_score_mod_is_checked():
+    q, k, v, _, _ = _inputs(12, 20)
+    mask = CausalMask((20, 20))
+    jax_only = ScoreMod(_relative_bias)
+    with pytest.raises(
+        ValueError, match="block_sparse_attention: score_mod '_relative_bias' has no triton_fn"
+    ):
+        block_sparse_attention(q, k, v, mask, score_mod=jax_only, implementation="triton")
+    with pytest.raises(ValueError, match="score_mod is not supported by implementation='pallas'"):
+        block_sparse_attention(q, k, v, mask, score_mod=jax_only, implementation="pallas")
+    with pytest.raises(TypeError, match=r"score_mod must be a jax_bridge\.ScoreMod"):
+        block_sparse_attention(q, k, v, mask, score_mod=_relative_bias, implementation="xla")
+    wrong = ScoreMod(lambda s, b, h, i, j: jnp.sum(s, axis=-1), name="reduces")
+    with pytest.raises(ValueError, match="score_mod 'reduces' must return float scores"):
+        block_sparse_attention(q, k, v, mask, score_mod=wrong, implementation="xla")
 
 
 # ---------------------------------------------------------------- hypothesis: a mix

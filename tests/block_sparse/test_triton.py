@@ -172,24 +172,26 @@ def test_other_masks_read_the_table_and_predicates_their_kernel_function():
 @pytest.mark.parametrize("compute_capability", [80, 90])
 def test_lowers_for_cuda_with_each_element_rule(compute_capability):
     """jax_triton's real lowering (Triton to PTX and cubin, no GPU): forward, dQ and dK/dV
-    for a token rule, the table and an in-kernel predicate, in bfloat16."""
+    for a token rule, the table and an in-kernel predicate, and a score hook with its
+    derivative, in bfloat16."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.launch.lowering import lower_for_cuda
-    from tests.block_sparse.test_conformance import _every_fifth, _every_fifth_triton
+    from tests.block_sparse.test_conformance import SCORE_MODS, _every_fifth, _every_fifth_triton
 
     length = 256
     shape = (length, length)
-    masks = [
-        PrefixLMMask(shape, 40),
-        NumpyMask(np.random.default_rng(0).random(shape) < 0.3),
-        PredicateMask(shape, _every_fifth, triton_predicate=_every_fifth_triton),
+    calls = [
+        (PrefixLMMask(shape, 40), None),
+        (NumpyMask(np.random.default_rng(0).random(shape) < 0.3), None),
+        (PredicateMask(shape, _every_fifth, triton_predicate=_every_fifth_triton), None),
+        (CausalMask(shape), SCORE_MODS["square_cap"]),
     ]
     spec = lambda heads: jax.ShapeDtypeStruct((1, length, heads, 64), jnp.bfloat16)
-    for mask in masks:
+    for mask, hook in calls:
 
-        def step(q, k, v, mask=mask):
+        def step(q, k, v, mask=mask, hook=hook):
             def loss(q, k, v):
-                out = block_sparse_attention(q, k, v, mask, implementation="triton")
+                out = block_sparse_attention(q, k, v, mask, score_mod=hook, implementation="triton")
                 return jnp.sum(out.astype(jnp.float32))
 
             return jax.value_and_grad(loss, (0, 1, 2))(q, k, v)

@@ -26,6 +26,7 @@ from triton_kernels.block_sparse.forward import (
     _list_base,
     _poison_rows,
     _row_flags,
+    _score_hook,
     _tile_scores,
 )
 from triton_kernels.flash_attention.forward import _load_rows, _score_constants, _tile_ptrs
@@ -39,18 +40,23 @@ def _gradient_tile(
     lse2,
     delta,
     allowed,
+    g,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_HOOK_GRAD: tl.constexpr,
     KV_MAJOR: tl.constexpr,
 ):
-    """(P, dS) of one tile from its log2 scores s2, tanh t, dP and the query rows' lse_log2
-    and delta (broadcast along the tile's query axis: rows, or columns when KV_MAJOR)."""
+    """(P, dS) of one tile from its log2 scores s2, tanh t, dP, the score hook's
+    derivative g and the query rows' lse_log2 and delta (broadcast along the tile's query
+    axis: rows, or columns when KV_MAJOR). dS is the gradient of the scaled q.k."""
     if KV_MAJOR:
         p = tl.exp2(s2 - lse2[None, :])
         ds = p * (dp - delta[None, :])
     else:
         p = tl.exp2(s2 - lse2[:, None])
         ds = p * (dp - delta[:, None])
+    if HAS_HOOK_GRAD:
+        ds *= g
     if HAS_SOFT_CAP:
         ds *= 1.0 - t * t
     if PARTIAL:
@@ -69,18 +75,28 @@ def _dq_step(
     lse2,
     delta,
     allowed,
+    rows,
+    cols,
+    batch,
+    head,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """dq += dS K over one key tile (unscaled); in a partial tile k is the cleaned copy."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+    s2, g = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, SCORE_MOD_GRAD, False, True)
     dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
-    _, ds = _gradient_tile(s2, t, dp, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, False)
+    _, ds = _gradient_tile(
+        s2, t, dp, lse2, delta, allowed, g, PARTIAL, HAS_SOFT_CAP, SCORE_MOD_GRAD is not None,
+        False,
+    )  # fmt: skip
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
 
 
@@ -128,6 +144,8 @@ def block_sparse_dq_kernel(
     PREDICATE: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr,
 ):
     """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -170,14 +188,16 @@ def block_sparse_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
     for t in range(0, full):
-        kv_row = kv_base + (tl.load(tiles_ptr + base + t) * BLOCK_N).to(tl.int64) * KV_STRIDE
+        kv_tile = tl.load(tiles_ptr + base + t)
+        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
         k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, True, qk_scale_log2, scale_over_cap,
-            cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
+            dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
+            qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, SCORE_MOD,
+            SCORE_MOD_GRAD, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
@@ -201,8 +221,9 @@ def block_sparse_dq_kernel(
             HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, allowed, qk_scale_log2, scale_over_cap,
-            cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+            dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, head, qk_scale_log2,
+            scale_over_cap, cap_log2, True, HAS_SOFT_CAP, SCORE_MOD, SCORE_MOD_GRAD,
+            INPUT_PRECISION,
         )  # fmt: skip
     dq *= softmax_scale
     dq_ptrs = _tile_ptrs(dq_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
@@ -220,19 +241,29 @@ def _dkdv_step(
     lse2,
     delta,
     allowed,
+    cols,
+    keys,
+    batch,
+    head,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """dv += P^T dO and dk += dS^T Q (unscaled) over one query tile; the tile is
-    transposed: rows are keys, columns queries."""
+    transposed: rows are keys, columns queries (positions `cols`)."""
     qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+    s2_t, g_t = _score_hook(s2_t, batch, head, cols, keys, SCORE_MOD, SCORE_MOD_GRAD, True, True)
     dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-    p_t, ds_t = _gradient_tile(s2_t, t_t, dp_t, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP, True)
+    p_t, ds_t = _gradient_tile(
+        s2_t, t_t, dp_t, lse2, delta, allowed, g_t, PARTIAL, HAS_SOFT_CAP,
+        SCORE_MOD_GRAD is not None, True,
+    )  # fmt: skip
     dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
     dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
     return dk, dv
@@ -312,6 +343,8 @@ def block_sparse_dkdv_kernel(
     PREDICATE: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr,
 ):
     """dK, dV of one [BLOCK_N]-row key tile of one kv head of one batch entry.
 
@@ -351,14 +384,15 @@ def block_sparse_dkdv_kernel(
         group = tl.load(head_group_ptr + head)
         full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
         for t in range(0, full):
-            _, q, do, lse2, delta = _dkdv_query_tile(
+            cols, q, do, lse2, delta = _dkdv_query_tile(
                 q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
                 tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, False,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q, do, lse2, delta, True,
-                qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, INPUT_PRECISION,
+                dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, head,
+                qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, SCORE_MOD,
+                SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
         for t in range(full, total):
             cols, q, do, lse2, delta = _dkdv_query_tile(
@@ -383,8 +417,9 @@ def block_sparse_dkdv_kernel(
                 MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
             )  # fmt: skip
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q, do, lse2, delta, allowed,
-                qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, INPUT_PRECISION,
+                dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, head,
+                qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, SCORE_MOD,
+                SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
     dk *= softmax_scale
     out_mask = key_ok[:, None] & d_ok[None, :]

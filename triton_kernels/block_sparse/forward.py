@@ -68,6 +68,33 @@ def _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP: tl.c
 
 
 @triton.jit
+def _score_hook(
+    s2,
+    batch,
+    head,
+    q_idx,
+    kv_idx,
+    SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr,
+    KV_MAJOR: tl.constexpr,
+    NEED_GRAD: tl.constexpr,
+):
+    """(s2', g): the user's score hook (`ScoreMod`) applied to log2 scores s2 (the hook
+    sees and returns natural units), and with NEED_GRAD its derivative in the score (1
+    for an additive hook, whose SCORE_MOD_GRAD is None). Without a hook: (s2, 1)."""
+    g = 1.0
+    if SCORE_MOD is not None:
+        s = s2 * LN2
+        q = _q_side(q_idx, KV_MAJOR)
+        kv = _kv_side(kv_idx, KV_MAJOR)
+        if NEED_GRAD:
+            if SCORE_MOD_GRAD is not None:
+                g = SCORE_MOD_GRAD(s, batch, head, q, kv)
+        s2 = SCORE_MOD(s, batch, head, q, kv) * LOG2E
+    return s2, g
+
+
+@triton.jit
 def _q_side(x, KV_MAJOR: tl.constexpr):
     """A per-query vector as a tile axis: rows, or columns of a KV_MAJOR tile."""
     if KV_MAJOR:
@@ -179,15 +206,21 @@ def _forward_step(
     k,
     v,
     allowed,
+    rows,
+    cols,
+    batch,
+    head,
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """One online-softmax update of (acc, m_i, l_i) with one key tile.
+    """One online-softmax update of (acc, m_i, l_i) with one key tile (rows, cols: its
+    positions, for the score hook).
 
     Invariant: m_i is the running max of the allowed s2 (or -inf), l_i = sum exp2(s2 -
     m_i), acc = sum exp2(s2 - m_i) * v over the keys seen so far (and the sink).
@@ -195,6 +228,7 @@ def _forward_step(
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     if PARTIAL:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+        s2, _ = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, None, False, False)
         s2 = tl.where(allowed, s2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # A row with nothing allowed so far keeps m = -inf: shift by 0 (exp2 gives 0, not NaN).
@@ -209,6 +243,7 @@ def _forward_step(
         p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
     else:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
+        s2, _ = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, None, False, False)
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         m_shift = m_new
         p = tl.exp2(s2 - m_shift[:, None])
@@ -263,6 +298,7 @@ def block_sparse_forward_kernel(
     HAS_SINKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -272,7 +308,8 @@ def block_sparse_forward_kernel(
     v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows. The rest as the
     module docstring; q_len, kv_len: the real lengths; n_tiles, width: the lists' dims.
     RAW_SCORE_MAX: full tiles take the row max on raw q.k (valid only for softmax_scale
-    > 0 without a soft cap; the bridge decides).
+    > 0 without a soft cap or score hook; the bridge decides). SCORE_MOD: the user's
+    `@triton.jit` score hook or None.
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -313,14 +350,16 @@ def block_sparse_forward_kernel(
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
     for t in range(0, full):
         kv_tile = tl.load(tiles_ptr + base + t)
+        cols = kv_tile * BLOCK_N + offs_n
         kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
         k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, True, qk_scale_log2, scale_over_cap, cap_log2,
-            False, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
+            acc, m_i, l_i, q, k, v, True, rows, cols, batch, head, qk_scale_log2,
+            scale_over_cap, cap_log2, False, HAS_SOFT_CAP, RAW_SCORE_MAX, SCORE_MOD,
+            INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
@@ -345,8 +384,9 @@ def block_sparse_forward_kernel(
             HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, allowed, qk_scale_log2, scale_over_cap, cap_log2,
-            True, HAS_SOFT_CAP, RAW_SCORE_MAX, INPUT_PRECISION,
+            acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, head, qk_scale_log2,
+            scale_over_cap, cap_log2, True, HAS_SOFT_CAP, RAW_SCORE_MAX, SCORE_MOD,
+            INPUT_PRECISION,
         )  # fmt: skip
 
     # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: out 0, lse -inf.
