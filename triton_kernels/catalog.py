@@ -251,7 +251,10 @@ def block_sparse_variant(
         PREDICATE=None,
         HAS_SOFT_CAP=soft_cap,
         INPUT_PRECISION="ieee",
+        SCORE_MOD=None,
     )
+    if kind != "forward":
+        constexprs["SCORE_MOD_GRAD"] = None
     if kind != "backward_dkdv":
         constexprs["GROUP_WIDTH"] = _Q_HEADS
     if kind == "forward":
