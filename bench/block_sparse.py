@@ -11,7 +11,7 @@
    `varlen_attention(implementation="xla")` too. Every row checks its output and
    gradients against the dense result.
 On a GPU, part 2 is bench/block_sparse_gpu.py instead: the Triton kernels in bfloat16 at
-8k / 16k tokens against dense masked attention, cuDNN and our varlen kernels.
+8k / 16k / 32k tokens against dense masked attention, cuDNN and our varlen kernels.
 Rows carry the useful FLOPs: 4 * head_dim per allowed (query, key) pair and head, times
 3.5 for forward + backward (bench/report.py).
 """

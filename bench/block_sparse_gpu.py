@@ -2,8 +2,8 @@
 
 Run by the `block_sparse` section when JAX's default backend is a GPU, after the sweep.
 bfloat16, one sequence of T tokens, 8 heads of 128 (GQA off), forward + backward through
-`jax.vjp` (median of `REPEATS` calls after a warm-up), for the sweep's masks at 8k and
-16k tokens. Baselines, each timed in the same run:
+`jax.vjp` (median of `REPEATS` calls after a warm-up), for every mask of the sweep at 8k,
+16k and 32k tokens. Baselines, each timed in the same run:
 
 * `dense`: `jax.nn.dot_product_attention` with the mask as a dense boolean array (cuDNN
   where it takes one, else XLA, which materialises the scores: skipped past
@@ -31,7 +31,7 @@ from bench.timing import jit_with_grads, relative_errors, repeat_seconds
 from jax_bridge import block_sparse_attention, varlen_attention
 from pallas_tpu.splash import CausalMask, DocumentMask, LocalMask
 
-TOKENS = (8192, 16384)
+TOKENS = (8192, 16384, 32768)
 HEADS, HEAD_DIM, REPEATS = 8, 128, 5
 XLA_DENSE_LIMIT = 8192
 MASKS = (
@@ -40,6 +40,7 @@ MASKS = (
     "chunked 2048",
     "prefix-LM 2048",
     "16 documents",
+    "random 50%",
     "random 90% sparse",
 )
 
