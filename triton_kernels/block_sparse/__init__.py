@@ -1,1 +1,2 @@
-"""Block-sparse FlashAttention-2 kernels (forward, dQ, dK/dV) driven by per-tile lists, and their launch configs."""
+"""Block-sparse FlashAttention-2 kernels (forward, dQ, dK/dV) driven by per-tile lists,
+and their launch configurations."""
