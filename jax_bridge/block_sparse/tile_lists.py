@@ -46,8 +46,11 @@ from pallas_tpu.splash.masks import (
     PrefixLMRule,
     _ComputableMask,
 )
+from triton_kernels.block_sparse.forward import PREDICATE_MODE as _PREDICATE
+from triton_kernels.block_sparse.forward import TABLE as _TABLE
+from triton_kernels.block_sparse.forward import TOKENS as _TOKENS
 
-TABLE, TOKENS, PREDICATE = 0, 1, 2
+TABLE, TOKENS, PREDICATE = (m.value for m in (_TABLE, _TOKENS, _PREDICATE))
 
 
 # ------------------------------------------------------------------------- tile lists

@@ -34,6 +34,11 @@ never meets a NaN; the rows that may see such a row are made NaN instead
 evaluated again only when a flag is set): NaN or Inf in one document never reaches
 another. Full tiles read the operands as given.
 
+Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head, q position, kv
+position) applied to every scaled, soft-capped score (natural units) before the mask;
+the backward multiplies dS by SCORE_MOD_GRAD of the same arguments (None: an additive
+hook, derivative 1).
+
 Scores live in the log2 domain (`s * log2(e)` folded into the scale).
 """
 
@@ -49,6 +54,7 @@ from triton_kernels.flash_attention.forward import (
     _tile_ptrs,
 )
 
+# MASK_MODE values (the bridge's `tile_lists` uses the same numbers).
 TABLE = tl.constexpr(0)
 TOKENS = tl.constexpr(1)
 PREDICATE_MODE = tl.constexpr(2)
