@@ -11,6 +11,8 @@ Static rules (read from each module's import statements):
 """
 
 import ast
+import importlib.metadata
+import os
 import pathlib
 import subprocess
 import sys
@@ -147,13 +149,26 @@ def test_jax_bridge_imports_without_jax_triton():
     assert loaded == "False" and int(count) >= 30
 
 
+LIBRARY_PACKAGES = ("jax_bridge", "pallas_tpu", "triton_kernels")
+
+
 def test_only_the_library_packages_are_installed(tmp_path):
+    # The check is about the installed distribution; a machine that runs the suite from a
+    # checkout on its path (a GPU image with its own packages) has none to check. The
+    # project's venv and CI install it (`make test`), so there its absence fails.
+    try:
+        dist = importlib.metadata.distribution("ragged-kernels")
+    except importlib.metadata.PackageNotFoundError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("the ragged-kernels distribution is not installed in this environment")
+    assert sorted(dist.read_text("top_level.txt").split()) == list(LIBRARY_PACKAGES)
     # Outside the checkout only installed packages import: bench and examples must not.
     out = _run(
-        """
+        f"""
         import importlib.util as u
-        print([u.find_spec(n) is not None for n in ("jax_bridge", "triton_kernels", "bench")])
+        print([u.find_spec(n) is not None for n in {(*LIBRARY_PACKAGES, "bench", "examples")}])
         """,
         cwd=tmp_path,
     )
-    assert out.strip() == "[True, True, False]"
+    assert out.strip() == "[True, True, True, False, False]"

@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jax_bridge import grouped_matmul, transposed_grouped_matmul, varlen_attention
+from tests.devices import first_devices
 
 IMPLEMENTATIONS = ("xla", "triton")
 # Off a TPU the Pallas kernels run in the TPU interpreter inside a checked shard_map.
@@ -24,7 +25,7 @@ SHARDS = 4
 
 @pytest.fixture(scope="module")
 def mesh():
-    return Mesh(np.array(jax.devices()[:SHARDS]), ("d",))
+    return Mesh(np.array(first_devices(SHARDS)), ("d",))
 
 
 def _attention_problem():

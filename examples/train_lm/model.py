@@ -157,12 +157,17 @@ class Transformer(nn.Module):
         x = embed[tokens]
         if extra_embedding is not None:
             x = x + extra_embedding.astype(x.dtype)
+        # No constancy pass: it traces the body once more to find broadcast values, and
+        # the kernels' checkify checks (effects DCE keeps, fed by the carry) read to newer
+        # flax as a broadcast value depending on the body. Nothing here is broadcast out:
+        # parameters are stacked on the block axis and the blocks return no outputs.
         blocks = nn.scan(
             Block,
             variable_axes={"params": 0},
             split_rngs={"params": True},
             in_axes=nn.broadcast,
             length=c.num_blocks,
+            check_constancy_invariants=False,
         )
         x, _ = blocks(c, self.kernels, name="blocks")(x, layout)
         x = RMSNorm(name="final_norm")(x)

@@ -11,6 +11,9 @@ and it truncates float32 -> bfloat16 casts where the GPU rounds to nearest even
 (`cvt.rn.bf16.f32`). During a launch `tl.dot` sees bfloat16 operands as the float32
 values they hold (exact: a float32 product of two bfloat16 values is exact, which is
 what the tensor cores compute) and the casts round to nearest even.
+
+Scalars used as Python integers (a loaded row count as a `range` bound) work on every
+Triton we support: see `_scalar_tensors_index`.
 """
 
 from __future__ import annotations
@@ -239,5 +242,36 @@ def run_interpreted(
         _launch_lock,
         _device_functions_interpreted(kernel, *functions),
         _gpu_bfloat16_arithmetic(),
+        _scalar_tensors_index(),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
+
+
+def _index_of_scalar(self: tl.core.tensor) -> int:
+    return int(self.handle.data.item())
+
+
+@contextlib.contextmanager
+def _scalar_tensors_index() -> Iterator[None]:
+    """Within: a scalar tensor converts to a Python int as a GPU's loop bound would.
+
+    The interpreter holds every scalar (a program id, a loaded value) as a numpy array of
+    shape [1]. Triton 3.6 converts one to an int (`range(start, end)` with runtime
+    bounds) by `int(array)`, which numpy 2.5 refuses for any array of ndim > 0 (a
+    deprecation since numpy 1.25); later Triton squeezes first. Each launch and each
+    interpreted device-function call re-installs Triton's language patches, so the
+    conversion is set again right after them, through Triton's own patch scope, which
+    restores it when the launch ends. For a size-1 array both spellings give the same int.
+    """
+    original = triton_interpreter._patch_lang
+
+    def patch_lang(fn: Callable[..., Any]) -> Any:
+        scope = original(fn)
+        scope.set_attr(tl.core.tensor, "__index__", _index_of_scalar)
+        return scope
+
+    triton_interpreter._patch_lang = patch_lang
+    try:
+        yield
+    finally:
+        triton_interpreter._patch_lang = original

@@ -9,7 +9,6 @@ compiled program holds the kernels the backend must launch.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from jax_bridge import TARGETS, compile_for
+from tests.devices import needs_libtpu
 
 GPU_TARGETS = ("h100", "a100")
 TPU_TARGETS = ("tpu-v5e", "tpu-v6e")
@@ -27,11 +27,6 @@ KERNEL_CALL = {
     ("triton", "cuda"): "triton_kernel_call",
     ("pallas", "tpu"): "tpu_custom_call",
 }
-
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None,
-    reason="libtpu missing: install the test extra (pip install -e '.[test]')",
-)
 
 
 def target_params(targets=SUITE_TARGETS, dtypes=None):

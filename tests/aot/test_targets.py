@@ -1,7 +1,6 @@
 """The compile targets, `compile_for`'s contract and report, and the rule that a kernel
 follows the platform its program is compiled for, not the host."""
 
-import importlib.util
 import math
 
 import hypothesis.strategies as st
@@ -15,6 +14,7 @@ import jax_bridge as jb
 from jax_bridge.aot import targets as targets_lib
 from jax_bridge.aot.compile import parse_compiled_text
 from tests.aot.helpers import needs_libtpu, spec
+from tests.devices import TPU_COMPILES
 
 
 @given(count=st.integers(1, 512), name=st.sampled_from(["tpu-v5e", "tpu-v5p", "tpu-v6e"]))
@@ -148,7 +148,7 @@ def test_auto_picks_the_target_kernels_under_compile_for():
     args = [spec((256, 2, 128), jnp.bfloat16)] * 3 + [spec((3,), jnp.int32)]
     gpu = jb.compile_for(_attention(), *args, target="h100").report
     assert gpu.custom_calls.get("triton_kernel_call", 0) == 1
-    if importlib.util.find_spec("libtpu") is not None:
+    if TPU_COMPILES:
         tpu = jb.compile_for(_attention(), *args, target="tpu-v6e").report
         assert tpu.custom_calls.get("tpu_custom_call", 0) == 1
     # The same function still runs here, on the host's backend.

@@ -30,6 +30,7 @@ from tests.attention.helpers import (
     assert_close,
     attention_tolerance,
     dense_segment_attention,
+    exact_dot_product_attention,
     make_inputs,
     padded_inputs,
 )
@@ -335,10 +336,10 @@ def test_traced_bad_cu_seqlens_is_a_checkify_error():
 
 def test_flash_attention_without_segment_ids():
     q, k, v, _ = padded_inputs(0, 2, 40, 40, 4, 2)
-    ref = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    ref = exact_dot_product_attention(q, k, v, is_causal=True)
     tol = _padded_tolerance(q, k)
     assert_close(flash_attention(q, k, v, causal=True, implementation="xla"), ref, tol)
-    ref = jax.nn.dot_product_attention(q, k, v, scale=0.2)
+    ref = exact_dot_product_attention(q, k, v, scale=0.2)
     tol = _padded_tolerance(q, k, softmax_scale=0.2)
     assert_close(flash_attention(q, k, v, softmax_scale=0.2, implementation="xla"), ref, tol)
 

@@ -417,7 +417,7 @@ def test_flash_attention_segment_ids_with_padding(impl, causal):
         v,
         d_out,
     )
-    # jax.nn.dot_product_attention is a float32 oracle: twice the bound.
+    # The dense oracle computes in float32 (exact products, see helpers): twice the bound.
     tol = 2 * attention_tolerance(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]))
     assert_close(out, ref, tol, "out")
     np.testing.assert_array_equal(np.asarray(out)[SELF_IDS <= 0], 0.0)

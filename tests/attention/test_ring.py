@@ -21,12 +21,13 @@ from jax.sharding import PartitionSpec as P
 from jax_bridge import flash_attention, reorder_sequence
 from jax_bridge.attention.ring import ring_attention, ring_attention_shard
 from tests.attention.helpers import assert_close, attention_tolerance
+from tests.devices import first_devices
 
 BATCH, SEQ, HEAD_DIM = 2, 48, 16
 
 
 def _mesh(ring_size: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:ring_size]), ("cp",))
+    return Mesh(np.array(first_devices(ring_size)), ("cp",))
 
 
 def _segment_ids(rng) -> np.ndarray:
@@ -238,7 +239,7 @@ def test_make_mesh_explicit_axes_and_inputs_sharded_otherwise():
     """`jax.make_mesh` gives explicit axes, where a jitted shard_map refuses inputs not
     laid out as its spec: the op reshards them (here batch over "data", heads over "cp")."""
     q, k, v, ids, weights, sinks = _problem(21, 4, 2, True)
-    mesh = jax.make_mesh((2, 2), ("data", "cp"), devices=jax.devices()[:4])
+    mesh = jax.make_mesh((2, 2), ("data", "cp"), devices=first_devices(4))
     assert jax.sharding.AxisType.Explicit in mesh.axis_types
     put = lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
     placed = [put(x, P("data", None, "cp")) for x in (q, k, v)]

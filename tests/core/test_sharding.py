@@ -13,6 +13,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_bridge.core.sharding import jit_shard_map
+from tests.devices import first_devices
 
 KINDS = {
     "explicit": (AxisType.Explicit, AxisType.Explicit),
@@ -22,7 +23,7 @@ KINDS = {
 
 
 def _mesh(kind: str):
-    return jax.make_mesh((2, 2), ("a", "b"), axis_types=KINDS[kind], devices=jax.devices()[:4])
+    return jax.make_mesh((2, 2), ("a", "b"), axis_types=KINDS[kind], devices=first_devices(4))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

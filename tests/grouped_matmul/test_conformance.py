@@ -31,6 +31,7 @@ from jax_bridge import (
     transposed_grouped_matmul,
     transposed_grouped_matmul_reference,
 )
+from tests.devices import first_devices
 from tests.grouped_matmul.helpers import (
     Float64Product,
     assert_close,
@@ -462,7 +463,7 @@ def test_expert_parallel_shard_map_sums_to_the_full_product(implementation):
     mesh = jax.make_mesh(
         (devices,),
         ("expert",),
-        devices=jax.devices()[:devices],
+        devices=first_devices(devices),
         axis_types=(jax.sharding.AxisType.Auto,),
     )
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_bridge.host.sharding import get_corrected_named_sharding
+from tests.devices import first_devices
 
 MESH_LAYOUTS = {
     "flat": ((8,), ("data",)),
@@ -22,7 +23,7 @@ AXIS_NAMES = ["data", "model", "fsdp", "tensor", "absent"]
 
 def make_mesh(layout: str) -> Mesh:
     shape, names = MESH_LAYOUTS[layout]
-    return Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), names)
+    return Mesh(np.array(first_devices(math.prod(shape))).reshape(shape), names)
 
 
 spec_entries = st.one_of(

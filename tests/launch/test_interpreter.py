@@ -11,10 +11,14 @@ float64 numpy attention / grouped matmul for the statistical check:
     alone multiplies the raw uint16 bit patterns);
 (c) no bias: among the inexact bfloat16 outputs of the Triton attention and grouped
     matmul, the fraction smaller in magnitude than the float64 result is near one half
-    (truncation made it ~0.78 for attention and ~1 for grouped matmul).
+    (truncation made it ~0.78 for attention and ~1 for grouped matmul);
+(d) a scalar loaded in the kernel bounds a `range` loop (Triton 3.6 converted it with
+    `int()` of a shape-[1] array, which numpy 2.5 refuses).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +43,37 @@ def _dot_kernel(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.c
     a = tl.load(a_ptr + rows[:, None] * K + inner[None, :])
     b = tl.load(b_ptr + inner[:, None] * N + cols[None, :])
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], tl.dot(a, b))
+
+
+@triton.jit
+def _count_rows_kernel(bounds_ptr, out_ptr, BLOCK: tl.constexpr):
+    # Runtime loop bounds read from memory, as the varlen kernels walk a sequence's rows.
+    start = tl.load(bounds_ptr)
+    end = tl.load(bounds_ptr + 1)
+    count = tl.zeros([BLOCK], tl.int32)
+    for row in range(start, end, BLOCK):
+        count += (row + tl.arange(0, BLOCK) < end).to(tl.int32)
+    tl.store(out_ptr + tl.arange(0, BLOCK), count)
+
+
+def test_loaded_scalars_bound_a_loop():
+    # numpy 2.5 refuses int() of a shape-[1] array (older numpy warns), and the
+    # interpreter holds every scalar that way: as errors, the warnings show the
+    # conversion on any numpy.
+    bounds = jnp.asarray([3, 26], jnp.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        got = triton_call(
+            bounds,
+            kernel=_count_rows_kernel,
+            out_shape=jax.ShapeDtypeStruct((8,), jnp.int32),
+            grid=(1,),
+            BLOCK=8,
+        )
+        got = np.asarray(got)  # the launch has run before the filter is undone
+    # Rows 3..25 in steps of 8: lane i counts the rows 3 + i + 8j below 26.
+    expected = [sum(1 for r in range(3 + i, 26, 8)) for i in range(8)]
+    np.testing.assert_array_equal(got, expected)
 
 
 def _to_bfloat16(x: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from jax_bridge.moe import (
     expert_parallel_moe_feed_forward,
     route,
 )
+from tests.devices import first_devices
 from tests.moe.helpers import (
     assert_close,
     assert_tree_close,
@@ -34,7 +35,7 @@ TOP_K = 2
 
 
 def _mesh(devices: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:devices]), ("expert",))
+    return Mesh(np.array(first_devices(devices)), ("expert",))
 
 
 @pytest.mark.parametrize("dispatch", ["replicated", "all_to_all"])
@@ -76,7 +77,7 @@ def test_make_mesh_explicit_axes_and_inputs_sharded_otherwise(dispatch):
     """`jax.make_mesh` gives explicit axes, where a jitted shard_map refuses inputs not
     laid out as its spec: the block reshards them (tokens over "data", weights whole)."""
     x, params = problem(13)
-    mesh = jax.make_mesh((2, 2), ("data", "expert"), devices=jax.devices()[:4])
+    mesh = jax.make_mesh((2, 2), ("data", "expert"), devices=first_devices(4))
     assert jax.sharding.AxisType.Explicit in mesh.axis_types
     x_in = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("data")))
     block = functools.partial(

@@ -31,6 +31,7 @@ from pallas_tpu.splash import (
     make_splash_mha,
 )
 from tests.attention.helpers import assert_close
+from tests.devices import first_devices
 from tests.splash.helpers import oracle_value_and_grad, splash_tolerance
 from tests.splash.reference import attention_reference
 
@@ -59,7 +60,7 @@ def _masks():
 def test_sharded_kernel_equals_unsharded(name, shards):
     head_shards, q_seq_shards = shards
     mask = _masks()[name]
-    mesh = Mesh(np.array(jax.devices()[:4]).reshape(shards), ("h", "q"))
+    mesh = Mesh(np.array(first_devices(4)).reshape(shards), ("h", "q"))
     seed = 10 * sorted(_masks()).index(name) + head_shards  # fresh inputs per case
     keys = jax.random.split(jax.random.key(seed), 3)
     q, k, v = (jax.random.normal(key, (HEADS, TOKENS, DIM)) for key in keys)

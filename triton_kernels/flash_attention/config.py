@@ -9,7 +9,9 @@ fast and still cross block boundaries.
 The GPU defaults were chosen with `jax_bridge.launch.report.static_kernel_report`
 (causal):
 
-* bf16/fp16: at head_dim <= 128 none of the kernels spills registers, and on sm_90 each
+* bf16/fp16: at head_dim <= 128 none of the kernels spills registers under Triton 3.9
+  (under 3.6 a few register-heavy dK/dV variants do, where every spill-free tile is
+  slower on 3.9: tests/attention/test_lowering.py lists them), and on sm_90 each
   kernel emits wgmma (Hopper warpgroup MMA); the report checks that a kernel uses it,
   not that every one of its matmuls does.
 * float32: the package's default precision (HIGHEST) multiplies exactly, on CUDA cores
@@ -172,8 +174,13 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
 _BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
 # Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls:
-# dQ at d=128 spills 12 B at two stages and none at one.
-_AMPERE_PERSISTENT_HEAVY: _Table = {"backward_dq": {128: (128, 32, 8, 1)}}
+# dQ at d=128 spills 12 B at two stages and none at one. The forward at d=64 spills 4 B
+# at three stages under Triton 3.6 (none under 3.9); at two it spills under neither and
+# its loop is no longer (warp-instructions per MFLOP, 3.9: 3288 -> 3231; 3.6: 3304 -> 3170).
+_AMPERE_PERSISTENT_HEAVY: _Table = {
+    "forward": {64: (128, 64, 8, 2)},
+    "backward_dq": {128: (128, 32, 8, 1)},
+}
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80

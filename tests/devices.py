@@ -1,0 +1,39 @@
+"""The devices a test needs: enough for its mesh, and libtpu's compile-only TPUs.
+
+The conftest gives every run on the CPU eight devices; a run on an accelerator
+(`JAX_PLATFORMS=cuda` on a one-GPU machine) has as many as the machine, and a mesh test
+that needs more is skipped there with the count it needs, not failed in `Mesh`.
+
+Compile-only TPUs come from libtpu (`jax[tpu]`, in the `test` extra). A machine without
+it (a GPU image with its own packages) skips the tests that compile for a TPU; CI
+(`CI` set) installs the test extra, so there a missing libtpu is an install error and
+those tests run and fail loudly rather than skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax
+import pytest
+
+LIBTPU_INSTALLED = importlib.util.find_spec("libtpu") is not None
+TPU_COMPILES = LIBTPU_INSTALLED or bool(os.environ.get("CI"))
+"""Whether this run compiles for TPU targets: with libtpu, and always in CI."""
+
+needs_libtpu = pytest.mark.skipif(
+    not TPU_COMPILES,
+    reason="needs libtpu's compile-only TPUs: install the test extra (pip install -e '.[test]')",
+)
+
+
+def first_devices(count: int) -> list[jax.Device]:
+    """The first `count` devices of the default backend; skips the test when fewer exist."""
+    devices = jax.devices()
+    if len(devices) < count:
+        pytest.skip(
+            f"needs {count} devices; this {devices[0].platform} run has {len(devices)} "
+            "(on the CPU the conftest provides 8)"
+        )
+    return devices[:count]
