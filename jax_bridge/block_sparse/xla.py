@@ -94,14 +94,18 @@ class _Work:
 
 def _static_work(mask, shape, block_shape) -> _Work:
     blocks = static_block_list(pad_mask(mask, shape), block_shape)
-    table = jnp.asarray(blocks.partial_blocks)
+    # Behind a barrier XLA cannot constant-fold the element masks gathered from these
+    # lists (seconds of compile time per call, on every platform, for nothing at run time).
+    arrays = (blocks.q_block, blocks.kv_block, blocks.kind, blocks.partial_id)
+    *lists, table = lax.optimization_barrier(
+        tuple(jnp.asarray(x) for x in (*arrays, blocks.partial_blocks))
+    )
 
     def allowed(q_block, kv_block, kind, partial_id):
         del q_block, kv_block
         kind = kind[:, None, None]
         return (kind == FULL) | ((kind == PARTIAL) & table[partial_id])
 
-    lists = (blocks.q_block, blocks.kv_block, blocks.kind, blocks.partial_id)
     return _Work(*lists, allowed=allowed, dynamic=False)
 
 
@@ -135,7 +139,7 @@ def _run(step, carry, work: _Work, pairs_per_step: int):
         body = lambda c, xs: lax.cond(jnp.any(xs[2] != EMPTY), step, lambda c, _: c, c, xs)
     else:
         body = step
-    total = len(work.kind) if not work.dynamic else work.kind.shape[0]
+    total = work.kind.shape[0]
     steps, rest = divmod(total, pairs_per_step)
     if steps:
         xs = tuple(jnp.asarray(x)[: steps * pairs_per_step].reshape(steps, -1) for x in work.pairs)
