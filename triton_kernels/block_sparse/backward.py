@@ -27,9 +27,14 @@ from triton_kernels.block_sparse.forward import (
     _poison_rows,
     _row_flags,
     _score_hook,
+)
+from triton_kernels.flash_attention.backward import _load_row_stats
+from triton_kernels.flash_attention.forward import (
+    _load_rows,
+    _score_constants,
+    _tile_ptrs,
     _tile_scores,
 )
-from triton_kernels.flash_attention.forward import _load_rows, _score_constants, _tile_ptrs
 
 
 @triton.jit
@@ -178,8 +183,7 @@ def block_sparse_dq_kernel(
     q = _load_rows(q_ptrs, row_ok, d_ok, True, EVEN_D)
     do = _load_rows(do_ptrs, row_ok, d_ok, True, EVEN_D)
     stats = (batch * NUM_Q_HEADS + head) * q_len + rows
-    lse2 = tl.load(lse_log2_ptr + stats, mask=row_ok, other=float("inf"))
-    delta = tl.load(delta_ptr + stats, mask=row_ok, other=0.0)
+    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, row_ok, True)
     kv_base = batch * kv_len * KV_STRIDE + kv_head * HEAD_DIM
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
@@ -288,12 +292,7 @@ def _dkdv_query_tile(q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_t
         CHECK, EVEN_D,
     )  # fmt: skip
     stats = (batch * NUM_Q_HEADS + head) * q_len + cols
-    if CHECK:
-        lse2 = tl.load(lse_log2_ptr + stats, mask=col_ok, other=float("inf"))
-        delta = tl.load(delta_ptr + stats, mask=col_ok, other=0.0)
-    else:
-        lse2 = tl.load(lse_log2_ptr + stats)
-        delta = tl.load(delta_ptr + stats)
+    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, col_ok, CHECK)
     return cols, q, do, lse2, delta
 
 

@@ -48,29 +48,18 @@ import triton.language as tl
 from triton_kernels.flash_attention.forward import (
     LN2,
     LOG2E,
+    _final_rows,
+    _initial_rows,
     _load_rows,
     _score_constants,
-    _tanh,
     _tile_ptrs,
+    _tile_scores,
 )
 
 # MASK_MODE values (the bridge's `tile_lists` uses the same numbers).
 TABLE = tl.constexpr(0)
 TOKENS = tl.constexpr(1)
 PREDICATE_MODE = tl.constexpr(2)
-
-
-@triton.jit
-def _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP: tl.constexpr):
-    """(s2, t): log2(e) * the (soft-capped) scaled scores of raw products `qk`, and
-    tanh(scale * qk / cap) for the soft cap's gradient (qk itself without a cap)."""
-    t = qk
-    if HAS_SOFT_CAP:
-        t = _tanh(qk * scale_over_cap)
-        s2 = t * cap_log2
-    else:
-        s2 = qk * qk_scale_log2
-    return s2, t
 
 
 @triton.jit
@@ -344,14 +333,7 @@ def block_sparse_forward_kernel(
     )
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if HAS_SINKS:
-        # The sink joins every row's softmax with no value: start at m = sink, l = 1
-        # (a sink of -inf is none: m = -inf, l = 0).
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + head) * LOG2E
-        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
-    else:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
 
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
     for t in range(0, full):
@@ -395,11 +377,7 @@ def block_sparse_forward_kernel(
             INPUT_PRECISION,
         )  # fmt: skip
 
-    # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: out 0, lse -inf.
-    has_mass = l_i > 0.0
-    l_safe = tl.where(has_mass, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    out, lse = _final_rows(acc, m_i, l_i)
     out_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     lse_row = (batch * NUM_Q_HEADS + head) * q_len

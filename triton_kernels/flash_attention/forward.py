@@ -148,6 +148,45 @@ def _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI: tl.constexpr):
 
 
 @triton.jit
+def _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP: tl.constexpr):
+    """(s2, t): log2(e) * the (soft-capped) scaled scores of raw products `qk`, and
+    tanh(scale * qk / cap) for the soft cap's gradient (qk itself without a cap)."""
+    t = qk
+    if HAS_SOFT_CAP:
+        t = _tanh(qk * scale_over_cap)
+        s2 = t * cap_log2
+    else:
+        s2 = qk * qk_scale_log2
+    return s2, t
+
+
+@triton.jit
+def _initial_rows(sinks_ptr, head, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(m, l) [BLOCK_M] of an online softmax before any key. The sink is one more logit of
+    every row, with no value: start at it (m = sink, l = exp2(sink - m) = 1, acc = 0).
+    A sink of -inf is no sink: m = -inf, l = 0."""
+    if HAS_SINKS:
+        sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
+def _final_rows(acc, m_i, l_i):
+    """(out, natural-log lse) of an online softmax's rows. A row with no allowed key (and
+    no sink, or a sink of -inf) has l = 0: output 0, lse -inf."""
+    has_mass = l_i > 0.0
+    l_safe = tl.where(has_mass, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    return out, lse
+
+
+@triton.jit
 def _scores_log2(
     qk,
     rows,
@@ -172,12 +211,7 @@ def _scores_log2(
     Returns (s2, t): s2 = log2(e) * (soft-capped scaled score - ALiBi), -inf where masked
     (only when APPLY_MASK); t = tanh(scale * qk / cap) when HAS_SOFT_CAP, else qk.
     """
-    t = qk
-    if HAS_SOFT_CAP:
-        t = _tanh(qk * scale_over_cap)
-        s2 = t * cap_log2
-    else:
-        s2 = qk * qk_scale_log2
+    s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     offset = cols[None, :] - (rows[:, None] + shift)  # column minus the row's centre
     if HAS_ALIBI:
         s2 -= tl.abs(offset).to(tl.float32) * slope_log2
@@ -369,16 +403,7 @@ def _forward_tile(
     slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if HAS_SINKS:
-        # The sink is one more logit of every row, with no value: start the running
-        # softmax at it (m = sink, l = exp2(sink - m) = 1, acc = 0). A sink of -inf is
-        # no sink: m = -inf, l = 0.
-        sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
-        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
-    else:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
 
     shift = _diagonal_shift(shift_ptr, seq, len_q, len_k)
     row_last = tl.minimum(m0 + BLOCK_M, len_q) - 1
@@ -413,12 +438,7 @@ def _forward_tile(
         RAW_SCORE_MAX,
     )  # fmt: skip
 
-    # A row with no allowed key (and no sink, or a sink of -inf) has l = 0: output 0,
-    # lse -inf.
-    has_mass = l_i > 0.0
-    l_safe = tl.where(has_mass, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_mass, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    out, lse = _final_rows(acc, m_i, l_i)
     # Rows past len_q and padded dims are never stored.
     out_mask = row_ok[:, None] & d_ok[None, :]
     out_ptrs = _tile_ptrs(out_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
