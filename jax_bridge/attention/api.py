@@ -26,6 +26,7 @@ from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
     as_int32,
     check_cu_seqlens,
+    check_head_dim,
     check_qkv_arrays,
     check_static_int,
     is_traced,
@@ -187,13 +188,7 @@ def _check_qkv(q: Any, k: Any, v: Any, implementation: str, op: str = _OP) -> No
     check_qkv_arrays(
         op, q, k, v, q_doc="[tokens, heads, head_dim]", kv_doc="[total_k, num_kv_heads, head_dim]"
     )
-    head_dim = q.shape[2]
-    smallest, largest = BACKENDS[implementation].HEAD_DIMS
-    if not smallest <= head_dim <= largest:
-        raise ValueError(
-            f"{op}: q's head_dim must be in [{smallest}, {largest}] for "
-            f"implementation={implementation!r}, got {head_dim}."
-        )
+    check_head_dim(op, q.shape[2], BACKENDS[implementation].HEAD_DIMS, implementation)
 
 
 def _check_cu_seqlens(cu: Any, name: str, total: int, array_name: str) -> jax.Array:

@@ -21,7 +21,6 @@ from jax_bridge.block_sparse import pallas, triton, xla
 from jax_bridge.block_sparse.checks import (
     OP,
     check_block_sizes,
-    check_head_dim,
     check_mask,
     check_qkv,
     check_scale_and_cap,
@@ -35,6 +34,7 @@ from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
+from jax_bridge.core.validation import check_head_dim
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.masks import Mask
@@ -125,7 +125,7 @@ def block_sparse_attention(
     check_qkv(q, k, v)
     batch, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
-    check_head_dim(head_dim, BACKENDS[impl].HEAD_DIMS, impl)
+    check_head_dim(OP, head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
     check_score_mod(score_mod, impl)

@@ -29,16 +29,6 @@ def check_qkv(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"{OP}: k's batch ({k.shape[0]}) must equal q's batch ({q.shape[0]}).")
 
 
-def check_head_dim(head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:
-    """head_dim within the backend's (smallest, largest)."""
-    smallest, largest = head_dims
-    if not smallest <= head_dim <= largest:
-        raise ValueError(
-            f"{OP}: q's head_dim must be in [{smallest}, {largest}] for "
-            f"implementation={implementation!r}, got {head_dim}."
-        )
-
-
 def check_mask(mask: Any, q_len: int, kv_len: int, num_q_heads: int) -> None:
     """A 2-D Mask (q_len, kv_len), or a MultiHeadMask of num_q_heads such masks."""
     if not isinstance(mask, Mask):

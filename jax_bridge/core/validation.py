@@ -252,3 +252,13 @@ def naming_op(op: str) -> Iterator[None]:
         if message.startswith(f"{op}:"):
             raise
         raise type(err)(f"{op}: {message}") from None
+
+
+def check_head_dim(op: str, head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:
+    """q's head_dim within the (smallest, largest) the chosen backend runs."""
+    smallest, largest = head_dims
+    if not smallest <= head_dim <= largest:
+        raise ValueError(
+            f"{op}: q's head_dim must be in [{smallest}, {largest}] for "
+            f"implementation={implementation!r}, got {head_dim}."
+        )
