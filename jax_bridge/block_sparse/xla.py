@@ -178,9 +178,10 @@ def _product(spec: str, weights, values, precision) -> jax.Array:
     return lax.cond(jnp.all(jnp.isfinite(values)), plain, isolating, weights, values)
 
 
-def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions):
+def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, slope: bool = False):
     """(scores, capped scores, d scores / d capped) float32 [B, n, Hk, G, bq, bk]: scaled,
-    soft-capped, then through the score hook (the derivative is 1.0 without one).
+    soft-capped, then through the score hook. The derivative (for the backward, when
+    `slope`) is 1.0 without a hook and None when not asked for.
 
     positions: (heads [Hk, G], q_block [n], kv_block [n], block_shape) of the step, for
     the hook's index arguments.
@@ -198,9 +199,11 @@ def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions):
     q_pos = (q_block[:, None] * bq + jnp.arange(bq, dtype=jnp.int32))[None, :, None, None, :, None]
     kv_pos = (kv_block[:, None] * bk + jnp.arange(bk, dtype=jnp.int32))[None, :, None, None, None]
     apply = lambda c: hook.apply(c, batch, head, q_pos, kv_pos)
+    if not slope:
+        return apply(capped), capped, None
     # The hook is elementwise in the score: a jvp with ones is its derivative.
-    scores, slope = jax.jvp(apply, (capped,), (jnp.ones_like(capped),))
-    return scores, capped, slope
+    scores, derivative = jax.jvp(apply, (capped,), (jnp.ones_like(capped),))
+    return scores, capped, derivative
 
 
 # ------------------------------------------------------------------- one head group
@@ -287,7 +290,8 @@ def _group_backward(
         q_block, kv_block = pairs[0], pairs[1]
         allowed = work.allowed(*pairs)[None, :, None, None]
         q, k, v, d_out = (t.q[:, q_block], t.k[:, kv_block], t.v[:, kv_block], t.d_out[:, q_block])
-        s, capped, slope = _scores(q, k, options, (heads, q_block, kv_block, block_shape))
+        positions = (heads, q_block, kv_block, block_shape)
+        s, capped, slope = _scores(q, k, options, positions, slope=True)
         p = jnp.where(allowed, jnp.exp(s - lse[:, q_block][..., None]), 0.0)
         dp = _dot("bcqhgd,bckhd->bchgqk", d_out, v, precision)
         ds = jnp.where(allowed, p * (dp - delta[:, q_block][..., None]) * slope, 0.0)
