@@ -250,6 +250,7 @@ def block_sparse_variant(
         HAS_PREFIX=False,
         PREDICATE=None,
         HAS_SOFT_CAP=soft_cap,
+        HAS_ALIBI=False,
         INPUT_PRECISION="ieee",
         SCORE_MOD=None,
     )

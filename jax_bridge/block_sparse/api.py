@@ -20,12 +20,13 @@ import jax.numpy as jnp
 from jax_bridge.block_sparse import pallas, triton, xla
 from jax_bridge.block_sparse.checks import (
     OP,
+    check_alibi,
     check_block_sizes,
     check_mask,
+    check_per_head,
     check_qkv,
     check_scale_and_cap,
     check_score_mod,
-    check_sinks,
 )
 from jax_bridge.block_sparse.common import apply_sink_limits, row_delta, sink_gradient
 from jax_bridge.block_sparse.masks import TracedDocument, split_mask
@@ -70,6 +71,7 @@ def block_sparse_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
     return_lse: bool = False,
     score_mod: ScoreMod | None = None,
     block_sizes: BlockSizes | None = None,
@@ -92,10 +94,14 @@ def block_sparse_attention(
       logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off.
       sinks: [num_q_heads] learnable logits that join every row's softmax denominator and
         carry no value; they receive a gradient.
+      alibi_slopes: [num_q_heads]; adds -slope[h] * |q_index - kv_index| to the scores
+        (after the soft cap, before the score hook), the indices being the mask's rows
+        and columns. Treated as constants: zero gradient. XLA and Triton run it; Pallas
+        refuses it.
       return_lse: also return the natural-log log-sum-exp of each row.
       score_mod: a `ScoreMod` (FlexAttention's score_mod): score' = fn(score, batch,
-        query head, q position, kv position) on every scaled, soft-capped score before
-        the mask; gradients flow through it. XLA and Triton (which needs its
+        query head, q position, kv position) on every scaled, soft-capped (ALiBi-shifted)
+        score before the mask; gradients flow through it. XLA and Triton (which needs its
         `triton_fn`) run it; Pallas refuses it.
       block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv (default 128, or
         less for short sequences); Pallas every field (multiples of 128, default up to
@@ -129,7 +135,10 @@ def block_sparse_attention(
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
     check_score_mod(score_mod, impl)
-    sinks = check_sinks(sinks, num_q_heads)
+    sinks = check_per_head(sinks, "sinks", num_q_heads)
+    alibi_slopes = check_alibi(alibi_slopes, num_q_heads, impl)
+    if alibi_slopes is not None:
+        alibi_slopes = jax.lax.stop_gradient(alibi_slopes)
     static_mask, mask_arrays = split_mask(mask)
     options = BlockSparseOptions(
         implementation=impl,
@@ -143,7 +152,7 @@ def block_sparse_attention(
     if batch == 0 or q_len == 0 or kv_len == 0:
         out, lse = _no_work(q, v, sinks)
     else:
-        out, lse = _attention(options, q, k, v, sinks, mask_arrays)
+        out, lse = _attention(options, q, k, v, sinks, alibi_slopes, mask_arrays)
     return (out, lse) if return_lse else out
 
 
@@ -160,43 +169,48 @@ def _no_work(q, v, sinks):
 #
 # Backend contract: every module in `BACKENDS` exports
 #   HEAD_DIMS: (smallest, largest) head_dim it runs;
-#   forward(q, k, v, sinks, mask_arrays, options) -> (out, lse float32 [B, Hq, Lq]);
-#   backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options) -> (dq, dk, dv)
+#   forward(q, k, v, sinks, alibi, mask_arrays, options) -> (out, lse float32 [B, Hq, Lq]);
+#   backward(q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options)
+#     -> (dq, dk, dv)
 # with arrays as documented on `block_sparse_attention`, already validated, q_len and
 # kv_len >= 1; `mask_arrays` the int arrays of `masks.split_mask` (`join_mask` rebuilds
 # the mask from them and options.mask); delta = rowsum(dO * O) - d_lse
 # (`common.row_delta`). The sinks' gradient and their non-finite limits live here.
 
 
-def _forward(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
+def _forward(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
     backend = BACKENDS[options.implementation]
-    out, lse = backend.forward(q, k, v, sinks, mask_arrays, options)
+    out, lse = backend.forward(q, k, v, sinks, alibi, mask_arrays, options)
     return (out, lse) if sinks is None else apply_sink_limits(out, lse, sinks)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
-    return _forward(options, q, k, v, sinks, mask_arrays)
+def _attention(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
+    return _forward(options, q, k, v, sinks, alibi, mask_arrays)
 
 
-def _attention_fwd(options: BlockSparseOptions, q, k, v, sinks, mask_arrays):
+def _attention_fwd(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
     forward = first_order_only(functools.partial(_forward, options), OP)
-    out, lse = forward(q, k, v, sinks, mask_arrays)
-    return (out, lse), (q, k, v, out, lse, sinks, mask_arrays)
+    out, lse = forward(q, k, v, sinks, alibi, mask_arrays)
+    return (out, lse), (q, k, v, out, lse, sinks, alibi, mask_arrays)
 
 
 def _attention_bwd(options: BlockSparseOptions, residuals, cotangents):
-    q, k, v, out, lse, sinks, mask_arrays = residuals
+    q, k, v, out, lse, sinks, alibi, mask_arrays = residuals
     d_out, d_lse = cotangents
     delta = row_delta(out, d_out, d_lse)
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
-    dq, dk, dv = first_order_only(backward, OP)(q, k, v, out, lse, d_out, delta, sinks, mask_arrays)
-    d_sinks = None
+    dq, dk, dv = first_order_only(backward, OP)(
+        q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays
+    )
+    d_sinks = d_alibi = None
     if sinks is not None:
         d_sinks = cotangent_like(sink_gradient(sinks, lse, delta).astype(sinks.dtype), sinks)
+    if alibi is not None:  # constants (the op stops their gradient)
+        d_alibi = cotangent_like(jnp.zeros_like(alibi), alibi)
     # Inside shard_map a cotangent must vary exactly where its primal does.
     dq, dk, dv = (cotangent_like(d.astype(x.dtype), x) for d, x in ((dq, q), (dk, k), (dv, v)))
-    return dq, dk, dv, d_sinks, tuple(None for _ in mask_arrays)
+    return dq, dk, dv, d_sinks, d_alibi, tuple(None for _ in mask_arrays)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -97,18 +97,29 @@ def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int)
     return (head_dim**-0.5 if scale is None else scale), (cap or None)
 
 
-def check_sinks(sinks: Any, num_q_heads: int) -> jax.Array | None:
-    if sinks is None:
+def check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
+    """None, or a float array of one value per query head (`sinks`, `alibi_slopes`)."""
+    if x is None:
         return None
-    sinks = sinks if is_traced(sinks) else jnp.asarray(sinks)
-    if sinks.shape != (num_q_heads,):
+    x = x if is_traced(x) else jnp.asarray(x)
+    if x.shape != (num_q_heads,):
         raise ValueError(
-            f"{OP}: sinks must have shape [num_q_heads] = ({num_q_heads},), got "
-            f"{tuple(sinks.shape)}."
+            f"{OP}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
         )
-    if not jnp.issubdtype(sinks.dtype, jnp.floating):
-        raise TypeError(f"{OP}: sinks must have a float dtype, got {sinks.dtype}.")
-    return sinks
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{OP}: {name} must have a float dtype, got {x.dtype}.")
+    return x
+
+
+def check_alibi(alibi_slopes: Any, num_q_heads: int, implementation: str) -> jax.Array | None:
+    """None, or [num_q_heads] float slopes on a backend that runs ALiBi."""
+    alibi_slopes = check_per_head(alibi_slopes, "alibi_slopes", num_q_heads)
+    if alibi_slopes is not None and implementation == "pallas":
+        raise ValueError(
+            f"{OP}: alibi_slopes is not supported by implementation='pallas' (the splash "
+            "kernels have no ALiBi); use 'xla' or 'triton'."
+        )
+    return alibi_slopes
 
 
 def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | None:

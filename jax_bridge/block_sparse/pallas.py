@@ -69,8 +69,10 @@ def _heads_first(x: jax.Array, length: int) -> jax.Array:
     return x.transpose(0, 2, 1, 3)
 
 
-def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
-    """(out [B, Lq, Hq, Dv] in q's dtype, lse float32 [B, Hq, Lq])."""
+def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
+    """(out [B, Lq, Hq, Dv] in q's dtype, lse float32 [B, Hq, Lq]); alibi is always None
+    (the op refuses ALiBi here: the splash kernels have none)."""
+    del alibi
     q_len = q.shape[1]
     plan = _plan(options, mask_arrays, q_len, k.shape[1])
     kernel = plan.kernel
@@ -85,9 +87,11 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
     return out[:, :, :q_len].transpose(0, 2, 1, 3), lse[:, :, :q_len]
 
 
-def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: BlockSparseOptions):
+def backward(
+    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+):
     """(dq, dk, dv) by the splash dQ and dK/dV kernels; delta float32 [B, Hq, Lq]."""
-    del out, sinks  # the sinks act through lse alone
+    del out, sinks, alibi  # the sinks act through lse alone; no ALiBi here
     q_len, kv_len = q.shape[1], k.shape[1]
     plan = _plan(options, mask_arrays, q_len, kv_len)
     masks, kernel_options = plan.kernel.masks, plan.kernel.config.options

@@ -2,8 +2,9 @@
 
 Written for clarity, not speed: memory is O(batch * heads * q_len * kv_len). Every
 convention of `block_sparse_attention` appears once, on whole matrices: scores scaled,
-then soft-capped, then through the score hook, then masked; sinks join the denominator;
-a row that sees nothing returns 0 with lse -inf (the sink's logit with sinks).
+then soft-capped, shifted by ALiBi, through the score hook, then masked; sinks join the
+denominator; a row that sees nothing returns 0 with lse -inf (the sink's logit with
+sinks).
 Differentiable with `jax.grad` in q, k, v and sinks. Computes in float32, or in float64
 for float64 inputs (under `jax.enable_x64`).
 An oracle for finite inputs: unlike the backends it does not keep a masked NaN value
@@ -57,6 +58,7 @@ def block_sparse_attention_reference(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
     return_lse: bool = False,
     score_mod: ScoreMod | None = None,
     **unused: Any,
@@ -70,7 +72,9 @@ def block_sparse_attention_reference(
         one mask per query head; a DocumentMask of traced arrays is evaluated in jnp.
       softmax_scale: default 1 / sqrt(head_dim). logits_soft_cap: c * tanh(s / c), None
         or 0 is off. sinks: [num_q_heads] logits in every row's denominator.
-      score_mod: a `ScoreMod` applied to the (soft-capped) scores before the mask.
+      alibi_slopes: [num_q_heads]: -slope[h] * |q_index - kv_index| joins the scores.
+      score_mod: a `ScoreMod` applied to the (soft-capped, ALiBi-shifted) scores before
+        the mask.
       return_lse: also return lse, float32 [batch, num_q_heads, q_len].
       unused: `block_sizes`, `precision`, `implementation` of the op, accepted and ignored.
 
@@ -87,8 +91,11 @@ def block_sparse_attention_reference(
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(compute), k, precision=_HIGHEST) * scale
     if logits_soft_cap:
         s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+    b, h, i, j = (jnp.arange(n, dtype=jnp.int32) for n in s.shape)
+    if alibi_slopes is not None:
+        distance = jnp.abs(i[:, None] - j[None, :]).astype(compute)
+        s = s - alibi_slopes.astype(compute)[:, None, None] * distance
     if score_mod is not None:
-        b, h, i, j = (jnp.arange(n, dtype=jnp.int32) for n in s.shape)
         s = score_mod.apply(s, b[:, None, None, None], h[:, None, None], i[:, None], j)
     allowed = dense_mask(mask, num_q_heads)[None]
     s = jnp.where(allowed, s, -jnp.inf)  # a select: NaN of masked pairs never counts

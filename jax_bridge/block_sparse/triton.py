@@ -126,7 +126,7 @@ def _common_arguments(plan: _Plan, lists: TileLists, options: BlockSparseOptions
     )
 
 
-def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> dict:
+def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k, has_alibi: bool) -> dict:
     config = plan.configs[kind]
     head_dim = q.shape[-1]
     precision = "ieee" if q.dtype != jnp.float32 else triton_input_precision(options.precision)
@@ -140,6 +140,7 @@ def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> di
         BLOCK_N=config.block_n,
         BLOCK_D=block_d(head_dim),
         HAS_SOFT_CAP=options.logits_soft_cap is not None,
+        HAS_ALIBI=has_alibi,
         INPUT_PRECISION=precision,
         SCORE_MOD=None if options.score_mod is None else options.score_mod.triton_fn,
         **plan.rule.flags(),
@@ -157,20 +158,25 @@ def _score_mod_grad(options: BlockSparseOptions) -> Any:
     return None if options.score_mod is None else options.score_mod.triton_grad
 
 
+def _float32_or_dummy(x: jax.Array | None) -> jax.Array:
+    """x as float32, or a one-element placeholder for a pointer the kernel never reads."""
+    return jnp.zeros((1,), jnp.float32) if x is None else x.astype(jnp.float32)
+
+
 @follow_lowering_platform
-def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
+def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, D] in q's dtype, lse float32 [B, Hq, Lq]); see the api."""
     batch, q_len, num_q_heads, _ = q.shape
     plan = _plan(options, mask_arrays, q, k)
     lists = plan.lists("forward")
     group_heads = plan.group_heads()
-    sink_array = jnp.zeros((1,), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
     return triton_call(
         q,
         k,
         v,
         *_isolated(v),
-        sink_array,
+        _float32_or_dummy(sinks),
+        _float32_or_dummy(alibi),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
@@ -186,20 +192,23 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
         # max commutes with a positive scale when nothing else transforms the scores
         RAW_SCORE_MAX=options.softmax_scale > 0
         and options.logits_soft_cap is None
+        and alibi is None
         and options.score_mod is None,
-        **_constexprs(plan, options, "forward", q, k),
+        **_constexprs(plan, options, "forward", q, k, alibi is not None),
     )
 
 
 @follow_lowering_platform
-def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: BlockSparseOptions):
+def backward(
+    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+):
     """(dq, dk, dv) in the inputs' dtypes; see the api."""
     del out, sinks  # delta carries rowsum(dO * O); lse includes the sink
     batch = q.shape[0]
     plan = _plan(options, mask_arrays, q, k)
     # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
     lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
-    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32))
+    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), _float32_or_dummy(alibi))
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
     dq = triton_call(
@@ -214,7 +223,7 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
         name="block_sparse_attention_bwd_dq",
         GROUP_WIDTH=group_heads.shape[1],
         SCORE_MOD_GRAD=_score_mod_grad(options),
-        **_constexprs(plan, options, "backward_dq", q, k),
+        **_constexprs(plan, options, "backward_dq", q, k, alibi is not None),
     )
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
@@ -229,6 +238,6 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
         grid=(lists.items.shape[0], k.shape[2], batch),
         name="block_sparse_attention_bwd_dkdv",
         SCORE_MOD_GRAD=_score_mod_grad(options),
-        **_constexprs(plan, options, "backward_dkdv", q, k),
+        **_constexprs(plan, options, "backward_dkdv", q, k, alibi is not None),
     )
     return dq, dk, dv

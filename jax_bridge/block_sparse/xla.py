@@ -180,33 +180,47 @@ def _product(spec: str, weights, values, precision) -> jax.Array:
 
 def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, slope: bool = False):
     """(scores, capped scores, d scores / d capped) float32 [B, n, Hk, G, bq, bk]: scaled,
-    soft-capped, then through the score hook. The derivative (for the backward, when
-    `slope`) is 1.0 without a hook and None when not asked for.
+    soft-capped, shifted by ALiBi, then through the score hook. The derivative (for the
+    backward, when `slope`) is 1.0 without a hook and None when not asked for.
 
-    positions: (heads [Hk, G], q_block [n], kv_block [n], block_shape) of the step, for
-    the hook's index arguments.
+    positions: (heads, q_block [n], kv_block [n], block_shape) of the step.
     """
     scaled = _dot("bcqhgd,bckhd->bchgqk", q_tiles, k_tiles, options.precision)
     scaled = scaled * options.softmax_scale
     cap = options.logits_soft_cap
     capped = scaled if cap is None else cap * jnp.tanh(scaled / cap)
-    hook = options.score_mod
-    if hook is None:
-        return capped, capped, 1.0
     heads, q_block, kv_block, (bq, bk) = positions
-    batch = jnp.arange(capped.shape[0], dtype=jnp.int32)[:, None, None, None, None, None]
-    head = jnp.asarray(heads, jnp.int32)[None, None, :, :, None, None]
+    hook, alibi = options.score_mod, heads.alibi
+    if hook is None and alibi is None:
+        return capped, capped, 1.0
     q_pos = (q_block[:, None] * bq + jnp.arange(bq, dtype=jnp.int32))[None, :, None, None, :, None]
     kv_pos = (kv_block[:, None] * bk + jnp.arange(bk, dtype=jnp.int32))[None, :, None, None, None]
+    biased = capped
+    if alibi is not None:
+        distance = jnp.abs(q_pos - kv_pos).astype(_F32)
+        biased = capped - alibi[None, None, :, :, None, None] * distance
+    if hook is None:
+        return biased, capped, 1.0
+    batch = jnp.arange(capped.shape[0], dtype=jnp.int32)[:, None, None, None, None, None]
+    head = jnp.asarray(heads.index, jnp.int32)[None, None, :, :, None, None]
     apply = lambda c: hook.apply(c, batch, head, q_pos, kv_pos)
     if not slope:
-        return apply(capped), capped, None
+        return apply(biased), capped, None
     # The hook is elementwise in the score: a jvp with ones is its derivative.
-    scores, derivative = jax.jvp(apply, (capped,), (jnp.ones_like(capped),))
+    scores, derivative = jax.jvp(apply, (biased,), (jnp.ones_like(biased),))
     return scores, capped, derivative
 
 
 # ------------------------------------------------------------------- one head group
+
+
+@dataclasses.dataclass(frozen=True)
+class _Heads:
+    """One head group's query heads, as the `_group_view` axes [Hk, G]: their indices
+    (int32, for the score hook) and their ALiBi slopes (float32, or None)."""
+
+    index: np.ndarray
+    alibi: jax.Array | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +247,7 @@ def _tiles(q, k, v, block_shape, d_out=None) -> _Tiles:
 
 def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int, heads, block_shape):
     """(out f32 [B, nq, Hk, G, bq, Dv], lse f32 [B, nq, Hk, G, bq]) of one head group
-    (heads: int [Hk, G], its query heads).
+    (heads: its `_Heads`).
 
     Invariant after every step: m is the running max of each row's visited scores
     (-inf: none yet), l = sum exp(s - m), acc = sum exp(s - m) v (both 0 when m = -inf).
@@ -355,11 +369,13 @@ def _group_view(x, heads, kv_heads, group: int):
     return x[:, :, heads][:, :, :, None]
 
 
-def _head_index(heads, num_q_heads: int, group: int) -> np.ndarray:
-    """int32 [Hk, G]: the query head of each (kv head, group member) of `_group_view`."""
+def _heads(heads, num_q_heads: int, group: int, alibi) -> _Heads:
+    """The `_Heads` of one group of `_groups` (heads None: all, GQA-shaped)."""
     if heads is None:
-        return np.arange(num_q_heads, dtype=np.int32).reshape(-1, group)
-    return np.asarray(heads, np.int32)[:, None]
+        index = np.arange(num_q_heads, dtype=np.int32).reshape(-1, group)
+    else:
+        index = np.asarray(heads, np.int32)[:, None]
+    return _Heads(index, None if alibi is None else alibi.astype(_F32)[index])
 
 
 def _rows_view(x, heads, layout: _Layout, hk: int):
@@ -375,7 +391,7 @@ def _rows_back(x) -> jax.Array:
     return x.transpose(0, 2, 3, 1, 4).reshape(b, hk * g, nq * bq)
 
 
-def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
+def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, Dv] in q's dtype, lse float32 [B, Hq, Lq])."""
     layout = _Layout.make(q, k, options)
     mask = join_mask(options.mask, mask_arrays)
@@ -393,9 +409,14 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
             sink = sink.reshape(q5.shape[2], group)
         tiles = _tiles(q5, k4, v4, layout.block_shape)
         steps = layout.pairs_per_step(batch, q5.shape[2] * group)
-        head_index = _head_index(heads, num_q_heads, layout.group)
         o, l = _group_forward(
-            tiles, sink, layout.work(head_mask), options, steps, head_index, layout.block_shape
+            tiles,
+            sink,
+            layout.work(head_mask),
+            options,
+            steps,
+            _heads(heads, num_q_heads, layout.group, alibi),
+            layout.block_shape,
         )
         o = o.transpose(0, 1, 4, 2, 3, 5).reshape(batch, layout.padded[0], -1, o.shape[-1])
         index = slice(None) if heads is None else heads
@@ -404,7 +425,9 @@ def forward(q, k, v, sinks, mask_arrays, options: BlockSparseOptions):
     return out[:, : layout.q_len].astype(q.dtype), lse[:, :, : layout.q_len]
 
 
-def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: BlockSparseOptions):
+def backward(
+    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+):
     """(dq, dk, dv) of `forward`; delta float32 [B, Hq, Lq] (`common.row_delta`)."""
     del out, sinks  # the sinks act through lse alone
     layout = _Layout.make(q, k, options)
@@ -430,7 +453,7 @@ def backward(q, k, v, out, lse, d_out, delta, sinks, mask_arrays, options: Block
             layout.work(head_mask),
             options,
             steps,
-            _head_index(heads, num_q_heads, layout.group),
+            _heads(heads, num_q_heads, layout.group, alibi),
             layout.block_shape,
         )
         g_dq = g_dq.reshape(batch, layout.padded[0], -1, q.shape[-1])

@@ -5,7 +5,8 @@ static block lists are HLO constants that XLA:TPU spends ~40 s folding at this s
 
 One program covers the three ways a partial tile is masked: a prefix-LM mask inside
 documents of traced cu_seqlens (evaluated from per-token arrays), a NumpyMask (its
-deduplicated partial blocks) and per-head masks; with GQA, sinks, a soft cap and the lse.
+deduplicated partial blocks) and per-head masks; with GQA, sinks, a soft cap, the lse
+and (on GPUs) ALiBi.
 """
 
 import jax
@@ -36,7 +37,9 @@ def _program(implementation: str):
                 q, k, v, documents, logits_soft_cap=30.0, return_lse=True, **options
             )
             total = jnp.sum(out.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
-            out = block_sparse_attention(q, k, v, per_head, **options)
+            # ALiBi where the kernels have it (Triton; the splash kernels refuse it)
+            slopes = jnp.linspace(0.05, 0.2, Q_HEADS) if implementation == "triton" else None
+            out = block_sparse_attention(q, k, v, per_head, alibi_slopes=slopes, **options)
             return total + jnp.sum(out.astype(jnp.float32))
 
         return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, sinks)

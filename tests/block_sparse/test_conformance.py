@@ -20,7 +20,12 @@ import pytest
 import triton
 import triton.language as tl
 
-from jax_bridge import ScoreMod, block_sparse_attention, block_sparse_attention_reference
+from jax_bridge import (
+    ScoreMod,
+    block_sparse_attention,
+    block_sparse_attention_reference,
+    varlen_attention,
+)
 from jax_bridge.block_sparse.api import BACKENDS
 from jax_bridge.block_sparse.masks import block_counts
 from jax_bridge.core.backend import compiling_for_platform
@@ -77,6 +82,9 @@ def _tolerance(q, k, kwargs, sinks) -> float:
     tokens_first = lambda x: x[0]  # [L, H, D] of batch entry 0; the bound is per pair
     bound = score_bound(tokens_first(q), tokens_first(k), kwargs.get("softmax_scale"), sinks)
     longest = max(q.shape[1], k.shape[1], q.shape[-1])
+    alibi = kwargs.get("alibi_slopes")
+    if alibi is not None:  # |score| grows by up to slope * the longest distance
+        bound += float(np.max(np.abs(alibi))) * max(q.shape[1], k.shape[1])
     return C * U32 * (bound + np.sqrt(longest))
 
 
@@ -326,6 +334,56 @@ def test_score_mod_against_oracle(implementation, hook):
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+@pytest.mark.parametrize("hook", [None, "square_cap"])
+def test_alibi_against_oracle(implementation, hook):
+    """ALiBi slopes (one per query head) under documents with a prefix-LM mask and under
+    per-head masks, with GQA, sinks and a soft cap, alone and before a non-additive score
+    hook: out, lse and every gradient against the float64 oracle."""
+    docs = DocumentMask(np.array([0, 70, 150], np.int32), shape=(L, L))
+    masks = [
+        PrefixLMMask((L, L), prefix_length=20) & docs,
+        MultiHeadMask([CausalMask((L, L)), LocalMask((L, L), (9, 2), 0), FullMask((L, L))] * 2),
+    ]
+    q, k, v, sinks, weights = _inputs(13, L, num_q_heads=6, num_kv_heads=2, batch=2)
+    slopes = jnp.asarray(np.random.default_rng(14).uniform(0.01, 0.3, 6), jnp.float32)
+    score_mod = None if hook is None else SCORE_MODS[hook]
+    for mask in masks:
+        check(
+            implementation, mask, q, k, v, sinks, weights,
+            alibi_slopes=slopes, score_mod=score_mod, logits_soft_cap=8.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+def test_alibi_matches_varlen_inside_documents(implementation):
+    """Packed documents with a causal rule and ALiBi equal `varlen_attention`'s ALiBi
+    (|i - j| within a document is the same distance in both ops), and the slopes get a
+    zero gradient in both."""
+    cu = np.array([0, 1, 45, 150], np.int32)  # a length-1 document
+    mask = DocumentMask(cu, shape=(L, L), causal=True)
+    q, k, v, _, _ = _inputs(15, L, num_q_heads=4, num_kv_heads=2)
+    slopes = jnp.asarray(np.random.default_rng(16).uniform(0.05, 0.5, 4), jnp.float32)
+
+    def ours(q, slopes):
+        return block_sparse_attention(
+            q, k, v, mask, alibi_slopes=slopes, implementation=implementation,
+            block_sizes=_blocks(implementation),
+        )  # fmt: skip
+
+    def theirs(q, slopes):
+        out = varlen_attention(
+            q[0], k[0], v[0], jnp.asarray(cu), jnp.asarray(cu), max_seqlen_q=105,
+            max_seqlen_k=105, causal=True, alibi_slopes=slopes, implementation="xla",
+        )  # fmt: skip
+        return out[None]
+
+    got, want = ours(q, slopes), theirs(q, slopes)
+    assert_close(got, want, _tolerance(q, k, dict(alibi_slopes=slopes), None), "vs varlen")
+    d_slopes = jax.grad(lambda s: jnp.sum(ours(q, s) * q))(slopes)
+    assert np.array_equal(np.asarray(d_slopes), np.zeros(4, np.float32))
+
+
 def test_score_mod_is_checked():
     q, k, v, _, _ = _inputs(12, 20)
     mask = CausalMask((20, 20))
@@ -444,6 +502,17 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
             r"head_dim must be in \[16, 256\] for implementation='triton', got 8",
         ),
         (dict(sinks=jnp.zeros(3)), ValueError, r"sinks must have shape \[num_q_heads\]"),
+        (
+            dict(alibi_slopes=jnp.ones((1, 2))),
+            ValueError,
+            r"alibi_slopes must have shape \[num_q_heads\] = \(2,\)",
+        ),
+        (dict(alibi_slopes=jnp.ones(2, jnp.int32)), TypeError, r"alibi_slopes must have a float"),
+        (
+            dict(alibi_slopes=jnp.ones(2), implementation="pallas"),
+            ValueError,
+            r"alibi_slopes is not supported by implementation='pallas'",
+        ),
         (dict(softmax_scale=jnp.float32(1.0) + jnp.zeros(())), TypeError, r"softmax_scale"),
         (dict(logits_soft_cap=-1.0), ValueError, r"logits_soft_cap must be positive"),
         (dict(block_sizes=(32, 32)), TypeError, r"block_sizes must be"),

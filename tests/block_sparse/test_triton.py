@@ -173,7 +173,7 @@ def test_other_masks_read_the_table_and_predicates_their_kernel_function():
 def test_lowers_for_cuda_with_each_element_rule(compute_capability):
     """jax_triton's real lowering (Triton to PTX and cubin, no GPU): forward, dQ and dK/dV
     for a token rule, the table and an in-kernel predicate, and a score hook with its
-    derivative, in bfloat16."""
+    derivative after ALiBi, in bfloat16."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.launch.lowering import lower_for_cuda
     from tests.block_sparse.test_conformance import SCORE_MODS, _every_fifth, _every_fifth_triton
@@ -190,8 +190,12 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
     for mask, hook in calls:
 
         def step(q, k, v, mask=mask, hook=hook):
+            slopes = None if hook is None else jnp.linspace(0.1, 0.4, 4)
+
             def loss(q, k, v):
-                out = block_sparse_attention(q, k, v, mask, score_mod=hook, implementation="triton")
+                out = block_sparse_attention(
+                    q, k, v, mask, score_mod=hook, alibi_slopes=slopes, implementation="triton"
+                )
                 return jnp.sum(out.astype(jnp.float32))
 
             return jax.value_and_grad(loss, (0, 1, 2))(q, k, v)

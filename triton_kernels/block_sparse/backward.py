@@ -9,9 +9,9 @@ d_lse. With P = exp(S - lse):
 
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
 
-and with a soft cap dS is further multiplied by 1 - tanh^2. In partial tiles P and dS are
-selected to 0 where masked (never multiplied by 0), so a non-finite dP or tanh there
-stays out.
+and with a soft cap dS is further multiplied by 1 - tanh^2, with a score hook by its
+derivative (ALiBi only shifts S: no term). In partial tiles P and dS are selected to 0
+where masked (never multiplied by 0), so a non-finite dP or tanh there stays out.
 
 The dK/dV kernel keeps one key tile of one kv head stationary and, for GQA, walks the
 lists of every query head of its group itself: each dK/dV row is written by exactly one
@@ -30,6 +30,7 @@ from triton_kernels.block_sparse.forward import (
 )
 from triton_kernels.flash_attention.backward import _load_row_stats
 from triton_kernels.flash_attention.forward import (
+    _alibi_slope_log2,
     _load_rows,
     _score_constants,
     _tile_ptrs,
@@ -87,8 +88,10 @@ def _dq_step(
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
+    slope_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -96,7 +99,9 @@ def _dq_step(
     """dq += dS K over one key tile (unscaled); in a partial tile k is the cleaned copy."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-    s2, g = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, SCORE_MOD_GRAD, False, True)
+    s2, g = _score_hook(
+        s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, False, True
+    )
     dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
     _, ds = _gradient_tile(
         s2, t, dp, lse2, delta, allowed, g, PARTIAL, HAS_SOFT_CAP, SCORE_MOD_GRAD is not None,
@@ -113,6 +118,7 @@ def block_sparse_dq_kernel(
     d_out_ptr,
     lse_log2_ptr,
     delta_ptr,
+    alibi_slopes_ptr,
     k_clean_ptr,
     k_bad_ptr,
     items_ptr,
@@ -148,6 +154,7 @@ def block_sparse_dq_kernel(
     HAS_PREFIX: tl.constexpr,
     PREDICATE: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
@@ -155,7 +162,8 @@ def block_sparse_dq_kernel(
     """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
 
     Grid and lists as `block_sparse_forward_kernel`; d_out_ptr as q; lse_log2_ptr,
-    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; k_clean_ptr, k_bad_ptr: k with its
+    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; alibi_slopes_ptr: float32
+    [NUM_Q_HEADS] (read with HAS_ALIBI); k_clean_ptr, k_bad_ptr: k with its
     non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS] flags of them (partial
     tiles read k there); dq_ptr: as q.
     """
@@ -188,6 +196,7 @@ def block_sparse_dq_kernel(
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
@@ -200,8 +209,8 @@ def block_sparse_dq_kernel(
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         dq = _dq_step(
             dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
-            qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, SCORE_MOD,
-            SCORE_MOD_GRAD, INPUT_PRECISION,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
+            SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
@@ -226,8 +235,8 @@ def block_sparse_dq_kernel(
         )  # fmt: skip
         dq = _dq_step(
             dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, head, qk_scale_log2,
-            scale_over_cap, cap_log2, True, HAS_SOFT_CAP, SCORE_MOD, SCORE_MOD_GRAD,
-            INPUT_PRECISION,
+            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
+            SCORE_MOD_GRAD, INPUT_PRECISION,
         )  # fmt: skip
     dq *= softmax_scale
     dq_ptrs = _tile_ptrs(dq_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
@@ -252,8 +261,10 @@ def _dkdv_step(
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
+    slope_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -262,7 +273,9 @@ def _dkdv_step(
     transposed: rows are keys, columns queries (positions `cols`)."""
     qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-    s2_t, g_t = _score_hook(s2_t, batch, head, cols, keys, SCORE_MOD, SCORE_MOD_GRAD, True, True)
+    s2_t, g_t = _score_hook(
+        s2_t, batch, head, cols, keys, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, True, True
+    )
     dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
     p_t, ds_t = _gradient_tile(
         s2_t, t_t, dp_t, lse2, delta, allowed, g_t, PARTIAL, HAS_SOFT_CAP,
@@ -304,6 +317,7 @@ def block_sparse_dkdv_kernel(
     d_out_ptr,
     lse_log2_ptr,
     delta_ptr,
+    alibi_slopes_ptr,
     q_clean_ptr,
     q_bad_ptr,
     do_clean_ptr,
@@ -341,6 +355,7 @@ def block_sparse_dkdv_kernel(
     HAS_PREFIX: tl.constexpr,
     PREDICATE: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
@@ -351,7 +366,8 @@ def block_sparse_dkdv_kernel(
     every key tile once. head_group_ptr: int32 [NUM_Q_HEADS], each query head's group;
     the lists (counts, tiles, codes) are per key tile: the query tiles that visit it.
     q_clean_ptr, q_bad_ptr, do_clean_ptr, do_bad_ptr: q and dO with their non-finite rows
-    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there).
+    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there);
+    alibi_slopes_ptr as the dQ kernel's.
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
     """
     kv_tile = tl.load(items_ptr + tl.program_id(0))
@@ -381,6 +397,7 @@ def block_sparse_dkdv_kernel(
     for g in range(0, GQA):
         head = kv_head * GQA + g
         group = tl.load(head_group_ptr + head)
+        slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
         full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
         for t in range(0, full):
             cols, q, do, lse2, delta = _dkdv_query_tile(
@@ -390,8 +407,8 @@ def block_sparse_dkdv_kernel(
             )  # fmt: skip
             dk, dv = _dkdv_step(
                 dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, head,
-                qk_scale_log2, scale_over_cap, cap_log2, False, HAS_SOFT_CAP, SCORE_MOD,
-                SCORE_MOD_GRAD, INPUT_PRECISION,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
+                HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
         for t in range(full, total):
             cols, q, do, lse2, delta = _dkdv_query_tile(
@@ -417,8 +434,8 @@ def block_sparse_dkdv_kernel(
             )  # fmt: skip
             dk, dv = _dkdv_step(
                 dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, head,
-                qk_scale_log2, scale_over_cap, cap_log2, True, HAS_SOFT_CAP, SCORE_MOD,
-                SCORE_MOD_GRAD, INPUT_PRECISION,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
+                HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
     dk *= softmax_scale
     out_mask = key_ok[:, None] & d_ok[None, :]

@@ -34,8 +34,9 @@ never meets a NaN; the rows that may see such a row are made NaN instead
 evaluated again only when a flag is set): NaN or Inf in one document never reaches
 another. Full tiles read the operands as given.
 
-Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head, q position, kv
-position) applied to every scaled, soft-capped score (natural units) before the mask;
+ALiBi (HAS_ALIBI): -slope[head] * |q position - kv position| added to every scaled,
+soft-capped score. Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head,
+q position, kv position) applied after it (natural units), before the mask;
 the backward multiplies dS by SCORE_MOD_GRAD of the same arguments (None: an additive
 hook, derivative 1).
 
@@ -48,6 +49,7 @@ import triton.language as tl
 from triton_kernels.flash_attention.forward import (
     LN2,
     LOG2E,
+    _alibi_slope_log2,
     _final_rows,
     _initial_rows,
     _load_rows,
@@ -69,23 +71,29 @@ def _score_hook(
     head,
     q_idx,
     kv_idx,
+    slope_log2,
+    HAS_ALIBI: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     KV_MAJOR: tl.constexpr,
     NEED_GRAD: tl.constexpr,
 ):
-    """(s2', g): the user's score hook (`ScoreMod`) applied to log2 scores s2 (the hook
-    sees and returns natural units), and with NEED_GRAD its derivative in the score (1
-    for an additive hook, whose SCORE_MOD_GRAD is None). Without a hook: (s2, 1)."""
+    """(s2', g): log2 scores s2 with ALiBi's -slope * |q - kv| and then the user's score
+    hook (`ScoreMod`, which sees and returns natural units) applied, and with NEED_GRAD
+    the hook's derivative in its score (1 for an additive hook, whose SCORE_MOD_GRAD is
+    None; ALiBi only shifts the score). Without either: (s2, 1)."""
     g = 1.0
-    if SCORE_MOD is not None:
-        s = s2 * LN2
+    if HAS_ALIBI or SCORE_MOD is not None:
         q = _q_side(q_idx, KV_MAJOR)
         kv = _kv_side(kv_idx, KV_MAJOR)
-        if NEED_GRAD:
-            if SCORE_MOD_GRAD is not None:
-                g = SCORE_MOD_GRAD(s, batch, head, q, kv)
-        s2 = SCORE_MOD(s, batch, head, q, kv) * LOG2E
+        if HAS_ALIBI:
+            s2 -= slope_log2 * tl.abs(q - kv).to(tl.float32)
+        if SCORE_MOD is not None:
+            s = s2 * LN2
+            if NEED_GRAD:
+                if SCORE_MOD_GRAD is not None:
+                    g = SCORE_MOD_GRAD(s, batch, head, q, kv)
+            s2 = SCORE_MOD(s, batch, head, q, kv) * LOG2E
     return s2, g
 
 
@@ -208,14 +216,16 @@ def _forward_step(
     qk_scale_log2,
     scale_over_cap,
     cap_log2,
+    slope_log2,
     PARTIAL: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """One online-softmax update of (acc, m_i, l_i) with one key tile (rows, cols: its
-    positions, for the score hook).
+    positions, for ALiBi and the score hook).
 
     Invariant: m_i is the running max of the allowed s2 (or -inf), l_i = sum exp2(s2 -
     m_i), acc = sum exp2(s2 - m_i) * v over the keys seen so far (and the sink).
@@ -223,7 +233,9 @@ def _forward_step(
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     if PARTIAL:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-        s2, _ = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, None, False, False)
+        s2, _ = _score_hook(
+            s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
+        )
         s2 = tl.where(allowed, s2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # A row with nothing allowed so far keeps m = -inf: shift by 0 (exp2 gives 0, not NaN).
@@ -238,7 +250,9 @@ def _forward_step(
         p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
     else:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-        s2, _ = _score_hook(s2, batch, head, rows, cols, SCORE_MOD, None, False, False)
+        s2, _ = _score_hook(
+            s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
+        )
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         m_shift = m_new
         p = tl.exp2(s2 - m_shift[:, None])
@@ -256,6 +270,7 @@ def block_sparse_forward_kernel(
     v_clean_ptr,
     v_bad_ptr,
     sinks_ptr,
+    alibi_slopes_ptr,
     items_ptr,
     group_heads_ptr,
     counts_ptr,
@@ -291,6 +306,7 @@ def block_sparse_forward_kernel(
     PREDICATE: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
     SCORE_MOD: tl.constexpr,
@@ -300,10 +316,11 @@ def block_sparse_forward_kernel(
     Grid: (len(items), GROUP_WIDTH, batch). items: int32 [n, 2] (query tile, head group),
     heaviest first, every query tile of every group once; program (i, j, b) serves head
     group_heads[group, j] (exits at -1). v_clean_ptr: v with its non-finite rows zeroed;
-    v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows. The rest as the
-    module docstring; q_len, kv_len: the real lengths; n_tiles, width: the lists' dims.
-    RAW_SCORE_MAX: full tiles take the row max on raw q.k (valid only for softmax_scale
-    > 0 without a soft cap or score hook; the bridge decides). SCORE_MOD: the user's
+    v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows; alibi_slopes_ptr:
+    float32 [NUM_Q_HEADS] (read with HAS_ALIBI). The rest as the module docstring; q_len,
+    kv_len: the real lengths; n_tiles, width: the lists' dims. RAW_SCORE_MAX: full tiles
+    take the row max on raw q.k (valid only for softmax_scale > 0 without a soft cap,
+    ALiBi or score hook; the bridge decides). SCORE_MOD: the user's
     `@triton.jit` score hook or None.
     """
     item = tl.program_id(0)
@@ -331,6 +348,7 @@ def block_sparse_forward_kernel(
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
+    slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
@@ -346,8 +364,8 @@ def block_sparse_forward_kernel(
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         acc, m_i, l_i = _forward_step(
             acc, m_i, l_i, q, k, v, True, rows, cols, batch, head, qk_scale_log2,
-            scale_over_cap, cap_log2, False, HAS_SOFT_CAP, RAW_SCORE_MAX, SCORE_MOD,
-            INPUT_PRECISION,
+            scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
+            SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
@@ -373,8 +391,8 @@ def block_sparse_forward_kernel(
         )  # fmt: skip
         acc, m_i, l_i = _forward_step(
             acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, head, qk_scale_log2,
-            scale_over_cap, cap_log2, True, HAS_SOFT_CAP, RAW_SCORE_MAX, SCORE_MOD,
-            INPUT_PRECISION,
+            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
+            SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
 
     out, lse = _final_rows(acc, m_i, l_i)
