@@ -2,7 +2,8 @@
 the 8 fake CPU devices, forward and gradient, against the same op run unsharded.
 
 Data-parallel attention: each device holds its own packed tokens and cu_seqlens; the
-unsharded run packs all four shards into one batch. Expert-parallel grouped matmul: each
+unsharded run packs all four shards into one batch (block-sparse attention: one batch
+entry per device, against the op on each entry). Expert-parallel grouped matmul: each
 device holds a quarter of the experts (`group_offset`), every device sees every token, and
 a `psum` over the expert axis combines the rows.
 """
@@ -14,7 +15,13 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jax_bridge import grouped_matmul, transposed_grouped_matmul, varlen_attention
+from jax_bridge import (
+    block_sparse_attention,
+    grouped_matmul,
+    transposed_grouped_matmul,
+    varlen_attention,
+)
+from pallas_tpu.splash import DocumentMask
 from tests.devices import first_devices
 
 IMPLEMENTATIONS = ("xla", "triton")
@@ -82,6 +89,47 @@ def test_data_parallel_attention_forward_and_gradient(mesh, implementation):
     )
     expected_grads = jax.grad(loss(unsharded), (0, 1, 2, 3))(q, k, v, sinks)
     for name, got, want in zip("q k v sinks".split(), grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("implementation", ATTENTION_IMPLEMENTATIONS)
+def test_data_parallel_block_sparse_attention_forward_and_gradient(mesh, implementation):
+    """One batch entry per device, each with its own traced documents (windowed inside),
+    sinks and ALiBi slopes (not in the splash kernels) replicated: equal to the op on
+    each entry's static mask."""
+    q, k, v, sinks, cu, _ = _attention_problem()
+    to_batch = lambda x: x.reshape(SHARDS, -1, *x.shape[1:])  # [4, 48, heads, dim]
+    q, k, v = to_batch(q), to_batch(k), to_batch(v)
+    slopes = jnp.asarray(np.random.default_rng(2).uniform(0.05, 0.3, 4), jnp.float32)
+    slopes = None if implementation == "pallas" else slopes
+    options = dict(sinks=sinks, alibi_slopes=slopes, implementation=implementation)
+    documents = lambda cu: DocumentMask(cu, shape=(48, 48), window=(17, 0))
+
+    def local(q, k, v, cu, sinks):
+        return block_sparse_attention(q, k, v, documents(cu[0]), **(options | dict(sinks=sinks)))
+
+    sharded = jax.shard_map(
+        local, mesh=mesh, in_specs=(P("d"), P("d"), P("d"), P("d"), P()), out_specs=P("d")
+    )
+
+    def unsharded(q, k, v, sinks):
+        one = lambda i: block_sparse_attention(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], documents(np.asarray(cu[i])),
+            **(options | dict(sinks=sinks)),
+        )  # fmt: skip
+        entries = [one(i) for i in range(SHARDS)]
+        return jnp.concatenate(entries)
+
+    np.testing.assert_allclose(
+        jax.jit(sharded)(q, k, v, cu, sinks), unsharded(q, k, v, sinks), rtol=1e-5, atol=1e-5
+    )
+    weights = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape), jnp.float32)
+    loss = lambda fn: lambda q, k, v, s: jnp.sum(fn(q, k, v, s) * weights)
+    grads = jax.jit(jax.grad(loss(lambda *a: sharded(*a[:3], cu, a[3])), (0, 1, 2, 3)))(
+        q, k, v, sinks
+    )
+    expected = jax.grad(loss(unsharded), (0, 1, 2, 3))(q, k, v, sinks)
+    for name, got, want in zip("q k v sinks".split(), grads, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
 
 

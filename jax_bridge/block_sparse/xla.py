@@ -58,6 +58,7 @@ from jax_bridge.block_sparse.masks import (
     static_block_list,
     xla_block_shape,
 )
+from jax_bridge.core.vma import varying_like
 from pallas_tpu.splash.mask_info import classify_blocks
 
 if TYPE_CHECKING:
@@ -133,8 +134,13 @@ def _document_work(mask, shape, block_shape) -> _Work:
     return _Work(*pairs, allowed=allowed, dynamic=True)
 
 
-def _run(step, carry, work: _Work, pairs_per_step: int):
-    """Folds `step(carry, pairs)` over the list: a scan of whole steps, then the rest."""
+def _run(step, carry, work: _Work, pairs_per_step: int, operands: tuple):
+    """Folds `step(carry, pairs)` over the list: a scan of whole steps, then the rest.
+
+    operands: the arrays `step` reads. Inside `shard_map` the carry starts varying along
+    their mesh axes (and the list's), as the steps' results do.
+    """
+    carry = varying_like(carry, *operands, *(x for x in work.pairs if isinstance(x, jax.Array)))
     if work.dynamic:
         body = lambda c, xs: lax.cond(jnp.any(xs[2] != EMPTY), step, lambda c, _: c, c, xs)
     else:
@@ -277,7 +283,7 @@ def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int, h
         acc = alpha[..., None] * acc + jnp.zeros_like(acc).at[:, q_block].add(pv)
         return m_new, l, acc
 
-    m, l, acc = _run(step, carry, work, pairs_per_step)
+    m, l, acc = _run(step, carry, work, pairs_per_step, (t.q, t.k, t.v, sink, heads.alibi))
     seen = l > 0
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
     if sink is not None:
@@ -318,7 +324,8 @@ def _group_backward(
         return dq, dk, dv
 
     carry = (jnp.zeros_like(t.q), jnp.zeros_like(t.k), jnp.zeros_like(t.v))
-    return _run(step, carry, work, pairs_per_step)
+    operands = (t.q, t.k, t.v, t.d_out, lse, delta, heads.alibi)
+    return _run(step, carry, work, pairs_per_step, operands)
 
 
 # ------------------------------------------------------------------ the backend contract

@@ -276,6 +276,36 @@ def test_traced_documents_under_jit(implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_vmap_of_traced_documents_and_remat(implementation):
+    """`jax.vmap` over an extra leading axis whose entries carry their own traced
+    cu_seqlens, and `jax.checkpoint` around the op: equal to the oracle, gradients too."""
+    length = 40
+    q, k, v, _, _ = _inputs(17, length, batch=3)
+    cus = np.array([[0, 17, 40], [0, 1, 40], [0, 39, 39]], np.int32)  # length 1, padding
+    kwargs = dict(implementation=implementation, block_sizes=_blocks(implementation))
+    documents = lambda cu: DocumentMask(cu, shape=(length, length), causal=True)
+
+    def one(cu, q, k, v):
+        return block_sparse_attention(q[None], k[None], v[None], documents(cu), **kwargs)[0]
+
+    loss = lambda q: jnp.sum(jax.vmap(jax.checkpoint(one))(jnp.asarray(cus), q, k, v) * q)
+    out, dq = jax.jit(jax.value_and_grad(loss))(q)
+    with jax.enable_x64(True):
+        wide_k, wide_v = _wide(k), _wide(v)
+
+        def oracle(q):
+            entry = lambda i: block_sparse_attention_reference(
+                q[i : i + 1], wide_k[i : i + 1], wide_v[i : i + 1], documents(cus[i])
+            )
+            return jnp.sum(jnp.concatenate([entry(i) for i in range(3)]) * q)
+
+        want, want_dq = jax.value_and_grad(oracle)(_wide(q))
+    tol = _tolerance(q, k, {}, None)
+    assert_close(out, np.asarray(want), tol * q.size, "vmap loss")
+    assert_close(dq, np.asarray(want_dq), tol, "vmap dq")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_length_one_and_uneven_kv(implementation):
     q, k, v, sinks, weights = _inputs(3, 1, num_q_heads=2, num_kv_heads=1, kv_length=1)
     check(implementation, CausalMask((1, 1)), q, k, v, sinks, weights)
@@ -335,20 +365,19 @@ def test_score_mod_against_oracle(implementation, hook):
 
 
 @pytest.mark.parametrize("implementation", ["xla", "triton"])
-@pytest.mark.parametrize("hook", [None, "square_cap"])
-def test_alibi_against_oracle(implementation, hook):
-    """ALiBi slopes (one per query head) under documents with a prefix-LM mask and under
-    per-head masks, with GQA, sinks and a soft cap, alone and before a non-additive score
-    hook: out, lse and every gradient against the float64 oracle."""
+def test_alibi_against_oracle(implementation):
+    """ALiBi slopes (one per query head) with GQA, sinks and a soft cap: alone under
+    documents with a prefix-LM mask, and before a non-additive score hook under per-head
+    masks. Out, lse and every gradient against the float64 oracle."""
     docs = DocumentMask(np.array([0, 70, 150], np.int32), shape=(L, L))
-    masks = [
-        PrefixLMMask((L, L), prefix_length=20) & docs,
-        MultiHeadMask([CausalMask((L, L)), LocalMask((L, L), (9, 2), 0), FullMask((L, L))] * 2),
+    per_head = [CausalMask((L, L)), LocalMask((L, L), (9, 2), 0), FullMask((L, L))] * 2
+    cases = [
+        (PrefixLMMask((L, L), prefix_length=20) & docs, None),
+        (MultiHeadMask(per_head), SCORE_MODS["square_cap"]),
     ]
     q, k, v, sinks, weights = _inputs(13, L, num_q_heads=6, num_kv_heads=2, batch=2)
     slopes = jnp.asarray(np.random.default_rng(14).uniform(0.01, 0.3, 6), jnp.float32)
-    score_mod = None if hook is None else SCORE_MODS[hook]
-    for mask in masks:
+    for mask, score_mod in cases:
         check(
             implementation, mask, q, k, v, sinks, weights,
             alibi_slopes=slopes, score_mod=score_mod, logits_soft_cap=8.0,
