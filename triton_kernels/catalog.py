@@ -228,13 +228,14 @@ def block_sparse_variant(
     dtype_name: str = "bfloat16",
     config: AttentionKernelConfig | None = None,
     soft_cap: bool = False,
+    alibi: bool = False,
 ) -> KernelVariant:
     """One block-sparse kernel (`kind` in forward/backward_dkdv/backward_dq) as a causal
     mask launches it (partial tiles by the in-kernel token rule), with or without a soft
-    cap, at its default configuration or at `config`."""
+    cap and ALiBi, at its default configuration or at `config`."""
     if config is None:
         config = block_sparse_config(
-            head_dim, dtype_name, compute_capability, kind, soft_cap=soft_cap
+            head_dim, dtype_name, compute_capability, kind, soft_cap=soft_cap, alibi=alibi
         )
     kernel = BLOCK_SPARSE_KERNELS[kind]
     constexprs = dict(
@@ -250,7 +251,7 @@ def block_sparse_variant(
         HAS_PREFIX=False,
         PREDICATE=None,
         HAS_SOFT_CAP=soft_cap,
-        HAS_ALIBI=False,
+        HAS_ALIBI=alibi,
         INPUT_PRECISION="ieee",
         SCORE_MOD=None,
     )
@@ -259,7 +260,7 @@ def block_sparse_variant(
     if kind != "backward_dkdv":
         constexprs["GROUP_WIDTH"] = _Q_HEADS
     if kind == "forward":
-        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=not soft_cap)
+        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=not (soft_cap or alibi))
     return KernelVariant(
         name=f"block_sparse_{kind}",
         kernel=kernel,
@@ -267,8 +268,8 @@ def block_sparse_variant(
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''} "
-        f"{config.block_m}x{config.block_n}",
+        description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''}"
+        f"{'+alibi' if alibi else ''} {config.block_m}x{config.block_n}",
     )
 
 

@@ -53,13 +53,15 @@ _BLOCK_FIELDS = {
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Plan:
-    """One call's launch plan: each kernel's config, the head groups and the rule."""
+    """One call's launch plan: each kernel's config, the head groups, the rule and
+    whether ALiBi is on."""
 
     configs: dict[str, Any]
     groups: tuple[tuple[tuple[int, ...], Any], ...]
     rule: ElementRule
     q_len: int
     kv_len: int
+    has_alibi: bool
 
     def lists(self, kind: str) -> TileLists:
         config = self.configs[kind]
@@ -81,11 +83,11 @@ class _Plan:
         return group
 
 
-def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype) -> Any:
+def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype, alibi: bool) -> Any:
     capability = launch_target().compute_capability
     soft_cap = options.logits_soft_cap is not None
     config = block_sparse_config(
-        head_dim, jnp.dtype(dtype).name, capability, kind, soft_cap=soft_cap
+        head_dim, jnp.dtype(dtype).name, capability, kind, soft_cap=soft_cap, alibi=alibi
     )
     given = options.block_sizes
     if given is None:
@@ -96,17 +98,18 @@ def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype) -> Any
     )
 
 
-def _plan(options: BlockSparseOptions, mask_arrays, q, k) -> _Plan:
+def _plan(options: BlockSparseOptions, mask_arrays, q, k, alibi) -> _Plan:
     _, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
-    configs = {kind: _config(options, kind, head_dim, q.dtype) for kind in _BLOCK_FIELDS}
+    has_alibi = alibi is not None
+    configs = {kind: _config(options, kind, head_dim, q.dtype, has_alibi) for kind in _BLOCK_FIELDS}
     mask = join_mask(options.mask, mask_arrays)
     groups = head_groups(mask, num_q_heads)
     # Token arrays cover every kernel's padded rows and columns.
     padded = [padded_shape(q_len, kv_len, (c.block_m, c.block_n)) for c in configs.values()]
     q_tokens, kv_tokens = (max(p[i] for p in padded) for i in (0, 1))
     rule = element_rule(groups, q_tokens, kv_tokens)
-    return _Plan(configs, groups, rule, q_len, kv_len)
+    return _Plan(configs, groups, rule, q_len, kv_len, has_alibi)
 
 
 def _common_arguments(plan: _Plan, lists: TileLists, options: BlockSparseOptions) -> tuple:
@@ -126,7 +129,7 @@ def _common_arguments(plan: _Plan, lists: TileLists, options: BlockSparseOptions
     )
 
 
-def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k, has_alibi: bool) -> dict:
+def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> dict:
     config = plan.configs[kind]
     head_dim = q.shape[-1]
     precision = "ieee" if q.dtype != jnp.float32 else triton_input_precision(options.precision)
@@ -140,7 +143,7 @@ def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k, has_a
         BLOCK_N=config.block_n,
         BLOCK_D=block_d(head_dim),
         HAS_SOFT_CAP=options.logits_soft_cap is not None,
-        HAS_ALIBI=has_alibi,
+        HAS_ALIBI=plan.has_alibi,
         INPUT_PRECISION=precision,
         SCORE_MOD=None if options.score_mod is None else options.score_mod.triton_fn,
         **plan.rule.flags(),
@@ -167,7 +170,7 @@ def _float32_or_dummy(x: jax.Array | None) -> jax.Array:
 def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, D] in q's dtype, lse float32 [B, Hq, Lq]); see the api."""
     batch, q_len, num_q_heads, _ = q.shape
-    plan = _plan(options, mask_arrays, q, k)
+    plan = _plan(options, mask_arrays, q, k, alibi)
     lists = plan.lists("forward")
     group_heads = plan.group_heads()
     return triton_call(
@@ -194,7 +197,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         and options.logits_soft_cap is None
         and alibi is None
         and options.score_mod is None,
-        **_constexprs(plan, options, "forward", q, k, alibi is not None),
+        **_constexprs(plan, options, "forward", q, k),
     )
 
 
@@ -205,7 +208,7 @@ def backward(
     """(dq, dk, dv) in the inputs' dtypes; see the api."""
     del out, sinks  # delta carries rowsum(dO * O); lse includes the sink
     batch = q.shape[0]
-    plan = _plan(options, mask_arrays, q, k)
+    plan = _plan(options, mask_arrays, q, k, alibi)
     # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
     lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
     inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), _float32_or_dummy(alibi))
@@ -223,7 +226,7 @@ def backward(
         name="block_sparse_attention_bwd_dq",
         GROUP_WIDTH=group_heads.shape[1],
         SCORE_MOD_GRAD=_score_mod_grad(options),
-        **_constexprs(plan, options, "backward_dq", q, k, alibi is not None),
+        **_constexprs(plan, options, "backward_dq", q, k),
     )
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
@@ -238,6 +241,6 @@ def backward(
         grid=(lists.items.shape[0], k.shape[2], batch),
         name="block_sparse_attention_bwd_dkdv",
         SCORE_MOD_GRAD=_score_mod_grad(options),
-        **_constexprs(plan, options, "backward_dkdv", q, k, alibi is not None),
+        **_constexprs(plan, options, "backward_dkdv", q, k),
     )
     return dq, dk, dv

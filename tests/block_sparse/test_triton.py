@@ -207,16 +207,22 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
 
 
 @pytest.mark.parametrize("compute_capability", [80, 90])
-@pytest.mark.parametrize(("head_dim", "soft_cap"), [(64, False), (128, False), (128, True)])
+@pytest.mark.parametrize(
+    ("head_dim", "soft_cap", "alibi"),
+    [(64, False, False), (128, False, False), (128, True, False), (128, True, True)],
+)
 @pytest.mark.parametrize("kind", ["forward", "backward_dq", "backward_dkdv"])
-def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap, kind):
-    """The default tiles (bf16, a causal mask's token rule, GQA): no spills, tensor cores,
-    wgmma on sm_90; there, without a soft cap, the full-tile loop costs at most 10% more
-    warp-instructions per MFLOP than the varlen kernel's unmasked loop."""
+def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap, alibi, kind):
+    """The default tiles (bf16, a causal mask's token rule, GQA; a soft cap, and ALiBi
+    too, in the register-heavy cases): no spills, tensor cores, wgmma on sm_90; there,
+    without either, the full-tile loop costs at most 10% more warp-instructions per MFLOP
+    than the varlen kernel's unmasked loop."""
     from jax_bridge.launch.report import variant_report
     from triton_kernels.catalog import attention_variant, block_sparse_variant
 
-    variant = block_sparse_variant(kind, head_dim, compute_capability, soft_cap=soft_cap)
+    variant = block_sparse_variant(
+        kind, head_dim, compute_capability, soft_cap=soft_cap, alibi=alibi
+    )
     report = variant_report(variant, compute_capability)
     print(variant.description, report.summary(), report.instructions_per_mflop)
     assert report.uses_mma and not report.spills, report.summary()
