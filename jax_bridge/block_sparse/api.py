@@ -29,7 +29,13 @@ from jax_bridge.block_sparse.checks import (
     check_score_mod,
 )
 from jax_bridge.block_sparse.common import apply_sink_limits, row_delta, sink_gradient
-from jax_bridge.block_sparse.masks import TracedDocument, split_mask
+from jax_bridge.block_sparse.masks import (
+    TracedDocument,
+    has_traced_member,
+    kv_heads_of,
+    split_mask,
+    traced_head_groups,
+)
 from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
@@ -52,7 +58,9 @@ class BlockSparseOptions(OpOptions):
     mask: the mask's static half (`masks.split_mask`: the mask, or a traced document's
     shape / window / row orders); softmax_scale: resolved; logits_soft_cap: None is off;
     block_sizes: as given (each backend fills its own defaults); score_mod: the user's
-    score hook or None.
+    score hook or None; hook_heads: the caller's number of each query head of this call,
+    the head the score hook sees (None: the call's own numbers; a call on a subset of
+    the heads, `_by_head_groups`, sets it).
     """
 
     mask: Mask | TracedDocument
@@ -60,6 +68,7 @@ class BlockSparseOptions(OpOptions):
     logits_soft_cap: float | None = None
     block_sizes: BlockSizes | None = None
     score_mod: ScoreMod | None = None
+    hook_heads: tuple[int, ...] | None = None
 
 
 def block_sparse_attention(
@@ -89,7 +98,8 @@ def block_sparse_attention(
         (CausalMask, LocalMask, ChunkedCausalMask, PrefixLMMask, DocumentMask, FullMask,
         NumpyMask, PredicateMask, `|` / `&` of them), or a `MultiHeadMask` with one such
         mask per query head. A DocumentMask may hold traced `cu_seqlens` / segment ids
-        (built under `jax.jit`): then it must be the mask of every head.
+        (built under `jax.jit`); inside a MultiHeadMask each such member (one object)
+        runs as its own call on its heads, and the static members' heads as one more.
       softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static float.
       logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off.
       sinks: [num_q_heads] learnable logits that join every row's softmax denominator and
@@ -129,7 +139,7 @@ def block_sparse_attention(
     impl = BACKENDS.resolve(implementation)
     block_sizes = check_block_sizes(block_sizes, impl)
     check_qkv(q, k, v)
-    batch, q_len, num_q_heads, head_dim = q.shape
+    _, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
     check_head_dim(OP, head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
@@ -139,21 +149,49 @@ def block_sparse_attention(
     alibi_slopes = check_alibi(alibi_slopes, num_q_heads, impl)
     if alibi_slopes is not None:
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes)
-    static_mask, mask_arrays = split_mask(mask)
     options = BlockSparseOptions(
         implementation=impl,
         precision=canonicalize_precision(precision, OP),
-        mask=static_mask,
+        mask=mask,
         softmax_scale=scale,
         logits_soft_cap=cap,
         block_sizes=block_sizes,
         score_mod=score_mod,
     )
-    if batch == 0 or q_len == 0 or kv_len == 0:
-        out, lse = _no_work(q, v, sinks)
+    if has_traced_member(mask):
+        out, lse = _by_head_groups(options, q, k, v, mask, sinks, alibi_slopes)
     else:
-        out, lse = _attention(options, q, k, v, sinks, alibi_slopes, mask_arrays)
+        out, lse = _one_call(options, q, k, v, mask, sinks, alibi_slopes)
     return (out, lse) if return_lse else out
+
+
+def _one_call(options: BlockSparseOptions, q, k, v, mask, sinks, alibi):
+    """(out, lse) of one call whose mask every backend takes whole."""
+    if q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0:
+        return _no_work(q, v, sinks)
+    static_mask, mask_arrays = split_mask(mask)
+    options = dataclasses.replace(options, mask=static_mask)
+    return _attention(options, q, k, v, sinks, alibi, mask_arrays)
+
+
+def _by_head_groups(options: BlockSparseOptions, q, k, v, mask, sinks, alibi):
+    """(out, lse) of a MultiHeadMask holding traced DocumentMasks: one call per distinct
+    traced member (its heads) and one for the static members' heads, each with the
+    heads' own q, k, v, sinks and slopes; the score hook still sees the caller's head
+    numbers (`hook_heads`). Differentiated by JAX through the gathers and scatters."""
+    out = jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype)
+    lse = jnp.zeros((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
+    group_size = q.shape[2] // k.shape[2]
+    take = lambda x, heads: None if x is None else x[heads]
+    for heads, head_mask in traced_head_groups(mask):
+        kv_heads = kv_heads_of(heads, group_size)
+        call = dataclasses.replace(options, hook_heads=tuple(int(h) for h in heads))
+        o, l = _one_call(
+            call, q[:, :, heads], k[:, :, kv_heads], v[:, :, kv_heads], head_mask,
+            take(sinks, heads), take(alibi, heads),
+        )  # fmt: skip
+        out, lse = out.at[:, :, heads].set(o), lse.at[:, heads].set(l)
+    return out, lse
 
 
 def _no_work(q, v, sinks):

@@ -10,7 +10,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_bridge.block_sparse.masks import is_traced_document
 from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.validation import check_qkv_arrays, is_traced
 from pallas_tpu.splash.config import NUM_LANES, BlockSizes
@@ -42,11 +41,6 @@ def check_mask(mask: Any, q_len: int, kv_len: int, num_q_heads: int) -> None:
             raise ValueError(
                 f"{OP}: a MultiHeadMask needs one mask per query head ({num_q_heads}), got "
                 f"{len(mask.masks)}."
-            )
-        if any(is_traced_document(m) for m in mask.masks):
-            raise ValueError(
-                f"{OP}: a DocumentMask of traced arrays must be the mask of every head "
-                "(pass it directly, not inside a MultiHeadMask)."
             )
         shape = tuple(mask.shape[1:])
     else:

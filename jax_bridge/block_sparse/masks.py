@@ -186,6 +186,42 @@ def head_groups(mask: Mask, num_q_heads: int) -> tuple[tuple[tuple[int, ...], Ma
     return tuple((tuple(heads), m) for m, heads in groups.items())
 
 
+def has_traced_member(mask: Mask) -> bool:
+    """Whether `mask` is a MultiHeadMask with a DocumentMask of traced arrays among its
+    heads (the op then runs one call per such member: `traced_head_groups`)."""
+    return isinstance(mask, MultiHeadMask) and any(is_traced_document(m) for m in mask.masks)
+
+
+def traced_head_groups(mask: MultiHeadMask) -> tuple[tuple[np.ndarray, Mask], ...]:
+    """((query heads int32 [n], mask), ...) of a MultiHeadMask with traced members: each
+    distinct traced DocumentMask (one object) with its heads, then every other head with
+    the static masks (one 2-D mask when they are all one, else a MultiHeadMask)."""
+    traced: dict[int, list[int]] = {}
+    static: list[int] = []
+    for head, member in enumerate(mask.masks):
+        if is_traced_document(member):
+            traced.setdefault(id(member), []).append(head)
+        else:
+            static.append(head)
+    groups = [(np.asarray(h, np.int32), mask.masks[h[0]]) for h in traced.values()]
+    if static:
+        members = [mask.masks[h] for h in static]
+        one = all(m == members[0] for m in members)
+        groups.append((np.asarray(static, np.int32), members[0] if one else MultiHeadMask(members)))
+    return tuple(groups)
+
+
+def kv_heads_of(heads: np.ndarray, group_size: int) -> np.ndarray:
+    """The kv heads (int32) a call on query heads `heads` (ascending) reads, GQA kept:
+    when `heads` are whole GQA groups, each group's kv head once (the call keeps the
+    group size); otherwise each query head's kv head (the call has group size 1)."""
+    groups = heads.reshape(-1, group_size) if len(heads) % group_size == 0 else None
+    whole = groups is not None and np.all(groups == groups[:, :1] + np.arange(group_size))
+    if whole and np.all(groups[:, 0] % group_size == 0):
+        return (groups[:, 0] // group_size).astype(np.int32)
+    return (heads // group_size).astype(np.int32)
+
+
 # ---------------------------------------------------------------- the XLA block lists
 
 

@@ -161,6 +161,12 @@ def _score_mod_grad(options: BlockSparseOptions) -> Any:
     return None if options.score_mod is None else options.score_mod.triton_grad
 
 
+def _hook_heads(options: BlockSparseOptions, num_q_heads: int) -> jax.Array:
+    """int32 [Hq]: the head number the score hook sees for each query head of the call."""
+    heads = options.hook_heads or range(num_q_heads)
+    return jnp.asarray(np.asarray(heads, np.int32))
+
+
 def _float32_or_dummy(x: jax.Array | None) -> jax.Array:
     """x as float32, or a one-element placeholder for a pointer the kernel never reads."""
     return jnp.zeros((1,), jnp.float32) if x is None else x.astype(jnp.float32)
@@ -180,6 +186,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         *_isolated(v),
         _float32_or_dummy(sinks),
         _float32_or_dummy(alibi),
+        _hook_heads(options, num_q_heads),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
@@ -211,7 +218,8 @@ def backward(
     plan = _plan(options, mask_arrays, q, k, alibi)
     # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
     lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
-    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), _float32_or_dummy(alibi))
+    stats = (lse_log2, delta.astype(jnp.float32))
+    inputs = (q, k, v, d_out, *stats, _float32_or_dummy(alibi), _hook_heads(options, q.shape[2]))
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
     dq = triton_call(

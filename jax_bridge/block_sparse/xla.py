@@ -222,8 +222,8 @@ def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, slope: boo
 
 @dataclasses.dataclass(frozen=True)
 class _Heads:
-    """One head group's query heads, as the `_group_view` axes [Hk, G]: their indices
-    (int32, for the score hook) and their ALiBi slopes (float32, or None)."""
+    """One head group's query heads, as the `_group_view` axes [Hk, G]: their numbers as
+    the score hook sees them (int32) and their ALiBi slopes (float32, or None)."""
 
     index: np.ndarray
     alibi: jax.Array | None
@@ -376,13 +376,17 @@ def _group_view(x, heads, kv_heads, group: int):
     return x[:, :, heads][:, :, :, None]
 
 
-def _heads(heads, num_q_heads: int, group: int, alibi) -> _Heads:
-    """The `_Heads` of one group of `_groups` (heads None: all, GQA-shaped)."""
+def _heads(heads, num_q_heads: int, group: int, alibi, options: BlockSparseOptions) -> _Heads:
+    """The `_Heads` of one group of `_groups` (heads None: all, GQA-shaped); the hook's
+    head numbers are the caller's (`options.hook_heads`)."""
     if heads is None:
         index = np.arange(num_q_heads, dtype=np.int32).reshape(-1, group)
     else:
         index = np.asarray(heads, np.int32)[:, None]
-    return _Heads(index, None if alibi is None else alibi.astype(_F32)[index])
+    slopes = None if alibi is None else alibi.astype(_F32)[index]
+    if options.hook_heads is not None:
+        index = np.asarray(options.hook_heads, np.int32)[index]
+    return _Heads(index, slopes)
 
 
 def _rows_view(x, heads, layout: _Layout, hk: int):
@@ -422,7 +426,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
             layout.work(head_mask),
             options,
             steps,
-            _heads(heads, num_q_heads, layout.group, alibi),
+            _heads(heads, num_q_heads, layout.group, alibi, options),
             layout.block_shape,
         )
         o = o.transpose(0, 1, 4, 2, 3, 5).reshape(batch, layout.padded[0], -1, o.shape[-1])
@@ -460,7 +464,7 @@ def backward(
             layout.work(head_mask),
             options,
             steps,
-            _heads(heads, num_q_heads, layout.group, alibi),
+            _heads(heads, num_q_heads, layout.group, alibi, options),
             layout.block_shape,
         )
         g_dq = g_dq.reshape(batch, layout.padded[0], -1, q.shape[-1])

@@ -92,6 +92,21 @@ def _wide(x):
     return jnp.asarray(np.asarray(x, np.float64))
 
 
+def _oracle(mask, q, k, v, sinks, weights, kwargs):
+    """(out, lse, [dq, dk, dv(, d sinks)]) of the reference in float64, as numpy."""
+    argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
+    with jax.enable_x64(True):
+        wide_weights = tuple(_wide(w) for w in weights)
+        oracle = jax.value_and_grad(
+            _loss(block_sparse_attention_reference, mask, wide_weights, kwargs),
+            argnums,
+            has_aux=True,
+        )
+        wide_sinks = None if sinks is None else _wide(sinks)
+        (_, (out, lse)), grads = oracle(_wide(q), _wide(k), _wide(v), wide_sinks)
+        return np.asarray(out), np.asarray(lse), [np.asarray(g) for g in grads]
+
+
 def check(implementation, mask, q, k, v, sinks, weights, *, use_sinks=True, **kwargs):
     """The op's out, lse and gradients against the float64 oracle."""
     sinks = sinks if use_sinks else None
@@ -102,17 +117,7 @@ def check(implementation, mask, q, k, v, sinks, weights, *, use_sinks=True, **kw
     )
     grad = jax.jit(grad)
     (_, (out, lse)), grads = grad(q, k, v, sinks)
-    with jax.enable_x64(True):
-        wide_weights = tuple(_wide(w) for w in weights)
-        oracle = jax.value_and_grad(
-            _loss(block_sparse_attention_reference, mask, wide_weights, kwargs),
-            argnums,
-            has_aux=True,
-        )
-        wide_sinks = None if sinks is None else _wide(sinks)
-        (_, (want_out, want_lse)), want_grads = oracle(_wide(q), _wide(k), _wide(v), wide_sinks)
-        want_out, want_lse = np.asarray(want_out), np.asarray(want_lse)
-        want_grads = [np.asarray(g) for g in want_grads]
+    want_out, want_lse, want_grads = _oracle(mask, q, k, v, sinks, weights, kwargs)
     tol = _tolerance(q, k, kwargs, sinks)
     assert out.dtype == q.dtype and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
     assert_close(out, want_out, tol, f"{implementation} out")
@@ -255,18 +260,7 @@ def test_traced_documents_under_jit(implementation):
         cu = np.pad(cu, (0, 5 - len(cu)), mode="edge")
         (_, (out, lse)), grads = run(cu, q, k, v, sinks)
         static = DocumentMask(cu, shape=(L, L), causal=True, window=(25, None))
-        with jax.enable_x64(True):
-            oracle = jax.value_and_grad(
-                _loss(block_sparse_attention_reference, static, tuple(map(_wide, weights)), {}),
-                (0, 1, 2, 3),
-                has_aux=True,
-            )
-            (_, (want_out, want_lse)), want = oracle(*map(_wide, (q, k, v, sinks)))
-            want_out, want_lse, want = (
-                np.asarray(want_out),
-                np.asarray(want_lse),
-                [np.asarray(g) for g in want],
-            )
+        want_out, want_lse, want = _oracle(static, q, k, v, sinks, weights, {})
         tol = _tolerance(q, k, {}, sinks)
         assert_close(out, want_out, tol, "out")
         assert_lse_close(lse, want_lse, tol)
@@ -303,6 +297,41 @@ def test_vmap_of_traced_documents_and_remat(implementation):
     tol = _tolerance(q, k, {}, None)
     assert_close(out, np.asarray(want), tol * q.size, "vmap loss")
     assert_close(dq, np.asarray(want_dq), tol, "vmap dq")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_traced_documents_per_head(implementation):
+    """A MultiHeadMask of two traced DocumentMasks (causal; a window) and a static mask,
+    under jit, with GQA (one member on a whole kv group, one on heads of two groups),
+    sinks, and on XLA and Triton ALiBi and a head-dependent score hook: out, lse and
+    every gradient against the float64 oracle on the same documents, static."""
+    q, k, v, sinks, weights = _inputs(18, L, num_q_heads=6, num_kv_heads=3, batch=2)
+    cu = np.array([0, 1, 64, 130], np.int32)  # a length-1 document, padding after 130
+
+    def per_head(cu):
+        causal = DocumentMask(cu, shape=(L, L), causal=True)
+        window = DocumentMask(cu, shape=(L, L), window=(12, 3))
+        local = LocalMask((L, L), (9, 0), 0)
+        return MultiHeadMask([causal, causal, window, local, window, local])
+
+    kwargs = dict(logits_soft_cap=8.0)
+    if implementation != "pallas":
+        slopes = np.random.default_rng(19).uniform(0.01, 0.2, 6).astype(np.float32)
+        kwargs |= dict(alibi_slopes=jnp.asarray(slopes), score_mod=SCORE_MODS["relative_bias"])
+    op_kwargs = dict(kwargs, implementation=implementation, block_sizes=_blocks(implementation))
+
+    @jax.jit
+    def run(cu, q, k, v, sinks):
+        fn = _loss(block_sparse_attention, per_head(cu), weights, op_kwargs)
+        return jax.value_and_grad(fn, (0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
+
+    (_, (out, lse)), grads = run(jnp.asarray(cu), q, k, v, sinks)
+    want_out, want_lse, want = _oracle(per_head(cu), q, k, v, sinks, weights, kwargs)
+    tol = _tolerance(q, k, kwargs, sinks)
+    assert_close(out, want_out, tol, "out")
+    assert_lse_close(lse, want_lse, tol)
+    for name, got, w in zip("qkvs", grads, want, strict=True):
+        assert_close(got, w, tol, f"d{name}")
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

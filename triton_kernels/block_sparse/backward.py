@@ -23,6 +23,7 @@ import triton.language as tl
 
 from triton_kernels.block_sparse.forward import (
     _allowed,
+    _hook_head,
     _list_base,
     _poison_rows,
     _row_flags,
@@ -119,6 +120,7 @@ def block_sparse_dq_kernel(
     lse_log2_ptr,
     delta_ptr,
     alibi_slopes_ptr,
+    hook_heads_ptr,
     k_clean_ptr,
     k_bad_ptr,
     items_ptr,
@@ -163,9 +165,9 @@ def block_sparse_dq_kernel(
 
     Grid and lists as `block_sparse_forward_kernel`; d_out_ptr as q; lse_log2_ptr,
     delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; alibi_slopes_ptr: float32
-    [NUM_Q_HEADS] (read with HAS_ALIBI); k_clean_ptr, k_bad_ptr: k with its
-    non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS] flags of them (partial
-    tiles read k there); dq_ptr: as q.
+    [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: as the forward's; k_clean_ptr,
+    k_bad_ptr: k with its non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS]
+    flags of them (partial tiles read k there); dq_ptr: as q.
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -197,6 +199,7 @@ def block_sparse_dq_kernel(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
     slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+    hook_head = _hook_head(hook_heads_ptr, head, SCORE_MOD)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
@@ -208,7 +211,7 @@ def block_sparse_dq_kernel(
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
+            dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
             SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
         )  # fmt: skip
@@ -234,7 +237,7 @@ def block_sparse_dq_kernel(
             HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         dq = _dq_step(
-            dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, head, qk_scale_log2,
+            dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, hook_head, qk_scale_log2,
             scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
             SCORE_MOD_GRAD, INPUT_PRECISION,
         )  # fmt: skip
@@ -318,6 +321,7 @@ def block_sparse_dkdv_kernel(
     lse_log2_ptr,
     delta_ptr,
     alibi_slopes_ptr,
+    hook_heads_ptr,
     q_clean_ptr,
     q_bad_ptr,
     do_clean_ptr,
@@ -398,6 +402,7 @@ def block_sparse_dkdv_kernel(
         head = kv_head * GQA + g
         group = tl.load(head_group_ptr + head)
         slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+        hook_head = _hook_head(hook_heads_ptr, head, SCORE_MOD)
         full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
         for t in range(0, full):
             cols, q, do, lse2, delta = _dkdv_query_tile(
@@ -406,7 +411,7 @@ def block_sparse_dkdv_kernel(
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, head,
+                dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
                 qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
                 HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
@@ -433,7 +438,7 @@ def block_sparse_dkdv_kernel(
                 MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
             )  # fmt: skip
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, head,
+                dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
                 qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
                 HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip

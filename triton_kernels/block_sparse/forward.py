@@ -99,6 +99,16 @@ def _score_hook(
 
 
 @triton.jit
+def _hook_head(hook_heads_ptr, head, SCORE_MOD: tl.constexpr):
+    """Query head `head` as the score hook numbers it: the caller's number, from int32
+    hook_heads_ptr [NUM_Q_HEADS] (read only with a hook)."""
+    hook_head = head
+    if SCORE_MOD is not None:
+        hook_head = tl.load(hook_heads_ptr + head)
+    return hook_head
+
+
+@triton.jit
 def _q_side(x, KV_MAJOR: tl.constexpr):
     """A per-query vector as a tile axis: rows, or columns of a KV_MAJOR tile."""
     if KV_MAJOR:
@@ -272,6 +282,7 @@ def block_sparse_forward_kernel(
     v_bad_ptr,
     sinks_ptr,
     alibi_slopes_ptr,
+    hook_heads_ptr,
     items_ptr,
     group_heads_ptr,
     counts_ptr,
@@ -318,7 +329,8 @@ def block_sparse_forward_kernel(
     heaviest first, every query tile of every group once; program (i, j, b) serves head
     group_heads[group, j] (exits at -1). v_clean_ptr: v with its non-finite rows zeroed;
     v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows; alibi_slopes_ptr:
-    float32 [NUM_Q_HEADS] (read with HAS_ALIBI). The rest as the module docstring; q_len,
+    float32 [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: int32 [NUM_Q_HEADS], the
+    head numbers the score hook sees (`_hook_head`). The rest as the module docstring; q_len,
     kv_len: the real lengths; n_tiles, width: the lists' dims. RAW_SCORE_MAX: full tiles
     take the row max on raw q.k (valid only for softmax_scale > 0 without a soft cap,
     ALiBi or score hook; the bridge decides). SCORE_MOD: the user's
@@ -350,6 +362,7 @@ def block_sparse_forward_kernel(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
     slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
+    hook_head = _hook_head(hook_heads_ptr, head, SCORE_MOD)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
@@ -364,7 +377,7 @@ def block_sparse_forward_kernel(
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, True, rows, cols, batch, head, qk_scale_log2,
+            acc, m_i, l_i, q, k, v, True, rows, cols, batch, hook_head, qk_scale_log2,
             scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
             SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
@@ -391,7 +404,7 @@ def block_sparse_forward_kernel(
             HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
         acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, head, qk_scale_log2,
+            acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, hook_head, qk_scale_log2,
             scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
             SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
