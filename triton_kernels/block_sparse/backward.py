@@ -25,9 +25,9 @@ from triton_kernels.block_sparse.forward import (
     _allowed,
     _hook_head,
     _list_base,
+    _modified_scores,
     _poison_rows,
     _row_flags,
-    _score_hook,
 )
 from triton_kernels.flash_attention.backward import _load_row_stats
 from triton_kernels.flash_attention.forward import (
@@ -100,7 +100,7 @@ def _dq_step(
     """dq += dS K over one key tile (unscaled); in a partial tile k is the cleaned copy."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     s2, t = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-    s2, g = _score_hook(
+    s2, g = _modified_scores(
         s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, False, True
     )
     dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
@@ -276,7 +276,7 @@ def _dkdv_step(
     transposed: rows are keys, columns queries (positions `cols`)."""
     qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-    s2_t, g_t = _score_hook(
+    s2_t, g_t = _modified_scores(
         s2_t, batch, head, cols, keys, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, True, True
     )
     dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)

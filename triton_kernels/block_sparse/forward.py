@@ -65,7 +65,7 @@ PREDICATE_MODE = tl.constexpr(2)
 
 
 @triton.jit
-def _score_hook(
+def _modified_scores(
     s2,
     batch,
     head,
@@ -244,7 +244,7 @@ def _forward_step(
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     if PARTIAL:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-        s2, _ = _score_hook(
+        s2, _ = _modified_scores(
             s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
         )
         s2 = tl.where(allowed, s2, float("-inf"))
@@ -261,7 +261,7 @@ def _forward_step(
         p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
     else:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-        s2, _ = _score_hook(
+        s2, _ = _modified_scores(
             s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
         )
         m_new = tl.maximum(m_i, tl.max(s2, 1))
