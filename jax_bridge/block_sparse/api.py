@@ -93,15 +93,21 @@ def block_sparse_attention(
       q: [batch, q_len, num_q_heads, head_dim] (`jax.nn.dot_product_attention`'s layout).
       k, v: [batch, kv_len, num_kv_heads, head_dim]; num_q_heads % num_kv_heads == 0
         (GQA: query head h reads kv head h // (num_q_heads // num_kv_heads)). float16,
-        bfloat16 or float32, all one dtype.
+        bfloat16 or float32, all one dtype. head_dim: 16..256 for Triton.
       mask: a `pallas_tpu.splash` mask of shape (q_len, kv_len) shared by every head
         (CausalMask, LocalMask, ChunkedCausalMask, PrefixLMMask, DocumentMask, FullMask,
         NumpyMask, PredicateMask, `|` / `&` of them), or a `MultiHeadMask` with one such
         mask per query head. A DocumentMask may hold traced `cu_seqlens` / segment ids
         (built under `jax.jit`); inside a MultiHeadMask each such member (one object)
         runs as its own call on its heads, and the static members' heads as one more.
-      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static float.
-      logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off.
+        Traced document arrays are not checked (a static DocumentMask is): invalid
+        cu_seqlens give a wrong mask, not an error. Masks are top-left aligned
+        (`CausalMask(offset=kv_len - q_len)` for decoding) except DocumentMask, which is
+        bottom-right inside each document, as `varlen_attention`.
+      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static finite float.
+      logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off,
+        else positive and finite. (The Triton kernels' tanh loses relative precision
+        when cap >> |s|: leave a cap that never binds off.)
       sinks: [num_q_heads] learnable logits that join every row's softmax denominator and
         carry no value; they receive a gradient.
       alibi_slopes: [num_q_heads]; adds -slope[h] * |q_index - kv_index| to the scores
@@ -128,7 +134,9 @@ def block_sparse_attention(
       out [batch, q_len, num_q_heads, head_dim] in q's dtype; with `return_lse` also lse
       float32 [batch, num_q_heads, q_len]. A row that sees no key gets 0 and lse -inf
       (with sinks: lse = the sink). A NaN sink makes its head NaN; a +inf sink takes all
-      of the probability (out 0, lse +inf).
+      of the probability (out 0, lse +inf). A NaN or Inf in k or v reaches only the rows
+      that see its token (XLA and Pallas: NaN in the features it touches; Triton: the
+      whole row).
 
     Differentiation: reverse mode for q, k, v and sinks (lse too is differentiable);
     forward mode and higher-order derivatives are not supported.

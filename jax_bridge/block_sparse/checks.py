@@ -4,6 +4,7 @@ the argument and what was expected."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -83,11 +84,16 @@ def check_static_float(value: Any, name: str) -> float | None:
 
 
 def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int):
-    """(scale, cap): scale defaults to 1 / sqrt(head_dim); a cap of None or 0 is off."""
+    """(scale, cap): scale defaults to 1 / sqrt(head_dim), any finite float; a cap of None
+    or 0 is off, else positive and finite (an infinite cap would make inf * tanh(0))."""
     scale = check_static_float(softmax_scale, "softmax_scale")
     cap = check_static_float(logits_soft_cap, "logits_soft_cap")
-    if cap is not None and not cap >= 0:  # negative or NaN
-        raise ValueError(f"{OP}: logits_soft_cap must be positive (or None / 0: off), got {cap}.")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{OP}: softmax_scale must be a finite float or None, got {scale}.")
+    if cap is not None and not (cap >= 0 and math.isfinite(cap)):  # negative, NaN or inf
+        raise ValueError(
+            f"{OP}: logits_soft_cap must be positive and finite (or None / 0: off), got {cap}."
+        )
     return (head_dim**-0.5 if scale is None else scale), (cap or None)
 
 

@@ -286,13 +286,16 @@ def _group_forward(t: _Tiles, sink, work: _Work, options, pairs_per_step: int, h
     m, l, acc = _run(step, carry, work, pairs_per_step, (t.q, t.k, t.v, sink, heads.alibi))
     seen = l > 0
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
+    # out = acc / (l + the sink's mass on m's scale): the row sum itself, not exp(m - lse)
+    # (lse's float32 rounding at large logits would scale the output). No key: acc = 0;
+    # a +inf sink: total inf, out 0.
+    total = l
     if sink is not None:
-        lse = jnp.logaddexp(lse, sink[None, None, :, :, None])
-    # out = sum exp(s - lse) v = acc exp(m - lse); no key and no sink (lse -inf) or a
-    # +inf sink: 0.
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    finite = jnp.isfinite(lse)
-    factor = jnp.where(finite, jnp.exp(m_safe - jnp.where(finite, lse, 0.0)), 0.0)
+        sink = sink[None, None, :, :, None]
+        lse = jnp.logaddexp(lse, sink)
+        m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+        total = l + jnp.where(jnp.isfinite(m), jnp.exp(sink - m_safe), 0.0)
+    factor = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
     return acc * factor[..., None], lse
 
 

@@ -132,14 +132,14 @@ def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str
             raise TypeError(
                 f"{op}: q, k and v must share one dtype; q is {q.dtype} but {name} is {x.dtype}."
             )
+    if k.shape[-1] != q.shape[-1]:  # first: a wrong k must not read as a wrong v
+        raise ValueError(
+            f"{op}: k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})."
+        )
     if k.shape != v.shape:
         raise ValueError(
             f"{op}: v must have the shape of k {kv_doc}, got k {tuple(k.shape)} and v "
             f"{tuple(v.shape)}."
-        )
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"{op}: k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})."
         )
     num_q_heads, num_kv_heads = q.shape[-2], k.shape[-2]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:

@@ -335,6 +335,43 @@ def test_traced_documents_per_head(implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_non_finite_sinks_follow_one_rule(implementation):
+    """Sinks of -inf (no sink), +inf (all the probability: out 0, lse +inf), NaN (the
+    head's rows NaN) and a finite one, one per head; the other heads are unaffected."""
+    q, k, v, sinks, weights = _inputs(21, 40, num_q_heads=4, num_kv_heads=2)
+    mask = CausalMask((40, 40))
+    sinks = sinks.at[:3].set(jnp.asarray([-jnp.inf, jnp.inf, jnp.nan]))
+    kwargs = dict(implementation=implementation, block_sizes=_blocks(implementation))
+    out, lse = block_sparse_attention(q, k, v, mask, sinks=sinks, return_lse=True, **kwargs)
+    plain, plain_lse = block_sparse_attention(q, k, v, mask, return_lse=True, **kwargs)
+    out, lse, plain, plain_lse = map(np.asarray, (out, lse, plain, plain_lse))
+    np.testing.assert_array_equal(out[:, :, 0], plain[:, :, 0])
+    np.testing.assert_array_equal(lse[:, 0], plain_lse[:, 0])
+    assert np.all(out[:, :, 1] == 0) and np.all(lse[:, 1] == np.inf)
+    assert np.all(np.isnan(out[:, :, 2])) and np.all(np.isnan(lse[:, 2]))
+    want, want_lse, _ = _oracle(mask, q, k, v, sinks.at[:3].set(0.0), weights, {})
+    tol = _tolerance(q, k, {}, sinks[3:])
+    assert_close(out[:, :, 3], want[:, :, 3], tol, "finite sink out")
+    assert_lse_close(lse[:, 3], want_lse[:, 3], tol)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+def test_large_logits_keep_the_reference_accuracy(implementation):
+    """Logits of ~1e4: the output's error against float64 stays within 4x the float32
+    reference's own (both normalise by the row sum; scaling by exp(m - lse) in float32
+    put lse's rounding into every output: 200x the reference's error)."""
+    q, k, v, _, _ = _inputs(20, 64, num_q_heads=2, num_kv_heads=2)
+    q = q * 1e4
+    mask = CausalMask((64, 64))
+    got = block_sparse_attention(q, k, v, mask, implementation=implementation)
+    twin = block_sparse_attention_reference(q, k, v, mask)
+    with jax.enable_x64(True):
+        want = np.asarray(block_sparse_attention_reference(_wide(q), _wide(k), _wide(v), mask))
+    error = lambda x: float(np.max(np.abs(np.asarray(x, np.float64) - want)))
+    assert error(got) <= 4 * error(twin) + 1e-6, (error(got), error(twin))
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_length_one_and_uneven_kv(implementation):
     q, k, v, sinks, weights = _inputs(3, 1, num_q_heads=2, num_kv_heads=1, kv_length=1)
     check(implementation, CausalMask((1, 1)), q, k, v, sinks, weights)
@@ -573,6 +610,13 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         ),
         (dict(softmax_scale=jnp.float32(1.0) + jnp.zeros(())), TypeError, r"softmax_scale"),
         (dict(logits_soft_cap=-1.0), ValueError, r"logits_soft_cap must be positive"),
+        (dict(logits_soft_cap=float("inf")), ValueError, r"logits_soft_cap must be positive and"),
+        (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be a finite float"),
+        (
+            dict(k=jnp.zeros((1, 20, 1, 4))),
+            ValueError,
+            r"k's head_dim \(4\) must equal q's head_dim \(8\)",
+        ),
         (dict(block_sizes=(32, 32)), TypeError, r"block_sizes must be"),
         (
             dict(block_sizes=BlockSizes(block_q=100), implementation="pallas"),
