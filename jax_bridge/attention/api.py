@@ -27,6 +27,7 @@ from jax_bridge.core.validation import (
     as_int32,
     check_cu_seqlens,
     check_head_dim,
+    check_per_head,
     check_qkv_arrays,
     check_static_int,
     is_traced,
@@ -164,8 +165,8 @@ def varlen_attention(
             f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}."
         )
     spec = _make_spec(head_dim, causal, sliding_window, logits_soft_cap, softmax_scale)
-    sinks = _check_per_head(sinks, "sinks", num_q_heads)
-    alibi_slopes = _check_per_head(alibi_slopes, "alibi_slopes", num_q_heads)
+    sinks = check_per_head(_OP, sinks, "sinks", num_q_heads)
+    alibi_slopes = check_per_head(_OP, alibi_slopes, "alibi_slopes", num_q_heads)
     if alibi_slopes is not None:
         # Documented as a constant; stop_gradient also keeps JVP-style tracers out.
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes)
@@ -251,19 +252,6 @@ def _window_side(side: Any, window: Any, op: str = _OP) -> int | None:
             f"got {window!r}."
         )
     return None if side == -1 else int(side)
-
-
-def _check_per_head(x: Any, name: str, num_q_heads: int, op: str = _OP) -> jax.Array | None:
-    if x is None:
-        return None
-    x = x if is_traced(x) else jnp.asarray(x)
-    if x.shape != (num_q_heads,):
-        raise ValueError(
-            f"{op}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
-        )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{op}: {name} must have a float dtype, got {x.dtype}.")
-    return x
 
 
 def _check_config(

@@ -66,7 +66,6 @@ from jax_bridge.attention.api import (
     BACKENDS,
     AttentionOptions,
     _check_config,
-    _check_per_head,
     _check_qkv,
     _make_spec,
 )
@@ -75,7 +74,7 @@ from jax_bridge.attention.sinks import apply_sink_limits, row_delta, sink_gradie
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
-from jax_bridge.core.validation import is_traced
+from jax_bridge.core.validation import check_per_head, is_traced
 from jax_bridge.core.vma import cotangent_like, varying_like
 from jax_bridge.host.context_parallel import inverse_load_balanced_positions
 
@@ -609,7 +608,7 @@ def _plan(
     return (
         ring,
         _check_ids(segment_ids, (batch, seq)),
-        _check_per_head(sinks, "sinks", q.shape[2], op=_OP),
+        check_per_head(_OP, sinks, "sinks", q.shape[2]),
     )
 
 

@@ -23,7 +23,6 @@ from jax_bridge.block_sparse.checks import (
     check_alibi,
     check_block_sizes,
     check_mask,
-    check_per_head,
     check_qkv,
     check_scale_and_cap,
     check_score_mod,
@@ -41,7 +40,7 @@ from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.validation import check_head_dim
+from jax_bridge.core.validation import check_head_dim, check_per_head
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.masks import Mask
@@ -153,7 +152,7 @@ def block_sparse_attention(
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
     check_score_mod(score_mod, impl)
-    sinks = check_per_head(sinks, "sinks", num_q_heads)
+    sinks = check_per_head(OP, sinks, "sinks", num_q_heads)
     alibi_slopes = check_alibi(alibi_slopes, num_q_heads, impl)
     if alibi_slopes is not None:
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes)

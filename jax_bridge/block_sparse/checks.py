@@ -9,10 +9,9 @@ import numbers
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jax_bridge.block_sparse.score_mod import ScoreMod
-from jax_bridge.core.validation import check_qkv_arrays, is_traced
+from jax_bridge.core.validation import check_per_head, check_qkv_arrays, is_traced
 from pallas_tpu.splash.config import NUM_LANES, BlockSizes
 from pallas_tpu.splash.masks import Mask, MultiHeadMask
 
@@ -97,23 +96,9 @@ def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int)
     return (head_dim**-0.5 if scale is None else scale), (cap or None)
 
 
-def check_per_head(x: Any, name: str, num_q_heads: int) -> jax.Array | None:
-    """None, or a float array of one value per query head (`sinks`, `alibi_slopes`)."""
-    if x is None:
-        return None
-    x = x if is_traced(x) else jnp.asarray(x)
-    if x.shape != (num_q_heads,):
-        raise ValueError(
-            f"{OP}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
-        )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{OP}: {name} must have a float dtype, got {x.dtype}.")
-    return x
-
-
 def check_alibi(alibi_slopes: Any, num_q_heads: int, implementation: str) -> jax.Array | None:
     """None, or [num_q_heads] float slopes on a backend that runs ALiBi."""
-    alibi_slopes = check_per_head(alibi_slopes, "alibi_slopes", num_q_heads)
+    alibi_slopes = check_per_head(OP, alibi_slopes, "alibi_slopes", num_q_heads)
     if alibi_slopes is not None and implementation == "pallas":
         raise ValueError(
             f"{OP}: alibi_slopes is not supported by implementation='pallas' (the splash "

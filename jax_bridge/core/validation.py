@@ -149,6 +149,21 @@ def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str
         )
 
 
+def check_per_head(op: str, x: Any, name: str, num_q_heads: int) -> jax.Array | None:
+    """None, or a float array of one value per query head (`sinks`, `alibi_slopes`):
+    shape [num_q_heads] (ValueError) and a float dtype (TypeError); errors name `op`."""
+    if x is None:
+        return None
+    x = x if is_traced(x) else jnp.asarray(x)
+    if x.shape != (num_q_heads,):
+        raise ValueError(
+            f"{op}: {name} must have shape [num_q_heads] = ({num_q_heads},), got {tuple(x.shape)}."
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{op}: {name} must have a float dtype, got {x.dtype}.")
+    return x
+
+
 def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> jax.Array:
     """Validate cumulative sequence lengths and return them as a JAX array.
 
