@@ -184,10 +184,11 @@ def _product(spec: str, weights, values, precision) -> jax.Array:
     return lax.cond(jnp.all(jnp.isfinite(values)), plain, isolating, weights, values)
 
 
-def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, slope: bool = False):
+def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, derivative: bool = False):
     """(scores, capped scores, d scores / d capped) float32 [B, n, Hk, G, bq, bk]: scaled,
-    soft-capped, shifted by ALiBi, then through the score hook. The derivative (for the
-    backward, when `slope`) is 1.0 without a hook and None when not asked for.
+    soft-capped, shifted by ALiBi, then through the score hook. The hook's derivative
+    (for the backward, when `derivative`) is 1.0 without a hook and None when not asked
+    for.
 
     positions: (heads, q_block [n], kv_block [n], block_shape) of the step.
     """
@@ -210,11 +211,11 @@ def _scores(q_tiles, k_tiles, options: BlockSparseOptions, positions, slope: boo
     batch = jnp.arange(capped.shape[0], dtype=jnp.int32)[:, None, None, None, None, None]
     head = jnp.asarray(heads.index, jnp.int32)[None, None, :, :, None, None]
     apply = lambda c: hook.apply(c, batch, head, q_pos, kv_pos)
-    if not slope:
+    if not derivative:
         return apply(biased), capped, None
     # The hook is elementwise in the score: a jvp with ones is its derivative.
-    scores, derivative = jax.jvp(apply, (biased,), (jnp.ones_like(biased),))
-    return scores, capped, derivative
+    scores, d_hook = jax.jvp(apply, (biased,), (jnp.ones_like(biased),))
+    return scores, capped, d_hook
 
 
 # ------------------------------------------------------------------- one head group
@@ -314,10 +315,10 @@ def _group_backward(
         allowed = work.allowed(*pairs)[None, :, None, None]
         q, k, v, d_out = (t.q[:, q_block], t.k[:, kv_block], t.v[:, kv_block], t.d_out[:, q_block])
         positions = (heads, q_block, kv_block, block_shape)
-        s, capped, slope = _scores(q, k, options, positions, slope=True)
+        s, capped, d_hook = _scores(q, k, options, positions, derivative=True)
         p = jnp.where(allowed, jnp.exp(s - lse[:, q_block][..., None]), 0.0)
         dp = _dot("bcqhgd,bckhd->bchgqk", d_out, v, precision)
-        ds = jnp.where(allowed, p * (dp - delta[:, q_block][..., None]) * slope, 0.0)
+        ds = jnp.where(allowed, p * (dp - delta[:, q_block][..., None]) * d_hook, 0.0)
         if cap is not None:  # d(c tanh(x / c)) / dx = 1 - (capped / c)^2
             ds = ds * (1.0 - jnp.square(jnp.where(allowed, capped, 0.0) / cap))
         ds = ds * options.softmax_scale
