@@ -29,7 +29,7 @@ from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.host.cu_seqlens import prepare_chunk_indices
 from jax_bridge.launch.target import follow_lowering_platform, launch_target
-from jax_bridge.launch.triton_call import triton_call
+from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -154,12 +154,6 @@ def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
     return prepare_chunk_indices(cu_seqlens, block, total_tokens=total).astype(jnp.int32)
 
 
-def _per_head(x: jax.Array | None) -> jax.Array:
-    # Kernels read optional per-head vectors only behind a constexpr flag; absent ones
-    # are a 1-element placeholder.
-    return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
-
-
 def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array | None:
     """`shift` as int32 [B] (B = len(cu_seqlens_q) - 1), or None; its shape is checked
     because the kernels index it by sequence."""
@@ -246,8 +240,8 @@ def forward(
         cu_q,
         cu_k,
         chunks,
-        _per_head(sinks),
-        _per_head(alibi_slopes),
+        float32_or_placeholder(sinks),
+        float32_or_placeholder(alibi_slopes),
         total_q,
         chunks.shape[0],
         *scalars,
@@ -371,7 +365,7 @@ def backward(
     dk, dv = triton_call(
         *inputs,
         key_chunks,
-        _per_head(alibi_slopes),
+        float32_or_placeholder(alibi_slopes),
         total_q,
         key_chunks.shape[0],
         *scalars,
@@ -390,7 +384,7 @@ def backward(
     dq = triton_call(
         *inputs,
         query_chunks,
-        _per_head(alibi_slopes),
+        float32_or_placeholder(alibi_slopes),
         total_q,
         query_chunks.shape[0],
         *scalars,

@@ -31,7 +31,7 @@ from jax_bridge.block_sparse.tile_lists import (
 )
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.launch.target import follow_lowering_platform, launch_target
-from jax_bridge.launch.triton_call import triton_call
+from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
 from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
@@ -167,11 +167,6 @@ def _hook_heads(options: BlockSparseOptions, num_q_heads: int) -> jax.Array:
     return jnp.asarray(np.asarray(heads, np.int32))
 
 
-def _float32_or_dummy(x: jax.Array | None) -> jax.Array:
-    """x as float32, or a one-element placeholder for a pointer the kernel never reads."""
-    return jnp.zeros((1,), jnp.float32) if x is None else x.astype(jnp.float32)
-
-
 @follow_lowering_platform
 def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, D] in q's dtype, lse float32 [B, Hq, Lq]); see the api."""
@@ -184,8 +179,8 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         k,
         v,
         *_isolated(v),
-        _float32_or_dummy(sinks),
-        _float32_or_dummy(alibi),
+        float32_or_placeholder(sinks),
+        float32_or_placeholder(alibi),
         _hook_heads(options, num_q_heads),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
@@ -218,8 +213,8 @@ def backward(
     plan = _plan(options, mask_arrays, q, k, alibi)
     # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
     lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
-    stats = (lse_log2, delta.astype(jnp.float32))
-    inputs = (q, k, v, d_out, *stats, _float32_or_dummy(alibi), _hook_heads(options, q.shape[2]))
+    per_head = (float32_or_placeholder(alibi), _hook_heads(options, q.shape[2]))
+    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), *per_head)
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
     dq = triton_call(

@@ -33,6 +33,12 @@ from jax_bridge.launch.target import launch_target
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
 
+def float32_or_placeholder(x: jax.Array | None) -> jax.Array:
+    """An optional float operand (sinks, ALiBi slopes) as float32, or, when absent, a
+    1-element placeholder for a pointer the kernel reads only behind a constexpr flag."""
+    return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
+
+
 def _initial_output(shape: jax.ShapeDtypeStruct) -> np.ndarray:
     dtype = np.dtype(shape.dtype)
     if jnp.issubdtype(dtype, jnp.inexact):  # jnp knows bfloat16 is floating; np does not

@@ -30,7 +30,7 @@ from jax_bridge.attention.api import AttentionOptions
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.precision import DEFAULT_PRECISION
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
-from jax_bridge.launch.triton_call import triton_call
+from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from tests.attention.helpers import (
     assert_close,
     attention_tolerance,
@@ -202,8 +202,8 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         cu_q_all,
         cu_k_all,
         tiles,
-        attention_triton._per_head(None),
-        attention_triton._per_head(None),
+        float32_or_placeholder(None),
+        float32_or_placeholder(None),
         40,
         tiles.shape[0],
         *scalars,
