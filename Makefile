@@ -1,4 +1,6 @@
-# Two entry points for a fresh machine: `make bench` (the main job) and `make test`.
+# Entry points for a fresh machine: `make bench` (the main job), `make test` (the quick
+# suite: every op x backend x feature once, minutes on 2 cores) and `make test-all` (the
+# quick suite, then the tests marked `slow` and a longer hypothesis search: what CI runs).
 # Each creates .venv and installs the project on first use: with the `test` extra
 # everywhere, plus the `gpu` extra (CUDA jax, jax-triton) where an NVIDIA driver is present.
 PYTHON ?= python3
@@ -7,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu$(comma)test,test)
 comma := ,
 
-.PHONY: bench test lint
+.PHONY: bench test test-all lint
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
@@ -20,9 +22,17 @@ $(STAMP): pyproject.toml
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench
 
+# Each run ends with its 25 slowest tests, so that the time budget stays visible.
+PYTEST := $(VENV)/bin/python -m pytest -n auto --durations=25
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -n auto
+	$(PYTEST) -m "not slow"
+
+# The rest: the `slow` tests (larger shapes, full compile grids, every target compiled) and
+# the property tests again under the `thorough` hypothesis profile (more examples).
+test-all: test
+	HYPOTHESIS_PROFILE=thorough $(PYTEST) -m "slow or hypothesis"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -2,8 +2,10 @@
 
 Eight fake CPU devices back every mesh test, and JAX never looks for a GPU: both must be
 set before JAX is imported, which is why they live at the top of this file.
-Hypothesis runs a deterministic profile by default (CI); `HYPOTHESIS_PROFILE=long` runs
-a longer, randomised search on demand.
+Hypothesis profiles (`HYPOTHESIS_PROFILE=...`), all but `long` derandomized so that a run
+is reproducible: `ci` (the default, `make test`: a few examples each, enough to cross every
+branch the strategies reach), `thorough` (`make test-all`'s second pass over the property
+tests), `long` (a randomised search on demand).
 """
 
 import os
@@ -17,6 +19,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import hypothesis
+import pytest
 
 from bench.quiet_start import start_jax_quietly
 
@@ -24,21 +27,14 @@ from bench.quiet_start import start_jax_quietly
 # four "Could not find cuda drivers" notices at start-up: dropped, other output kept.
 start_jax_quietly()
 
-hypothesis.settings.register_profile(
-    "ci",
-    max_examples=30,
-    derandomize=True,
+_COMMON = dict(
     deadline=None,
     print_blob=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow],
 )
-hypothesis.settings.register_profile(
-    "long",
-    max_examples=1000,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[hypothesis.HealthCheck.too_slow],
-)
+hypothesis.settings.register_profile("ci", max_examples=10, derandomize=True, **_COMMON)
+hypothesis.settings.register_profile("thorough", max_examples=60, derandomize=True, **_COMMON)
+hypothesis.settings.register_profile("long", max_examples=1000, **_COMMON)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -74,3 +70,17 @@ def pytest_terminal_summary(terminalreporter, config):
     threshold = config.getoption("--margins-above")
     for line in margins.summary(path, margins.THRESHOLD if threshold is None else threshold):
         terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the whole collection is seen
+def pytest_collection_modifyitems(config, items):
+    from tests import budget
+
+    for item in items:
+        if budget.is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+    # Named test ids narrow the collection below whole files: no staleness to judge then.
+    if not any("::" in arg for arg in config.args):
+        stale = budget.unmatched_patterns(item.nodeid for item in items)
+        if stale:
+            raise pytest.UsageError(f"tests/budget.py: patterns that match no test: {stale}")

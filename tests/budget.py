@@ -1,0 +1,78 @@
+"""What `make test` leaves to `make test-all`: the `slow` tests, decided in this one table.
+
+`make test` must finish in minutes on 2 cores and still run every op x backend x feature
+at least once; `make test-all` (CI) runs everything. A family of tests that repeats one
+check over a grid (every target and dtype compiled, every head_dim's static report, the
+same interpreter run at a larger shape) is marked `slow` here, except for the cases its
+QUICK patterns keep: the representative one(s) that `make test` still runs.
+
+Patterns are pytest node ids where `*` matches anything (and nothing else is special, so
+`[...]` is literal). A pattern that matches no collected test while its file was
+collected is an error, so the table cannot go stale silently; a test renamed out of a
+pattern runs in `make test`, never in neither.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# (pattern, why it is slow): every matching test is `slow` unless a QUICK pattern keeps it.
+SLOW: tuple[tuple[str, str], ...] = (
+    # --- compiled by the real compilers for compile-only chips (seconds to a minute each)
+    ("tests/aot/test_compile_*", "XLA:TPU / Mosaic / XLA:GPU compiles of whole programs"),
+    # --- offline Triton compiles (Triton to cubin, ptxas, cuobjdump: seconds each)
+    ("tests/attention/test_lowering.py::test_static_report_*", "one offline compile each"),
+    ("tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two*", "offline compile"),
+    ("tests/attention/test_lowering.py::test_lowers_for_cuda[*", "4 kernels lowered each"),
+    ("tests/block_sparse/test_triton.py::test_static_report_at_default_configs*", "compile"),
+    ("tests/grouped_matmul/test_lowering.py::test_*", "offline compiles"),
+)
+
+# Exceptions to SLOW: the cases `make test` keeps of each slow family.
+QUICK: tuple[str, ...] = (
+    # one compile per op for the chip the kernels are tuned for, in the dtype that trains
+    "tests/aot/test_compile_*[h100-bfloat16]",
+    "tests/aot/test_compile_sharded.py::*h100]",
+    "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",
+    "tests/aot/test_compile_splash.py::test_default_block_table_matches_block_sizes",
+    # the Hopper head_dim 128 reports: every kernel x feature set x launch mode
+    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-*",
+    "tests/attention/test_lowering.py::test_static_report_float32[64-*",
+    "tests/attention/test_lowering.py::test_static_report_preprocess[128]",
+    "tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two[3-causal]",
+    "tests/attention/test_lowering.py::test_lowers_for_cuda[90-bf16-128]",
+    "tests/attention/test_lowering.py::test_lowers_for_cuda[80-fp16-64]",
+    "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[*-128-True-True-90]",
+    "tests/grouped_matmul/test_lowering.py::test_gmm_and_tgmm_lower_for_cuda[bfloat16-90]",
+    "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_kernels[True-90]",
+    "tests/grouped_matmul/test_lowering.py::test_default_tiling_compiles_without_spills_*[90-*",
+    "tests/grouped_matmul/test_lowering.py::test_default_precision_compiles_exact_float32_products",
+    "tests/grouped_matmul/test_lowering.py::test_even_k_drops_the_k_masks_from_the_loop[gmm]",
+)
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")) + r"\Z")
+
+
+_SLOW = [(_regex(p), p) for p, _ in SLOW]
+_QUICK = [(_regex(p), p) for p in QUICK]
+
+
+def is_slow(nodeid: str) -> bool:
+    """True when SLOW marks `nodeid` and no QUICK pattern keeps it."""
+    return any(r.match(nodeid) for r, _ in _SLOW) and not any(r.match(nodeid) for r, _ in _QUICK)
+
+
+def unmatched_patterns(nodeids: Iterable[str]) -> list[str]:
+    """The patterns that match none of `nodeids` although their file is among them."""
+    nodeids = list(nodeids)
+    files = {n.split("::")[0] for n in nodeids}
+    stale = []
+    for regex, pattern in [*_SLOW, *_QUICK]:
+        file_pattern = _regex(pattern.split("::")[0])
+        in_run = any(file_pattern.match(f) for f in files)
+        if in_run and not any(regex.match(n) for n in nodeids):
+            stale.append(pattern)
+    return stale
