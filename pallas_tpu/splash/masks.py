@@ -806,6 +806,12 @@ class DocumentMask(Mask):
         q_ids, kv_ids = xp.asarray(q_segment_ids), xp.asarray(kv_segment_ids)
         if q_ids.ndim != 1 or kv_ids.ndim != 1:
             raise ValueError("DocumentMask.from_segment_ids: segment ids must be 1-D")
+        for name, ids in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids)):
+            # Checked traced too (a dtype is static): a float id would be truncated.
+            if not np.issubdtype(ids.dtype, np.integer):
+                raise TypeError(
+                    f"DocumentMask.from_segment_ids: {name} must be integer ids, got {ids.dtype}"
+                )
         if not traced:
             _check_segment_ids(q_ids, "q_segment_ids")
             _check_segment_ids(kv_ids, "kv_segment_ids")

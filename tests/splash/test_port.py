@@ -38,8 +38,9 @@ def _script(splash, mask_lib) -> dict[str, jax.Array]:
     only: `splash` / `mask_lib` are the kernel and mask modules, JAX's or ours."""
     keys = jax.random.split(jax.random.key(42), 5)
     # The JAX convention: the softmax scale is folded into q.
-    q = jax.random.normal(keys[0], (2, HEADS, SEQ, DIM)) * DIM**-0.5
-    k, v, cotangent = (jax.random.normal(key, (2, HEADS, SEQ, DIM)) for key in keys[1:4])
+    batch = 1  # vmapped like a real batch; one entry keeps the interpreter's time down
+    q = jax.random.normal(keys[0], (batch, HEADS, SEQ, DIM)) * DIM**-0.5
+    k, v, cotangent = (jax.random.normal(key, (batch, HEADS, SEQ, DIM)) for key in keys[1:4])
     shape = (SEQ, SEQ)
     mask = mask_lib.MultiHeadMask(
         [
@@ -87,7 +88,7 @@ def _script(splash, mask_lib) -> dict[str, jax.Array]:
         jnp.asarray(dense), block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
         interpret=True,
     )  # fmt: skip
-    dynamic_out = dynamic(q[1], k[1], v[1])
+    dynamic_out = dynamic(q[0], k[0], v[0])
 
     reference = splash.make_masked_mha_reference(mask)
     ref_out = reference(q[0], k[0], v[0], segment_ids)
@@ -251,6 +252,15 @@ def test_dtypes_are_checked_naming_the_argument():
         jax.eval_shape(kernel, q, k, v, ours.SegmentIds(ids, ids.astype(jnp.int32)))
 
 
+def test_document_segment_ids_must_be_integer_traced_or_not():
+    ids = np.repeat(np.arange(1, 3), SEQ // 2)
+    match = r"from_segment_ids: q_segment_ids must be integer ids, got float32"
+    with pytest.raises(TypeError, match=match):
+        ours.DocumentMask.from_segment_ids(ids.astype(np.float32), ids)
+    with pytest.raises(TypeError, match=match):
+        jax.jit(lambda q: ours.DocumentMask.from_segment_ids(q, ids).shape)(jnp.float32(ids))
+
+
 def test_residual_checkpoint_name_lets_remat_keep_out_and_lse(capsys):
     q, k, v = _qkv(2)
     policy = jax.checkpoint_policies.save_only_these_names("splash_out")
@@ -297,13 +307,10 @@ def test_masked_reference_equals_jaxs_fully_masked_rows_included():
     sinks = jnp.array([0.5, -1.0])
     segment_ids = ours.SegmentIds(*[jnp.repeat(jnp.arange(2, dtype=jnp.int32), SEQ // 2)] * 2)
     tol = splash_tolerance(q, k, v)
+    options = dict(save_residuals=True, attn_logits_soft_cap=5.0)
+    want = jsk.make_masked_mha_reference(dense)(q, k1, v1, segment_ids, sinks, **options)
     for mask in (dense, ours.MultiHeadMask([ours.NumpyMask(m) for m in dense])):
-        got = ours.make_masked_mha_reference(mask)(
-            q, k1, v1, segment_ids, sinks, save_residuals=True, attn_logits_soft_cap=5.0
-        )
-        want = jsk.make_masked_mha_reference(dense)(
-            q, k1, v1, segment_ids, sinks, save_residuals=True, attn_logits_soft_cap=5.0
-        )
+        got = ours.make_masked_mha_reference(mask)(q, k1, v1, segment_ids, sinks, **options)
         assert_close(got[0], np.asarray(want[0], np.float64), tol, "out")
         assert_close(got[1][0], np.asarray(want[1][0], np.float64), tol, "lse")
     # Rows 0-2 of head 0 see nothing: JAX's meaning is the average of v, not 0.
