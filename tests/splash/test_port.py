@@ -252,6 +252,21 @@ def test_dtypes_are_checked_naming_the_argument():
         jax.eval_shape(kernel, q, k, v, ours.SegmentIds(ids, ids.astype(jnp.int32)))
 
 
+def test_a_traced_array_mask_builds_a_kernel_under_jit():
+    """Beyond JAX (whose factory fails on a traced mask): the mask may be made in the
+    jitted step; the dynamic MaskInfos are traced, shapes static. Traced only here; the
+    port script runs a concrete jax.Array mask."""
+    mask = jnp.asarray(np.stack([om.make_causal_mask((SEQ, SEQ))] * HEADS))
+    q, k, v = _qkv(HEADS)
+
+    def loss(q, mask):
+        kernel = ours.make_splash_mha(mask, block_sizes=ours.BlockSizes(128, 128), interpret=True)
+        return kernel(q, k, v).sum()
+
+    grad = jax.eval_shape(jax.grad(loss), q, mask)
+    assert (grad.shape, grad.dtype) == (q.shape, q.dtype)
+
+
 def test_document_segment_ids_must_be_integer_traced_or_not():
     ids = np.repeat(np.arange(1, 3), SEQ // 2)
     match = r"from_segment_ids: q_segment_ids must be integer ids, got float32"
