@@ -674,8 +674,13 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
         end = xp.searchsorted(key, key, side="right").astype(np.int32)
         return xp.where(valid, ids, padding).astype(np.int32), xp.where(valid, token - end, 0), key
 
-    q_doc, q_rel, _ = side(q_ids, -1)
+    q_doc, q_rel, q_key = side(q_ids, -1)
     kv_doc, kv_rel, kv_key = side(kv_ids, -2)
+    # Out-of-order ids (only reachable traced: concrete ones are refused) would make the
+    # searches below garbage; every q row becomes padding instead, so the whole mask is
+    # empty (out 0, lse -inf): a visible failure, never attention across documents.
+    ordered = xp.all(q_key[1:] >= q_key[:-1]) & xp.all(kv_key[1:] >= kv_key[:-1])
+    q_doc = xp.where(ordered, q_doc, -1).astype(np.int32)
     start = xp.searchsorted(kv_key, q_doc, side="left").astype(np.int32)
     end = xp.searchsorted(kv_key, q_doc, side="right").astype(np.int32)
     return DocumentTokens(q_doc, kv_doc, q_rel, kv_rel, start, end)
@@ -797,9 +802,9 @@ class DocumentMask(Mask):
     ) -> DocumentMask:
         """Documents from segment ids: int [q_len] / [kv_len], ascending positive ids,
         each document one contiguous run, padding ids <= 0 after the last document.
-        Checked when concrete; traced ids (under `jax.jit`) cannot be checked, and ids
-        out of order there give a wrong mask, not an error. Document d of q attends the
-        kv run with the same id."""
+        Checked when concrete (ValueError); traced ids (under `jax.jit`) cannot raise, so
+        ids out of order there make the whole mask empty (every row: out 0, lse -inf).
+        Document d of q attends the kv run with the same id."""
         kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
         traced = _is_traced(q_segment_ids, kv_segment_ids)
         xp = jnp if traced else np

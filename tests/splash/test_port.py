@@ -276,6 +276,28 @@ def test_document_segment_ids_must_be_integer_traced_or_not():
         jax.jit(lambda q: ours.DocumentMask.from_segment_ids(q, ids).shape)(jnp.float32(ids))
 
 
+def test_out_of_order_traced_segment_ids_give_an_empty_mask_not_a_wrong_one():
+    """Concrete ids out of order raise; traced ones cannot, so every row attends nothing
+    (row intervals all empty) instead of garbage searches. Valid traced ids keep the
+    intervals of the concrete mask."""
+    good = np.repeat(np.array([1, 2, 3, 0], np.int32), 8)
+    bad = np.repeat(np.array([1, 2, 1, 0], np.int32), 8)
+    with pytest.raises(ValueError, match="ascending positive document ids"):
+        ours.DocumentMask.from_segment_ids(bad, causal=True)
+
+    @jax.jit
+    def intervals(ids):
+        return ours.DocumentMask.from_segment_ids(ids, causal=True).row_intervals()
+
+    lo, hi = intervals(good)
+    want_lo, want_hi = ours.DocumentMask.from_segment_ids(good, causal=True).row_intervals()
+    np.testing.assert_array_equal(lo, want_lo)
+    np.testing.assert_array_equal(hi, want_hi)
+    assert 0 < int((lo <= hi).sum()) < good.size  # documents see keys, padding none
+    lo, hi = intervals(bad)
+    assert np.all(np.asarray(lo) > np.asarray(hi))
+
+
 def test_residual_checkpoint_name_lets_remat_keep_out_and_lse(capsys):
     q, k, v = _qkv(2)
     policy = jax.checkpoint_policies.save_only_these_names("splash_out")
