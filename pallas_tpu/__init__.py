@@ -7,9 +7,15 @@ tests/splash/test_package.py keeps both the same. Imports JAX, never jax_bridge.
 
 from pallas_tpu import splash
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
-from pallas_tpu.splash.config import BlockSizes, KernelOptions, SegmentIds
+from pallas_tpu.splash.config import BlockSizes, KernelOptions, QKVLayout, SegmentIds
 from pallas_tpu.splash.forward import splash_forward
-from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha, make_splash_mqa
+from pallas_tpu.splash.kernel import (
+    SplashAttentionKernel,
+    make_splash_mha,
+    make_splash_mha_single_device,
+    make_splash_mqa,
+    make_splash_mqa_single_device,
+)
 from pallas_tpu.splash.mask_info import (
     ElementMask,
     MaskInfo,
@@ -25,12 +31,19 @@ from pallas_tpu.splash.masks import (
     DocumentMask,
     FullMask,
     LocalMask,
+    LogicalAnd,
+    LogicalOr,
     Mask,
     MultiHeadMask,
     NumpyMask,
     PredicateMask,
     PrefixLMMask,
+    make_causal_mask,
+    make_chunk_attention_mask,
+    make_local_attention_mask,
+    make_random_mask,
 )
+from pallas_tpu.splash.reference import make_masked_mha_reference, make_masked_mqa_reference
 
 __all__ = [
     "BlockSizes",
@@ -41,17 +54,28 @@ __all__ = [
     "FullMask",
     "KernelOptions",
     "LocalMask",
+    "LogicalAnd",
+    "LogicalOr",
     "Mask",
     "MaskInfo",
     "MultiHeadMask",
     "NumpyMask",
     "PredicateMask",
     "PrefixLMMask",
+    "QKVLayout",
     "SegmentIds",
     "SplashAttentionKernel",
     "classify_blocks",
+    "make_causal_mask",
+    "make_chunk_attention_mask",
+    "make_local_attention_mask",
+    "make_masked_mha_reference",
+    "make_masked_mqa_reference",
+    "make_random_mask",
     "make_splash_mha",
+    "make_splash_mha_single_device",
     "make_splash_mqa",
+    "make_splash_mqa_single_device",
     "process_dynamic_mask",
     "process_dynamic_mask_dkv",
     "process_mask",

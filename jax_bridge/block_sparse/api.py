@@ -24,6 +24,7 @@ from jax_bridge.block_sparse.checks import (
     check_block_sizes,
     check_mask,
     check_qkv,
+    check_return_lse,
     check_scale_and_cap,
     check_score_mod,
 )
@@ -103,7 +104,8 @@ def block_sparse_attention(
         cu_seqlens give a wrong mask, not an error. Masks are top-left aligned
         (`CausalMask(offset=kv_len - q_len)` for decoding) except DocumentMask, which is
         bottom-right inside each document, as `varlen_attention`.
-      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static finite float.
+      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim). A static finite float,
+        not 0 (uniform attention: almost always a bug); negative is allowed.
       logits_soft_cap: scores become cap * tanh(s / cap) before masking; None or 0: off,
         else positive and finite. (The Triton kernels' tanh loses relative precision
         when cap >> |s|: leave a cap that never binds off.)
@@ -113,16 +115,16 @@ def block_sparse_attention(
         (after the soft cap, before the score hook), the indices being the mask's rows
         and columns. Treated as constants: zero gradient. XLA and Triton run it; Pallas
         refuses it.
-      return_lse: also return the natural-log log-sum-exp of each row.
+      return_lse: (a Python bool) also return the natural-log log-sum-exp of each row.
       score_mod: a `ScoreMod` (FlexAttention's score_mod): score' = fn(score, batch,
         query head, q position, kv position) on every scaled, soft-capped (ALiBi-shifted)
         score before the mask; gradients flow through it. XLA and Triton (which needs its
         `triton_fn`) run it; Pallas refuses it.
-      block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv (default 128, or
-        less for short sequences); Pallas every field (multiples of 128, default up to
-        512); Triton (block_q, block_kv), (block_q_dq, block_kv_dq) and (block_q_dkv,
-        block_kv_dkv), powers of two >= 16 (default: the varlen kernels' tiles for the
-        GPU). Sequences are padded to whole blocks either way.
+      block_sizes: a splash `BlockSizes`. XLA reads block_q / block_kv, multiples of 8
+        (default 128, or less for short sequences); Pallas every field (multiples of 128,
+        default up to 512); Triton (block_q, block_kv), (block_q_dq, block_kv_dq) and
+        (block_q_dkv, block_kv_dkv), powers of two >= 16 (default: the varlen kernels'
+        tiles for the GPU). Sequences are padded to whole blocks either way.
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
         The Pallas kernels use the TPU's default dot precision.
       implementation: "auto" (Triton on GPUs, Pallas on TPU, XLA elsewhere), "xla",
@@ -151,6 +153,7 @@ def block_sparse_attention(
     check_head_dim(OP, head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
+    return_lse = check_return_lse(return_lse)
     check_score_mod(score_mod, impl)
     sinks = check_per_head(OP, sinks, "sinks", num_q_heads)
     alibi_slopes = check_alibi(alibi_slopes, num_q_heads, impl)

@@ -3,7 +3,6 @@ the argument and what was expected."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 from typing import Any
@@ -12,7 +11,7 @@ import jax
 
 from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.validation import check_per_head, check_qkv_arrays, is_traced
-from pallas_tpu.splash.config import NUM_LANES, BlockSizes
+from pallas_tpu.splash.config import BLOCK_FIELDS, NUM_LANES, NUM_SUBLANES, BlockSizes
 from pallas_tpu.splash.masks import Mask, MultiHeadMask
 
 OP = "block_sparse_attention"
@@ -83,17 +82,32 @@ def check_static_float(value: Any, name: str) -> float | None:
 
 
 def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int):
-    """(scale, cap): scale defaults to 1 / sqrt(head_dim), any finite float; a cap of None
-    or 0 is off, else positive and finite (an infinite cap would make inf * tanh(0))."""
+    """(scale, cap): scale defaults to 1 / sqrt(head_dim), any finite non-zero float; a cap
+    of None or 0 is off, else positive and finite (an infinite cap would make inf * tanh(0)).
+
+    A negative scale is valid math (softmax of -q.k: attend to the least similar keys) and
+    `jax.nn.dot_product_attention` accepts it, so it is kept. Zero is refused: every score
+    becomes 0 (a uniform average over the mask, zero dQ and dK), which is almost always a
+    bug such as `1 // head_dim**0.5`."""
     scale = check_static_float(softmax_scale, "softmax_scale")
     cap = check_static_float(logits_soft_cap, "logits_soft_cap")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{OP}: softmax_scale must be a finite float or None, got {scale}.")
+    if scale is not None and not (math.isfinite(scale) and scale != 0):
+        raise ValueError(
+            f"{OP}: softmax_scale must be a finite non-zero float or None (1 / sqrt(head_dim)), "
+            f"got {scale}: zero makes every score 0 (uniform attention, no q/k gradient)."
+        )
     if cap is not None and not (cap >= 0 and math.isfinite(cap)):  # negative, NaN or inf
         raise ValueError(
             f"{OP}: logits_soft_cap must be positive and finite (or None / 0: off), got {cap}."
         )
     return (head_dim**-0.5 if scale is None else scale), (cap or None)
+
+
+def check_return_lse(return_lse: Any) -> bool:
+    """A Python bool (a string such as "yes" or an array would silently pick a branch)."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"{OP}: return_lse must be a Python bool, got {return_lse!r}.")
+    return return_lse
 
 
 def check_alibi(alibi_slopes: Any, num_q_heads: int, implementation: str) -> jax.Array | None:
@@ -108,7 +122,7 @@ def check_alibi(alibi_slopes: Any, num_q_heads: int, implementation: str) -> jax
 
 
 def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | None:
-    """A splash `BlockSizes` or None. XLA reads block_q / block_kv (any positive ints);
+    """A splash `BlockSizes` or None. XLA reads block_q / block_kv (positive multiples of 8);
     Pallas every field (positive multiples of 128); Triton its three kernels' (q, kv)
     tiles (powers of two >= 16)."""
     if block_sizes is None:
@@ -118,7 +132,7 @@ def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | Non
             f"{OP}: block_sizes must be a pallas_tpu.splash.BlockSizes or None, got "
             f"{type(block_sizes).__name__}."
         )
-    fields = [f.name for f in dataclasses.fields(block_sizes)]
+    fields = list(BLOCK_FIELDS)  # the int fields; JAX's layout / fused flags are checked there
     if implementation == "xla":
         fields = ["block_q", "block_kv"]
     elif implementation == "triton":
@@ -133,6 +147,11 @@ def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | Non
             raise ValueError(
                 f"{OP}: block_sizes.{name}={value} must be a power of two >= 16 for "
                 "implementation='triton'."
+            )
+        if implementation == "xla" and value % NUM_SUBLANES:
+            raise ValueError(
+                f"{OP}: block_sizes.{name}={value} must be a multiple of {NUM_SUBLANES} for "
+                "implementation='xla' (whole float32 sublane tiles, as its defaults)."
             )
         if implementation == "pallas" and value % NUM_LANES:
             raise ValueError(

@@ -33,11 +33,17 @@ __all__ = [
     "DocumentMask",
     "FullMask",
     "LocalMask",
+    "LogicalAnd",
+    "LogicalOr",
     "Mask",
     "MultiHeadMask",
     "NumpyMask",
     "PredicateMask",
     "PrefixLMMask",
+    "make_causal_mask",
+    "make_chunk_attention_mask",
+    "make_local_attention_mask",
+    "make_random_mask",
 ]
 
 Array = Any  # np.ndarray, or jax.Array for a DocumentMask built under jax.jit
@@ -267,7 +273,11 @@ class FullMask(Mask):
 
     _shape: tuple[int, int]
 
-    def __init__(self, shape: Sequence[int]):
+    def __init__(self, shape: Sequence[int] | None = None, *, _shape: Sequence[int] | None = None):
+        """`FullMask(shape)`; `_shape=` is JAX's keyword for the same (give one)."""
+        if (shape is None) == (_shape is None):
+            raise TypeError("FullMask: give the shape once, as FullMask(shape) or _shape=")
+        shape = _shape if shape is None else shape
         object.__setattr__(self, "_shape", _check_shape(shape, "FullMask"))
 
     @property
@@ -664,8 +674,13 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
         end = xp.searchsorted(key, key, side="right").astype(np.int32)
         return xp.where(valid, ids, padding).astype(np.int32), xp.where(valid, token - end, 0), key
 
-    q_doc, q_rel, _ = side(q_ids, -1)
+    q_doc, q_rel, q_key = side(q_ids, -1)
     kv_doc, kv_rel, kv_key = side(kv_ids, -2)
+    # Out-of-order ids (only reachable traced: concrete ones are refused) would make the
+    # searches below garbage; every q row becomes padding instead, so the whole mask is
+    # empty (out 0, lse -inf): a visible failure, never attention across documents.
+    ordered = xp.all(q_key[1:] >= q_key[:-1]) & xp.all(kv_key[1:] >= kv_key[:-1])
+    q_doc = xp.where(ordered, q_doc, -1).astype(np.int32)
     start = xp.searchsorted(kv_key, q_doc, side="left").astype(np.int32)
     end = xp.searchsorted(kv_key, q_doc, side="right").astype(np.int32)
     return DocumentTokens(q_doc, kv_doc, q_rel, kv_rel, start, end)
@@ -786,14 +801,22 @@ class DocumentMask(Mask):
         kv_sequence=None,
     ) -> DocumentMask:
         """Documents from segment ids: int [q_len] / [kv_len], ascending positive ids,
-        each document one contiguous run, padding ids <= 0 after the last document
-        (checked when concrete). Document d of q attends the kv run with the same id."""
+        each document one contiguous run, padding ids <= 0 after the last document.
+        Checked when concrete (ValueError); traced ids (under `jax.jit`) cannot raise, so
+        ids out of order there make the whole mask empty (every row: out 0, lse -inf).
+        Document d of q attends the kv run with the same id."""
         kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
         traced = _is_traced(q_segment_ids, kv_segment_ids)
         xp = jnp if traced else np
         q_ids, kv_ids = xp.asarray(q_segment_ids), xp.asarray(kv_segment_ids)
         if q_ids.ndim != 1 or kv_ids.ndim != 1:
             raise ValueError("DocumentMask.from_segment_ids: segment ids must be 1-D")
+        for name, ids in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids)):
+            # Checked traced too (a dtype is static): a float id would be truncated.
+            if not np.issubdtype(ids.dtype, np.integer):
+                raise TypeError(
+                    f"DocumentMask.from_segment_ids: {name} must be integer ids, got {ids.dtype}"
+                )
         if not traced:
             _check_segment_ids(q_ids, "q_segment_ids")
             _check_segment_ids(kv_ids, "kv_segment_ids")
@@ -862,3 +885,51 @@ class DocumentMask(Mask):
 
     def __hash__(self) -> int:
         return hash(self._key())
+
+
+# ---- dense bool [q_len, kv_len] arrays, JAX splash's helpers (same rules, same values).
+
+
+def _dense_indices(shape: Sequence[int], name: str) -> tuple[np.ndarray, np.ndarray]:
+    q_len, kv_len = _check_shape(shape, name)
+    return np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+
+
+def make_causal_mask(shape: Sequence[int], offset: int = 0) -> np.ndarray:
+    """bool [q_len, kv_len]: q + offset >= kv (`CausalMask`'s rule, dense)."""
+    q, kv = _dense_indices(shape, "make_causal_mask")
+    return q + offset >= kv
+
+
+def make_local_attention_mask(
+    shape: Sequence[int], window_size: tuple[int | None, int | None], *, offset: int = 0
+) -> np.ndarray:
+    """bool [q_len, kv_len]: q + offset - left <= kv <= q + offset + right, a side None
+    unbounded (`LocalMask`'s rule, dense)."""
+    q, kv = _dense_indices(shape, "make_local_attention_mask")
+    left, right = window_size
+    allowed = np.ones(np.broadcast_shapes(q.shape, kv.shape), np.bool_)
+    if left is not None:
+        allowed &= q + offset - left <= kv
+    if right is not None:
+        allowed &= q + offset + right >= kv
+    return allowed
+
+
+def make_chunk_attention_mask(shape: Sequence[int], chunk_size: int) -> np.ndarray:
+    """bool [q_len, kv_len]: causal inside chunks of `chunk_size` (`ChunkedCausalMask`)."""
+    if not chunk_size > 0:
+        raise ValueError(
+            f"make_chunk_attention_mask: chunk_size must be positive, got {chunk_size}"
+        )
+    q, kv = _dense_indices(shape, "make_chunk_attention_mask")
+    return (q // chunk_size == kv // chunk_size) & (q >= kv)
+
+
+def make_random_mask(shape: Sequence[int], sparsity: float, seed: int) -> np.ndarray:
+    """bool [q_len, kv_len], each pair allowed with probability 1 - sparsity. The stream of
+    `np.random.seed(seed)` (JAX's, so the same seed gives the same mask), drawn from a
+    private `RandomState`: numpy's global generator is left alone."""
+    q_len, kv_len = _check_shape(shape, "make_random_mask")
+    draws = np.random.RandomState(seed).binomial(n=1, p=1.0 - sparsity, size=(q_len, kv_len))
+    return draws.astype(np.bool_)

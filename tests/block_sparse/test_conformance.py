@@ -27,6 +27,7 @@ from jax_bridge import (
     varlen_attention,
 )
 from jax_bridge.block_sparse.api import BACKENDS
+from jax_bridge.block_sparse.checks import check_block_sizes
 from jax_bridge.block_sparse.masks import block_counts
 from jax_bridge.core.backend import compiling_for_platform
 from pallas_tpu.splash import (
@@ -611,7 +612,14 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         (dict(softmax_scale=jnp.float32(1.0) + jnp.zeros(())), TypeError, r"softmax_scale"),
         (dict(logits_soft_cap=-1.0), ValueError, r"logits_soft_cap must be positive"),
         (dict(logits_soft_cap=float("inf")), ValueError, r"logits_soft_cap must be positive and"),
-        (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be a finite float"),
+        (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be a finite non-zero"),
+        (dict(softmax_scale=0.0), ValueError, r"softmax_scale must be a finite non-zero float"),
+        (dict(return_lse="yes"), TypeError, r"return_lse must be a Python bool, got 'yes'"),
+        (
+            dict(block_sizes=BlockSizes(100, 100), implementation="xla"),
+            ValueError,
+            r"block_sizes.block_q=100 must be a multiple of 8 for implementation='xla'",
+        ),
         (
             dict(k=jnp.zeros((1, 20, 1, 4))),
             ValueError,
@@ -638,3 +646,12 @@ def test_bad_inputs_name_the_op_and_argument(change, error, match):
     positional = [args.pop(n) for n in ("q", "k", "v", "mask")]
     with pytest.raises(error, match=f"block_sparse_attention: .*{match}"):
         block_sparse_attention(*positional, **args)
+
+
+def test_negative_scale_is_valid_math_and_jax_blocks_pass_the_checks():
+    """A negative softmax_scale attends to the least similar keys (jax.nn's attention
+    takes it too): kept, and checked against the oracle. JAX-style BlockSizes (with its
+    fused-backward flag and layouts) pass the Pallas block checks."""
+    q, k, v, sinks, weights = _inputs(11, 24)
+    check("xla", CausalMask((24, 24)), q, k, v, sinks, weights, softmax_scale=-0.6)
+    assert check_block_sizes(BlockSizes.get_default(), "pallas") == BlockSizes.get_default()
