@@ -24,7 +24,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     # --- offline Triton compiles (Triton to cubin, ptxas, cuobjdump: seconds each)
     ("tests/attention/test_lowering.py::test_static_report_*", "one offline compile each"),
     ("tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two*", "offline compile"),
-    ("tests/attention/test_lowering.py::test_lowers_for_cuda[*", "4 kernels lowered each"),
+    ("tests/attention/test_lowering.py::test_lowers_*", "4 kernels lowered each"),
+    ("tests/attention/test_lowering.py::test_two_sided_window_lowers_for_cuda", "4 kernels"),
     ("tests/block_sparse/test_triton.py::test_static_report_at_default_configs*", "compile"),
     ("tests/grouped_matmul/test_lowering.py::test_*", "offline compiles"),
 )
@@ -36,13 +37,13 @@ QUICK: tuple[str, ...] = (
     "tests/aot/test_compile_sharded.py::*h100]",
     "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",
     "tests/aot/test_compile_splash.py::test_default_block_table_matches_block_sizes",
-    # the Hopper head_dim 128 reports: every kernel x feature set x launch mode
-    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-*",
+    # the Hopper head_dim 128 reports: every kernel x feature set, one persistent launch
+    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-*-row-a-program]",
+    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-backward_dkdv-causal-persistent]",
     "tests/attention/test_lowering.py::test_static_report_float32[64-*",
     "tests/attention/test_lowering.py::test_static_report_preprocess[128]",
     "tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two[3-causal]",
-    "tests/attention/test_lowering.py::test_lowers_for_cuda[90-bf16-128]",
-    "tests/attention/test_lowering.py::test_lowers_for_cuda[80-fp16-64]",
+    "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[*-128-True-True-90]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_and_tgmm_lower_for_cuda[bfloat16-90]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_kernels[True-90]",
