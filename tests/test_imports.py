@@ -8,6 +8,9 @@ Static rules (read from each module's import statements):
                       modules, never another op's; only its api.py imports its backends;
   jax_bridge.moe      (layers built on ops) imports core and the grouped matmul op;
   triton_kernels      never imports jax; pallas_tpu never imports jax_bridge.
+  inside jax_bridge   the module import graph has no cycle (every import counts: inside a
+                      function, under TYPE_CHECKING); a backend takes its options type
+                      from the op's options.py, never from the api.py that imports it.
 """
 
 import ast
@@ -91,6 +94,78 @@ def test_moe_builds_on_the_grouped_matmul_op_only():
     for path in _modules("jax_bridge/moe"):
         for name in _first_party(_imported_modules(path)):
             assert _within(name, allowed), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """{module: the modules of `package` it imports}, from every import statement.
+
+    `from a.b import c` names a.b, and a.b.c when that is a module. The packages above a
+    named module (whose __init__ runs first) are left out: jax_bridge/__init__.py imports
+    the whole public API, so counting them would make every module a cycle.
+    """
+    paths = {_module_name(path): path for path in _modules(package)}
+    graph = {}
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:  # relative: from this module's package, up one per extra dot
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    module = ".".join([*anchor, *([module] if module else [])])
+                targets.add(module)
+                targets.update(f"{module}.{alias.name}" for alias in node.names)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` as [a, b, ..., a], or None: a depth-first search."""
+    state: dict[str, str] = {}  # "open" while on the current path, then "done"
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_a_cycle_and_only_a_cycle():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"a2"}, "a2": {"a"}}) == ["a", "a2", "a"]
+
+
+def test_jax_bridge_has_no_import_cycle():
+    graph = _import_graph("jax_bridge")
+    # The graph holds every kind of import: of a submodule by name, inside a function,
+    # under TYPE_CHECKING.
+    assert "jax_bridge.attention.xla" in graph["jax_bridge.attention.api"]
+    assert "jax_bridge.aot.cycles" in graph["jax_bridge.aot.compile"]
+    assert "jax_bridge.launch.report" in graph["jax_bridge.tuning.autotune"]
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_every_op_has_one_backend_table_in_its_api():

@@ -10,29 +10,15 @@ what the compilers said about it.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from jax_bridge.aot.common import parse_compiled_text, tracing_for
 from jax_bridge.aot.targets import CompileTarget, get_target, target_devices
-from jax_bridge.core.backend import compiling_for_platform
-from jax_bridge.launch.target import cuda_lowering
-
-# Custom calls that are kernels of ours (the rest are the compilers' own plumbing).
-KERNEL_CALLS = ("tpu_custom_call", "triton_kernel_call", "__gpu$xla.gpu.triton")
-COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
-
-_CUSTOM_CALL = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*custom_call_target="([^"]+)"', re.MULTILINE)
-_COLLECTIVE = re.compile(
-    r"^\s*(?:ROOT )?%\S+ = \S+(?: \S+)*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
-    re.MULTILINE,
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,25 +66,6 @@ class CompiledProgram:
     def as_text(self) -> str:
         """The optimized HLO."""
         return self.compiled.as_text()
-
-
-def parse_compiled_text(text: str) -> tuple[dict[str, int], tuple[str, ...], dict[str, int]]:
-    """(custom calls by target, our kernels' instruction names, collectives by kind)."""
-    calls = _CUSTOM_CALL.findall(text)
-    counts = collections.Counter(target for _, target in calls)
-    kernels = tuple(name for name, target in calls if target in KERNEL_CALLS)
-    collectives = collections.Counter(_COLLECTIVE.findall(text))
-    return dict(sorted(counts.items())), kernels, dict(sorted(collectives.items()))
-
-
-@contextlib.contextmanager
-def tracing_for(target: CompileTarget) -> Iterator[None]:
-    """Ops traced within pick the target's kernels and configurations."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(compiling_for_platform(target.platform))
-        if target.compute_capability is not None:
-            stack.enter_context(cuda_lowering(target.compute_capability))
-        yield
 
 
 def place(tree: Any, target: CompileTarget, mesh: Mesh | None) -> Any:
@@ -194,7 +161,9 @@ def compile_for(
         compiled = jitted.trace(*args, **kwargs).lower().compile()
     cycles = None
     if estimate_cycles:
-        from jax_bridge.aot.cycles import estimate_kernel_cycles  # a subprocess
+        # Imported here, not at the top: the child process runs `cycles` as __main__, and
+        # its package import (jax_bridge -> compile) must not load it a second time.
+        from jax_bridge.aot.cycles import estimate_kernel_cycles
 
         cycles = estimate_kernel_cycles(jitted, args, kwargs, target)
     devices = set().union(

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_bridge.aot.common import parse_compiled_text, tracing_for
 from jax_bridge.aot.targets import CompileTarget, get_target, target_devices
 from jax_bridge.core.validation import traced_value_checks
 
@@ -47,8 +48,6 @@ def estimate_kernel_cycles(
     Raises:
       RuntimeError: the child failed (libtpu's profiler aborts on some chips), naming why.
     """
-    from jax_bridge.aot.compile import tracing_for
-
     with tracing_for(target), traced_value_checks(False):
         exported = jax.export.export(jitted, platforms=("tpu",))(*args, **kwargs)
     with tempfile.TemporaryDirectory(prefix="ragged-kernels-cycles-") as tmp:
@@ -132,8 +131,6 @@ def read_profiles(directory: Path) -> dict[str, int]:
 def _child(request_path: str, result_path: str) -> None:
     """Compiles the exported program on compile-only devices of the request's target and
     writes {kernel: cycles} as JSON."""
-    from jax_bridge.aot.compile import parse_compiled_text
-
     request = pickle.loads(Path(request_path).read_bytes())
     target = get_target(request["target"])
     exported = jax.export.deserialize(request["exported"])

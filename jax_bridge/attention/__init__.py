@@ -1,2 +1,3 @@
-"""Varlen attention: `api` (the public op), `padded` (the [batch, seq] layout), `spec`
-(the semantics), `reference` (the dense oracle) and one module per backend."""
+"""Varlen attention: `api` (the public op), `options` (its static half), `padded` (the
+[batch, seq] layout), `spec` (the semantics), `reference` (the dense oracle) and one
+module per backend."""

@@ -7,7 +7,6 @@ through Triton's interpreter) is one module with the contract stated above `_att
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import numbers
 from typing import Any
@@ -17,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.attention import pallas, triton, xla
+from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.sinks import apply_sink_limits
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
-from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
     as_int32,
@@ -41,17 +40,6 @@ __all__ = ["AttentionOptions", "varlen_attention"]
 
 _OP = "varlen_attention"
 BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AttentionOptions(OpOptions):
-    """The static half of one varlen_attention call (see `OpOptions`).
-
-    `config` is an `AttentionConfigs` or None. The max_seqlen hints are deliberately
-    absent: no backend uses them, so calls differing only in the hints share one trace.
-    """
-
-    spec: AttentionSpec
 
 
 def varlen_attention(

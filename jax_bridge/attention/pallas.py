@@ -17,20 +17,17 @@ for the options these kernels do not have.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
+from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
 from pallas_tpu.splash.config import BlockSizes, KernelOptions
 from pallas_tpu.splash.forward import splash_forward
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo, process_mask, process_mask_dkv
 from pallas_tpu.splash.masks import DocumentMask
-
-if TYPE_CHECKING:
-    from jax_bridge.attention.api import AttentionOptions
 
 HEAD_DIMS = (1, 2**16)  # whole head_dim per tile: no kernel limit beyond VMEM
 

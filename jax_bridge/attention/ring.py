@@ -64,11 +64,11 @@ from jax.sharding import PartitionSpec as P
 
 from jax_bridge.attention.api import (
     BACKENDS,
-    AttentionOptions,
     _check_config,
     _check_qkv,
     _make_spec,
 )
+from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.sinks import apply_sink_limits, row_delta, sink_gradient
 from jax_bridge.core.autodiff import first_order_only

@@ -17,12 +17,13 @@ bottom-right kernels, unchanged (the kernels choose by the pointer's element typ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
@@ -45,9 +46,6 @@ from triton_kernels.flash_attention.config import (
     preprocess_block_t,
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
-
-if TYPE_CHECKING:
-    from jax_bridge.attention.api import AttentionOptions
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
 

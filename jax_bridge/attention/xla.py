@@ -32,20 +32,18 @@ Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`, `back
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.vma import varying_like
 from jax_bridge.host.cu_seqlens import prepare_chunk_indices, token_indices
-
-if TYPE_CHECKING:
-    from jax_bridge.attention.api import AttentionOptions
 
 HEAD_DIMS = (1, 2**16)  # no kernel limit: any head_dim a matmul takes
 DEFAULT_BLOCK_Q = 128

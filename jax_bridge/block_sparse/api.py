@@ -30,16 +30,15 @@ from jax_bridge.block_sparse.checks import (
 )
 from jax_bridge.block_sparse.common import apply_sink_limits, row_delta, sink_gradient
 from jax_bridge.block_sparse.masks import (
-    TracedDocument,
     has_traced_member,
     kv_heads_of,
     split_mask,
     traced_head_groups,
 )
+from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.autodiff import first_order_only
 from jax_bridge.core.backend import BackendTable
-from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import check_head_dim, check_per_head
 from jax_bridge.core.vma import cotangent_like
@@ -49,26 +48,6 @@ from pallas_tpu.splash.masks import Mask
 __all__ = ["BACKENDS", "BlockSparseOptions", "block_sparse_attention"]
 
 BACKENDS = BackendTable(OP, {"xla": xla, "pallas": pallas, "triton": triton})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BlockSparseOptions(OpOptions):
-    """The static half of one call (see `OpOptions`).
-
-    mask: the mask's static half (`masks.split_mask`: the mask, or a traced document's
-    shape / window / row orders); softmax_scale: resolved; logits_soft_cap: None is off;
-    block_sizes: as given (each backend fills its own defaults); score_mod: the user's
-    score hook or None; hook_heads: the caller's number of each query head of this call,
-    the head the score hook sees (None: the call's own numbers; a call on a subset of
-    the heads, `_by_head_groups`, sets it).
-    """
-
-    mask: Mask | TracedDocument
-    softmax_scale: float
-    logits_soft_cap: float | None = None
-    block_sizes: BlockSizes | None = None
-    score_mod: ScoreMod | None = None
-    hook_heads: tuple[int, ...] | None = None
 
 
 def block_sparse_attention(

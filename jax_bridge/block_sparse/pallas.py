@@ -18,19 +18,16 @@ float32 products run at the TPU's default dot precision (`precision` is not used
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
 from jax_bridge.block_sparse.masks import join_mask, pad_mask
+from jax_bridge.block_sparse.options import BlockSparseOptions
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha
 from pallas_tpu.splash.masks import MultiHeadMask
-
-if TYPE_CHECKING:
-    from jax_bridge.block_sparse.api import BlockSparseOptions
 
 HEAD_DIMS = (1, 2**16)  # whole head_dim per tile: no kernel limit beyond VMEM
 

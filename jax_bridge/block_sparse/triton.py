@@ -15,13 +15,14 @@ block_kv_dkv) for dK/dV.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.block_sparse.masks import head_groups, join_mask, padded_shape
+from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.block_sparse.tile_lists import (
     TABLE,
     ElementRule,
@@ -36,9 +37,6 @@ from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block
 from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
 from triton_kernels.flash_attention.config import MAX_HEAD_DIM, MIN_HEAD_DIM, block_d
-
-if TYPE_CHECKING:
-    from jax_bridge.block_sparse.api import BlockSparseOptions
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
 _LOG2E = float(np.log2(np.e))

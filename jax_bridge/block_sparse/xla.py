@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,11 +58,9 @@ from jax_bridge.block_sparse.masks import (
     static_block_list,
     xla_block_shape,
 )
+from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.core.vma import varying_like
 from pallas_tpu.splash.mask_info import classify_blocks
-
-if TYPE_CHECKING:
-    from jax_bridge.block_sparse.api import BlockSparseOptions
 
 HEAD_DIMS = (1, 2**16)  # no kernel limit: any head_dim a matmul takes
 

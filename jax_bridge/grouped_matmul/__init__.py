@@ -1,2 +1,3 @@
-"""Grouped matmul (gmm, tgmm): `api` (the public ops), `checks`, `metadata` (the tile
-work list), `reference` (the dense oracle) and one module per backend."""
+"""Grouped matmul (gmm, tgmm): `api` (the public ops), `options` (their static half),
+`checks`, `metadata` (the tile work list), `reference` (the dense oracle) and one module
+per backend."""

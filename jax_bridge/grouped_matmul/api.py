@@ -33,31 +33,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.core.backend import BackendTable
-from jax_bridge.core.options import OpOptions
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
+from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import interpreting
 from triton_kernels.grouped_matmul.config import DEFAULT_TILING, GroupedMatmulConfig
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MatmulOptions(OpOptions):
-    """The static half of one gmm or tgmm call (see `OpOptions`).
-
-    `config` is a `GroupedMatmulConfig` or None. `tiling` is the caller's tuple,
-    callable or None, resolved per call against the call's own sizes, so the backward
-    matmuls get tilings for their shapes. `lhs_token_major` is used by tgmm only: its
-    lhs is `[m, k]` instead of `[k, m]`.
-    """
-
-    preferred_element_type: np.dtype
-    tiling: checks.TilingArg = None
-    transpose_rhs: bool = False
-    lhs_token_major: bool = False
 
 
 def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):

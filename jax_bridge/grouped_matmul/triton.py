@@ -8,8 +8,6 @@ arrays, so group sizes and the group offset may be traced.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,13 +15,11 @@ import numpy as np
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
 from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
+from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import follow_lowering_platform, launch_target
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
-
-if TYPE_CHECKING:
-    from jax_bridge.grouped_matmul.api import MatmulOptions
 
 
 def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> GroupedMatmulConfig:

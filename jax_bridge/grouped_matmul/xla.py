@@ -38,7 +38,6 @@ zero), empty groups of tgmm give zeros (or their `existing_out`).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -50,9 +49,7 @@ from jax_bridge.grouped_matmul.metadata import (
     local_group_bounds,
     make_group_metadata,
 )
-
-if TYPE_CHECKING:
-    from jax_bridge.grouped_matmul.api import MatmulOptions
+from jax_bridge.grouped_matmul.options import MatmulOptions
 
 # Platforms whose XLA lowers ragged_dot to a grouped kernel rather than a dense product
 # per group (see the module docstring for the measurements behind this set).

@@ -1,0 +1,48 @@
+"""What `compile` and `cycles` share: tracing for a target, and reading the compiled
+program's text (our kernels, custom calls and collectives).
+
+Both import it and neither imports the other's helpers, so the imports of the package
+run one way: compile -> cycles -> common -> targets.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import re
+from collections.abc import Iterator
+
+from jax_bridge.aot.targets import CompileTarget
+from jax_bridge.core.backend import compiling_for_platform
+from jax_bridge.launch.target import cuda_lowering
+
+__all__ = ["COLLECTIVES", "KERNEL_CALLS", "parse_compiled_text", "tracing_for"]
+
+# Custom calls that are kernels of ours (the rest are the compilers' own plumbing).
+KERNEL_CALLS = ("tpu_custom_call", "triton_kernel_call", "__gpu$xla.gpu.triton")
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+_CUSTOM_CALL = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*custom_call_target="([^"]+)"', re.MULTILINE)
+_COLLECTIVE = re.compile(
+    r"^\s*(?:ROOT )?%\S+ = \S+(?: \S+)*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
+    re.MULTILINE,
+)
+
+
+def parse_compiled_text(text: str) -> tuple[dict[str, int], tuple[str, ...], dict[str, int]]:
+    """(custom calls by target, our kernels' instruction names, collectives by kind)."""
+    calls = _CUSTOM_CALL.findall(text)
+    counts = collections.Counter(target for _, target in calls)
+    kernels = tuple(name for name, target in calls if target in KERNEL_CALLS)
+    collectives = collections.Counter(_COLLECTIVE.findall(text))
+    return dict(sorted(counts.items())), kernels, dict(sorted(collectives.items()))
+
+
+@contextlib.contextmanager
+def tracing_for(target: CompileTarget) -> Iterator[None]:
+    """Ops traced within pick the target's kernels and configurations."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(compiling_for_platform(target.platform))
+        if target.compute_capability is not None:
+            stack.enter_context(cuda_lowering(target.compute_capability))
+        yield
