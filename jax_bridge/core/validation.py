@@ -19,6 +19,7 @@ Messages passed to ``debug_check`` are format strings, so they never contain bra
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import operator
 from collections.abc import Iterator
@@ -246,10 +247,18 @@ def as_int32(x: Any, name: str) -> jax.Array | np.ndarray:
         raise TypeError(f"{name} must hold integers (int32), got dtype {arr.dtype}.")
     if arr.dtype == np.int32:
         return arr
-    require_all(
-        (arr >= _INT32.min) & (arr <= _INT32.max),
-        f"{name} holds values that do not fit int32.",
-    )
+    # Bounds in arr's own dtype, and only the sides int32 can overflow: a Python -2**31
+    # against a traced unsigned array would wrap to 2**31 and fail every value.
+    info = np.iinfo(arr.dtype)
+    fits = []
+    if info.min < _INT32.min:
+        fits.append(arr >= np.asarray(_INT32.min, arr.dtype))
+    if info.max > _INT32.max:
+        fits.append(arr <= np.asarray(_INT32.max, arr.dtype))
+    if fits:
+        require_all(
+            functools.reduce(operator.and_, fits), f"{name} holds values that do not fit int32."
+        )
     return arr.astype(np.int32) if isinstance(arr, np.ndarray) else arr.astype(jnp.int32)
 
 
