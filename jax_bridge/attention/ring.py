@@ -64,6 +64,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_bridge.attention.api import (
     BACKENDS,
+    REVERSE_MODE_ONLY,
     AttentionOptions,
     _check_config,
     _check_qkv,
@@ -71,7 +72,7 @@ from jax_bridge.attention.api import (
 )
 from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.sinks import apply_sink_limits, row_delta, sink_gradient
-from jax_bridge.core.autodiff import first_order_only
+from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import check_per_head, is_traced
@@ -469,7 +470,8 @@ def ring_attention(
       run under `jax.set_mesh(mesh)`, as JAX requires of explicitly sharded arrays.
 
     Differentiation: reverse mode in q, k, v and sinks (a reverse ring; the segment ids
-    get none); higher-order derivatives raise NotImplementedError. Works under `jax.jit`
+    get none); forward mode (`jax.jvp`, `jax.jacfwd`) and higher-order derivatives raise
+    NotImplementedError. Works under `jax.jit`
     and `jax.remat`; `jax.vmap` adds a batch of rings (tested on q), though folding it into
     `batch` is one ring.
 
@@ -500,6 +502,7 @@ def ring_attention(
         precision=precision,
         config=config,
     )
+    refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
     has = (segment_ids is not None, sinks is not None)
     try:
         run = _sharded_ring(mesh, axis_name, *has, **static)
