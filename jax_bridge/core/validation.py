@@ -13,7 +13,9 @@ Every check has two modes, chosen by whether the value is known on the host:
 
 Messages passed to ``debug_check`` are format strings, so they never contain braces.
 ``traced_value_checks(False)`` leaves the traced checks out of the program (what
-``jax.export`` needs: it cannot serialize their effect).
+``jax.export`` needs: it cannot serialize their effect). ``debug_checks()`` is the
+opposite switch, for debugging: within it the traced checks also raise under plain
+``jax.jit``, through a host callback.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-# A JAX user context, hence part of jit's cache key.
+# JAX user contexts, hence part of jit's cache key.
 _traced_value_checks = jax.make_user_context(True)
+_debug_checks = jax.make_user_context(False)
 
 
 @contextlib.contextmanager
@@ -40,6 +43,26 @@ def traced_value_checks(enabled: bool) -> Iterator[None]:
     (concrete values are still checked)."""
     with _traced_value_checks(bool(enabled)):
         yield
+
+
+@contextlib.contextmanager
+def debug_checks() -> Iterator[None]:
+    """Within: checks on traced values raise under plain `jax.jit` too, for debugging.
+
+    Functions traced inside (jit caches them apart) run each value check (cu_seqlens,
+    group sizes, segment ids...) as a host callback that raises a ValueError with the
+    check's message when it fails; the call then fails with a runtime error quoting it.
+    Each check costs a device-to-host transfer: leave it off in training. (Outside it,
+    `checkify.checkify(jax.jit(f))` reports the same checks without the callbacks.)
+    """
+    with _debug_checks(True):
+        yield
+
+
+def _raise_unless(ok: Any, *, message: str) -> None:
+    """Host side of a debug check: `ok` is the predicate's value (batched under vmap)."""
+    if not np.all(np.asarray(ok)):
+        raise ValueError(message)
 
 
 def is_traced(x: Any) -> bool:
@@ -57,6 +80,8 @@ def require(predicate: Any, message: str) -> None:
     if is_traced(predicate):
         if _traced_value_checks.value:
             checkify.debug_check(predicate, message)
+            if _debug_checks.value:
+                jax.debug.callback(functools.partial(_raise_unless, message=message), predicate)
     elif not bool(predicate):
         raise ValueError(message)
 
