@@ -80,7 +80,9 @@ def varlen_attention(
 
     Sequence b owns query rows `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and key/value rows
     `[cu_seqlens_k[b], cu_seqlens_k[b+1])`; tokens never attend across sequences. Rows at
-    or past `cu_seqlens_q[-1]` (trailing padding) attend nothing.
+    or past `cu_seqlens_q[-1]` (trailing padding) attend nothing: output 0, lse -inf (or
+    the sink), zero gradients; so do rows before `cu_seqlens_q[0]`, on every backend,
+    where a traced cu_seqlens not starting at 0 went unchecked.
 
     Masks are aligned at the bottom-right corner when a sequence's query and key lengths
     differ (FlashAttention >= 2.1): query i sits at key position

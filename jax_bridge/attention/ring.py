@@ -476,9 +476,8 @@ def ring_attention(
 
     Differentiation: reverse mode in q, k, v and sinks (a reverse ring; the segment ids
     get none); forward mode (`jax.jvp`, `jax.jacfwd`) and higher-order derivatives raise
-    NotImplementedError. Works under `jax.jit`
-    and `jax.remat`; `jax.vmap` adds a batch of rings (tested on q), though folding it into
-    `batch` is one ring.
+    NotImplementedError. Works under `jax.jit` and `jax.remat`; `jax.vmap` adds a batch
+    of rings (tested on q), though folding it into `batch` is one ring.
 
     Tested on fake CPU devices (ring sizes 1, 2, 3, 4, 8); the code has no host-side
     gather or per-device Python, so it is the same on a multi-host mesh (not tested).
