@@ -28,6 +28,7 @@ from jax_bridge.core.numerics import (
     unchunk_array,
 )
 from jax_bridge.core.precision import DEFAULT_PRECISION
+from jax_bridge.core.validation import debug_checks
 from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
 from jax_bridge.grouped_matmul.reference import (
     grouped_matmul_reference,
@@ -137,6 +138,7 @@ __all__ = [
     "chunk_bound",
     "compile_for",
     "cuda_lowering",
+    "debug_checks",
     "default_attention_configs",
     "default_params",
     "device_fingerprint",

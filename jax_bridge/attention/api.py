@@ -19,7 +19,7 @@ from jax_bridge.attention import pallas, triton, xla
 from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.sinks import apply_sink_limits
 from jax_bridge.attention.spec import AttentionSpec
-from jax_bridge.core.autodiff import first_order_only
+from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
@@ -39,6 +39,8 @@ from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKer
 __all__ = ["AttentionOptions", "varlen_attention"]
 
 _OP = "varlen_attention"
+# What `refuse_forward_mode` offers instead, for every attention op.
+REVERSE_MODE_ONLY = "Reverse mode works (jax.grad, jax.vjp, jax.jacrev), first order only."
 BACKENDS = BackendTable(_OP, {"xla": xla, "triton": triton, "pallas": pallas})
 
 
@@ -66,7 +68,9 @@ def varlen_attention(
 
     Sequence b owns query rows `[cu_seqlens_q[b], cu_seqlens_q[b+1])` and key/value rows
     `[cu_seqlens_k[b], cu_seqlens_k[b+1])`; tokens never attend across sequences. Rows at
-    or past `cu_seqlens_q[-1]` (trailing padding) attend nothing.
+    or past `cu_seqlens_q[-1]` (trailing padding) attend nothing: output 0, lse -inf (or
+    the sink), zero gradients; so do rows before `cu_seqlens_q[0]`, on every backend,
+    where a traced cu_seqlens not starting at 0 went unchecked.
 
     Masks are aligned at the bottom-right corner when a sequence's query and key lengths
     differ (FlashAttention >= 2.1): query i sits at key position
@@ -126,9 +130,9 @@ def varlen_attention(
 
     Differentiation: reverse mode (`jax.grad`/`jax.vjp`) for q, k, v and sinks; the
     cu_seqlens get no (float0) cotangent and alibi_slopes a zero one. The lse output is
-    differentiable too (its cotangent flows into q, k and sinks). Forward mode (custom_vjp)
-    and higher-order derivatives (grad of grad, `jax.hessian`) are not supported: the
-    latter raise a NotImplementedError naming this op.
+    differentiable too (its cotangent flows into q, k and sinks). Forward mode (`jax.jvp`,
+    `jax.jacfwd`; the op is a custom_vjp) and higher-order derivatives (grad of grad,
+    `jax.hessian`) are not supported: both raise a NotImplementedError naming this op.
 
     Transforms: `jax.jit`, `jax.vmap` over any argument (the Triton kernels loop over the
     batch; folding a batch into the packed token axis is one launch instead), `jax.remat`,
@@ -166,6 +170,7 @@ def varlen_attention(
         config=_check_config(config, impl),
         spec=spec,
     )
+    refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
     out, lse = _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
     return (out, lse) if return_lse else out
 

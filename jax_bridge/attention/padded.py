@@ -39,7 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.attention.api import varlen_attention
+from jax_bridge.attention.api import REVERSE_MODE_ONLY, varlen_attention
+from jax_bridge.core.autodiff import refuse_forward_mode
 from jax_bridge.core.validation import is_traced, require_all
 
 __all__ = ["flash_attention"]
@@ -119,6 +120,7 @@ def flash_attention(
         q_ids = _check_segment_ids(q_segment_ids, "q_segment_ids", (batch, q_seq))
         kv_ids = _check_segment_ids(kv_segment_ids, "kv_segment_ids", (batch, kv_seq))
         cu_q, cu_k = segment_ids_to_cu_seqlens(q_ids, kv_ids)
+    refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
     out = varlen_attention(
         q.reshape(batch * q_seq, *q.shape[2:]),
         k.reshape(batch * kv_seq, *k.shape[2:]),

@@ -64,17 +64,23 @@ from jax.sharding import PartitionSpec as P
 
 from jax_bridge.attention.api import (
     BACKENDS,
+    REVERSE_MODE_ONLY,
     _check_config,
-    _check_qkv,
     _make_spec,
 )
 from jax_bridge.attention.options import AttentionOptions
 from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.sinks import apply_sink_limits, row_delta, sink_gradient
-from jax_bridge.core.autodiff import first_order_only
+from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
+from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
-from jax_bridge.core.validation import check_per_head, is_traced
+from jax_bridge.core.validation import (
+    check_head_dim,
+    check_per_head,
+    check_qkv_arrays,
+    is_traced,
+)
 from jax_bridge.core.vma import cotangent_like, varying_like
 from jax_bridge.host.context_parallel import inverse_load_balanced_positions
 
@@ -469,9 +475,9 @@ def ring_attention(
       run under `jax.set_mesh(mesh)`, as JAX requires of explicitly sharded arrays.
 
     Differentiation: reverse mode in q, k, v and sinks (a reverse ring; the segment ids
-    get none); higher-order derivatives raise NotImplementedError. Works under `jax.jit`
-    and `jax.remat`; `jax.vmap` adds a batch of rings (tested on q), though folding it into
-    `batch` is one ring.
+    get none); forward mode (`jax.jvp`, `jax.jacfwd`) and higher-order derivatives raise
+    NotImplementedError. Works under `jax.jit` and `jax.remat`; `jax.vmap` adds a batch
+    of rings (tested on q), though folding it into `batch` is one ring.
 
     Tested on fake CPU devices (ring sizes 1, 2, 3, 4, 8); the code has no host-side
     gather or per-device Python, so it is the same on a multi-host mesh (not tested).
@@ -483,6 +489,11 @@ def ring_attention(
             f"{_OP}: axis_name={axis_name!r} is not an axis of the mesh {mesh.axis_names}."
         )
     ring_size = mesh.shape[axis_name]
+    # Shapes and dtypes first, on the arrays as passed (inside the shard_map the same
+    # checks would quote per-shard shapes, and a wrong-rank segment_ids would fail in
+    # the resharding before them).
+    impl, _, _ = _check_arguments(q, k, v, segment_ids, sinks, sequence_layout, implementation)
+    _check_config(config, impl, op=_OP)
     _check_global(q, k, v, segment_ids, ring_size, sequence_layout)
     if isinstance(sliding_window, list):  # static options key the cache: hashable
         sliding_window = tuple(sliding_window)
@@ -500,6 +511,7 @@ def ring_attention(
         precision=precision,
         config=config,
     )
+    refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
     has = (segment_ids is not None, sinks is not None)
     try:
         run = _sharded_ring(mesh, axis_name, *has, **static)
@@ -553,16 +565,23 @@ def _check_global(q, k, v, segment_ids, ring_size: int, layout: str) -> None:
         return
     ids = np.asarray(segment_ids)
     if ids.shape != q.shape[:2] or not np.issubdtype(ids.dtype, np.integer):
-        return  # the shard check names it
+        return  # _check_arguments has named it
+    hint = ""
     if layout == "load_balanced":
         ids = ids[:, inverse_load_balanced_positions(ids.shape[1], ring_size)]
+        # A sequence reordered for another ring size reads as scattered documents.
+        hint = (
+            f" With sequence_layout='load_balanced' they are read in "
+            f"reorder_sequence(x, {ring_size}) order: the mesh axis has {ring_size} "
+            f"device(s); reorder for that ring size."
+        )
     for row in ids:
         run_ids = row[np.flatnonzero(np.diff(row, prepend=row[:1] - 1))]
         run_ids = run_ids[run_ids > 0]
         if len(np.unique(run_ids)) != len(run_ids):
             raise ValueError(
                 f"{_OP}: segment_ids must hold each document as one contiguous run per row "
-                "(in the natural order); an id reappears after a different id."
+                f"(in the natural order); an id reappears after a different id.{hint}"
             )
 
 
@@ -571,19 +590,7 @@ def _plan(
     logits_soft_cap, softmax_scale, layout, implementation, precision, config,
 ):  # fmt: skip
     """Validates one shard's arguments; returns (_Ring, int32 segment ids | None, sinks)."""
-    _check_rank(q, k, v)
-    if layout not in SEQUENCE_LAYOUTS:
-        raise ValueError(
-            f"{_OP}: sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {layout!r}."
-        )
-    if k.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"{_OP}: q and k must have the same [batch, seq] (self-attention over one "
-            f"sequence), got q {tuple(q.shape)} and k {tuple(k.shape)}."
-        )
-    impl = BACKENDS.resolve(implementation)
-    as_tokens = lambda x: jax.ShapeDtypeStruct((x.shape[1], *x.shape[2:]), x.dtype)
-    _check_qkv(as_tokens(q), as_tokens(k), as_tokens(v), impl, op=_OP)
+    impl, ids, sinks = _check_arguments(q, k, v, segment_ids, sinks, layout, implementation)
     batch, seq = q.shape[:2]
     chunks = 2 if layout == "load_balanced" else 1
     if seq % chunks:
@@ -605,11 +612,35 @@ def _plan(
             f"{_OP}: implementation='pallas' does not take sliding_window yet (its kernels "
             "align every document bottom-right); use implementation='xla' or 'triton'."
         )
-    return (
-        ring,
-        _check_ids(segment_ids, (batch, seq)),
-        check_per_head(_OP, sinks, "sinks", q.shape[2]),
+    return ring, ids, sinks
+
+
+def _check_arguments(q, k, v, segment_ids, sinks, layout, implementation):
+    """(implementation, int32 segment ids | None, sinks) after the checks of shapes and
+    dtypes. `ring_attention` runs them on the global arrays before its `shard_map` (so
+    errors quote the shapes the user passed), `ring_attention_shard` on its shard."""
+    _check_rank(q, k, v)
+    if layout not in SEQUENCE_LAYOUTS:
+        raise ValueError(
+            f"{_OP}: sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {layout!r}."
+        )
+    if k.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"{_OP}: q and k must have the same [batch, seq] (self-attention over one "
+            f"sequence), got q {tuple(q.shape)} and k {tuple(k.shape)}."
+        )
+    impl = resolve_implementation(implementation, op=_OP, supported=tuple(BACKENDS.backends))
+    check_qkv_arrays(
+        _OP,
+        q,
+        k,
+        v,
+        q_doc="[batch, seq, num_q_heads, head_dim]",
+        kv_doc="[batch, seq, num_kv_heads, head_dim]",
     )
+    check_head_dim(_OP, q.shape[3], BACKENDS[impl].HEAD_DIMS, impl)
+    ids = _check_ids(segment_ids, tuple(q.shape[:2]))
+    return impl, ids, check_per_head(_OP, sinks, "sinks", q.shape[2])
 
 
 def _check_ids(ids: Any, shape: tuple[int, int]) -> jax.Array | None:

@@ -4,10 +4,11 @@ through Triton's interpreter).
 
 Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`, `backward`.
 
-Packed rows that belong to no sequence (past `cu_seqlens[-1]`) are covered too: the
-kernels see two extra sequences, the query tail with no keys and the key tail with no
-queries, so such query rows get output 0 and lse -inf (or the sink), such key rows get
-zero gradients, and every output element is written.
+Packed rows that belong to no sequence (past `cu_seqlens[-1]`, or before `cu_seqlens[0]`
+when an unchecked traced value does not start at 0) are covered too: the kernels see four
+extra sequences, a head and a tail on each axis, each with rows on one axis only, so such
+query rows get output 0 and lse -inf (or the sink), such key rows get zero gradients, and
+every output element is written.
 
 An optional per-sequence diagonal shift (`shift`, int32 [B]: query 0 of sequence b at key
 position shift[b] instead of the bottom-right len_k - len_q) reaches the kernels as their
@@ -111,8 +112,11 @@ def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
 def _with_tail_sequences(
     cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, total_q: int, total_k: int
 ) -> tuple[jax.Array, jax.Array]:
-    """cu_seqlens of batch + 2 sequences: the given ones, the query tail (no keys) and
-    the key tail (no queries). Every packed row then belongs to exactly one sequence.
+    """cu_seqlens of batch + 4 sequences: the query head `[0, cu_q[0])` (no keys), the key
+    head `[0, cu_k[0])` (no queries), the given ones, the query tail (no keys) and the key
+    tail (no queries). Every packed row then belongs to exactly one sequence, and rows
+    outside the given ones attend nothing and are attended by nothing. (The heads are
+    empty for valid cu_seqlens, which start at 0.)
 
     The public op checks cu_seqlens only under checkify. Here they are made non-decreasing
     and clipped to [0, total] first, so that invalid ones (decreasing, negative, past the
@@ -120,8 +124,9 @@ def _with_tail_sequences(
     """
     cu_q = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_q, jnp.int32)), 0, total_q)
     cu_k = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_k, jnp.int32)), 0, total_k)
-    cu_q = jnp.concatenate([cu_q, jnp.full((2,), total_q, jnp.int32)])
-    cu_k = jnp.concatenate([cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
+    zero = jnp.zeros((1,), jnp.int32)
+    cu_q = jnp.concatenate([zero, cu_q[:1], cu_q, jnp.full((2,), total_q, jnp.int32)])
+    cu_k = jnp.concatenate([zero, zero, cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
     return cu_q, cu_k
 
 
@@ -167,12 +172,14 @@ def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array 
 
 
 def _shift_pointer(shift: jax.Array | None) -> jax.Array:
-    """The kernels' `shift_ptr`: int32 [B + 2] for a shift [B] (the two tail sequences of
-    `_with_tail_sequences` have no keys or no queries: their entry, 0, changes nothing),
-    or a float32 placeholder, never read, that selects the bottom-right kernels."""
+    """The kernels' `shift_ptr`: int32 [B + 4] for a shift [B] (the two head and two tail
+    sequences of `_with_tail_sequences` have no keys or no queries: their entry, 0,
+    changes nothing), or a float32 placeholder, never read, that selects the bottom-right
+    kernels."""
     if shift is None:
         return jnp.zeros((1,), jnp.float32)
-    return jnp.concatenate([shift, jnp.zeros((2,), jnp.int32)])
+    two = jnp.zeros((2,), jnp.int32)
+    return jnp.concatenate([two, shift, two])
 
 
 def _spec_arguments(spec: AttentionSpec, shift: jax.Array | None = None) -> tuple:
@@ -216,7 +223,7 @@ def forward(
       out: [total_q, Hq, D] in q's dtype; lse: float32 [Hq, total_q] (natural log; -inf for
       rows with nothing allowed and no sink).
 
-    The tile list has `chunk_bound(total_q, block_m, B + 2)` rows, launched as one program
+    The tile list has `chunk_bound(total_q, block_m, B + 4)` rows, launched as one program
     a row or, past 64 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
     (`_persistent`): never sized by the longest sequence, nor by the empty ones.
     """

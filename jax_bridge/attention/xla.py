@@ -152,6 +152,9 @@ class _Chunks(NamedTuple):
 
 def _chunks(cu_this: jax.Array, cu_other: jax.Array, total: int, block: int) -> _Chunks:
     indices = prepare_chunk_indices(cu_this, block, total_tokens=total)
+    if cu_this.shape[0] == 1:  # no sequences: every chunk is surplus (and cu[1] would be OOB)
+        zeros = jnp.zeros((indices.shape[0],), jnp.int32)
+        return _Chunks(zeros, zeros, zeros, zeros)
     seq, chunk = indices[:, 0], indices[:, 1]
     real = seq >= 0
     seq = jnp.maximum(seq, 0)
@@ -183,9 +186,13 @@ def _scatter_rows(tiles: jax.Array, rows: jax.Array, ok: jax.Array, init: jax.Ar
     it is the chunk's; init: [H, total, ...], kept where no chunk row lands.
     """
     total = init.shape[1]
-    index = jnp.where(ok, rows, total).reshape(-1)  # out of range: dropped
+    # Rows that are not the chunk's land in one spare row past the end, sliced off after:
+    # every index is in bounds, so `checkify`'s index checks pass on a valid call (a
+    # `mode="drop"` scatter to index `total` would be reported as out of bounds).
+    index = jnp.where(ok, rows, total).reshape(-1)
     values = jnp.moveaxis(tiles, 1, 0).reshape(tiles.shape[1], -1, *tiles.shape[3:])
-    return init.at[:, index].set(values.astype(init.dtype), mode="drop")
+    padded = jnp.pad(init, [(0, 0), (0, 1)] + [(0, 0)] * (init.ndim - 2))
+    return padded.at[:, index].set(values.astype(init.dtype))[:, :total]
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:

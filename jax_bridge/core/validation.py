@@ -13,12 +13,15 @@ Every check has two modes, chosen by whether the value is known on the host:
 
 Messages passed to ``debug_check`` are format strings, so they never contain braces.
 ``traced_value_checks(False)`` leaves the traced checks out of the program (what
-``jax.export`` needs: it cannot serialize their effect).
+``jax.export`` needs: it cannot serialize their effect). ``debug_checks()`` is the
+opposite switch, for debugging: within it the traced checks also raise under plain
+``jax.jit``, through a host callback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import operator
 from collections.abc import Iterator
@@ -29,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-# A JAX user context, hence part of jit's cache key.
+# JAX user contexts, hence part of jit's cache key.
 _traced_value_checks = jax.make_user_context(True)
+_debug_checks = jax.make_user_context(False)
 
 
 @contextlib.contextmanager
@@ -39,6 +43,26 @@ def traced_value_checks(enabled: bool) -> Iterator[None]:
     (concrete values are still checked)."""
     with _traced_value_checks(bool(enabled)):
         yield
+
+
+@contextlib.contextmanager
+def debug_checks() -> Iterator[None]:
+    """Within: checks on traced values raise under plain `jax.jit` too, for debugging.
+
+    Functions traced inside (jit caches them apart) run each value check (cu_seqlens,
+    group sizes, segment ids...) as a host callback that raises a ValueError with the
+    check's message when it fails; the call then fails with a runtime error quoting it.
+    Each check costs a device-to-host transfer: leave it off in training. (Outside it,
+    `checkify.checkify(jax.jit(f))` reports the same checks without the callbacks.)
+    """
+    with _debug_checks(True):
+        yield
+
+
+def _raise_unless(ok: Any, *, message: str) -> None:
+    """Host side of a debug check: `ok` is the predicate's value (batched under vmap)."""
+    if not np.all(np.asarray(ok)):
+        raise ValueError(message)
 
 
 def is_traced(x: Any) -> bool:
@@ -56,6 +80,8 @@ def require(predicate: Any, message: str) -> None:
     if is_traced(predicate):
         if _traced_value_checks.value:
             checkify.debug_check(predicate, message)
+            if _debug_checks.value:
+                jax.debug.callback(functools.partial(_raise_unless, message=message), predicate)
     elif not bool(predicate):
         raise ValueError(message)
 
@@ -246,10 +272,18 @@ def as_int32(x: Any, name: str) -> jax.Array | np.ndarray:
         raise TypeError(f"{name} must hold integers (int32), got dtype {arr.dtype}.")
     if arr.dtype == np.int32:
         return arr
-    require_all(
-        (arr >= _INT32.min) & (arr <= _INT32.max),
-        f"{name} holds values that do not fit int32.",
-    )
+    # Bounds in arr's own dtype, and only the sides int32 can overflow: a Python -2**31
+    # against a traced unsigned array would wrap to 2**31 and fail every value.
+    info = np.iinfo(arr.dtype)
+    fits = []
+    if info.min < _INT32.min:
+        fits.append(arr >= np.asarray(_INT32.min, arr.dtype))
+    if info.max > _INT32.max:
+        fits.append(arr <= np.asarray(_INT32.max, arr.dtype))
+    if fits:
+        require_all(
+            functools.reduce(operator.and_, fits), f"{name} holds values that do not fit int32."
+        )
     return arr.astype(np.int32) if isinstance(arr, np.ndarray) else arr.astype(jnp.int32)
 
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.core.autodiff import refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import naming_op
@@ -42,6 +43,11 @@ from jax_bridge.launch.target import interpreting
 from triton_kernels.grouped_matmul.config import DEFAULT_TILING, GroupedMatmulConfig
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
+# What `refuse_forward_mode` offers instead (the gradients are grouped matmuls again).
+_REVERSE_MODE = (
+    "Reverse mode works to any order: jax.grad, jax.vjp, jax.jacrev, grad of grad; for a "
+    "Hessian use jax.jacrev(jax.jacrev(f)) instead of jax.hessian."
+)
 
 
 def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):
@@ -142,6 +148,7 @@ def grouped_matmul(
             out_dtype,
             transpose_rhs=bool(transpose_rhs),
         )
+    refuse_forward_mode("grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     return _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)
 
 
@@ -207,6 +214,7 @@ def transposed_grouped_matmul(
             tiling,
             out_dtype,
         )
+    refuse_forward_mode("transposed_grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     return _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
 
 
@@ -223,6 +231,8 @@ def _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptio
 
 
 def _gmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
+    # Forward over reverse (jax.hessian) reaches the rule with tangent-carrying inputs.
+    refuse_forward_mode("grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     out = _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)
     return out, (lhs, rhs, group_sizes, group_offset, existing_out is not None)
 
@@ -275,6 +285,7 @@ def _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups: int, op
 
 
 def _tgmm_fwd(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options):
+    refuse_forward_mode("transposed_grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     out = _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
     return out, (lhs, rhs, group_sizes, group_offset, existing_out is not None)
 

@@ -330,6 +330,45 @@ def test_traced_bad_cu_seqlens_is_a_checkify_error():
     assert err.get() is None
 
 
+def test_valid_calls_pass_checkify_index_checks():
+    """`checkify.all_checks` (index checks included) reports nothing on a valid XLA call,
+    forward and gradient, with padding rows past cu_seqlens[-1] and for an empty batch;
+    the checked run gives the unchecked numbers."""
+    q, k, v, cu_q, cu_k, _ = _inputs(21, lengths=[(9, 7), (0, 3), (5, 5)])
+    q, k, v = (jnp.pad(x, [(0, 3), (0, 0), (0, 0)]) for x in (q, k, v))
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="xla")
+        return jnp.sum(out * out)
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    err, checked = checkify.checkify(value_and_grad, errors=checkify.all_checks)(
+        q, k, v, cu_q, cu_k
+    )
+    assert err.get() is None
+    for got, want in zip(
+        jax.tree.leaves(checked), jax.tree.leaves(value_and_grad(q, k, v, cu_q, cu_k)), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    empty = jnp.array([0], jnp.int32)
+    err, _ = checkify.checkify(value_and_grad, errors=checkify.all_checks)(q, k, v, empty, empty)
+    assert err.get() is None
+
+
+def test_unsigned_cu_seqlens_under_checkify():
+    """uint32 cu_seqlens: no false "do not fit int32" under jit (a signed bound compared
+    with unsigned values wrapped around), the int32 numbers, and a value past 2^31 - 1
+    still reported."""
+    q, k, v, cu_q, _, _ = _inputs(22, lengths=[(6, 6), (10, 10)])
+    f = lambda cu: varlen_attention(q, k, v, cu, cu, implementation="xla")
+    checked = checkify.checkify(jax.jit(f), errors=checkify.user_checks)
+    err, out = checked(jnp.asarray(cu_q, jnp.uint32))
+    assert err.get() is None
+    np.testing.assert_array_equal(out, f(cu_q))
+    err, _ = checked(jnp.array([0, 6, 2**31 + 6], jnp.uint32))
+    assert "cu_seqlens_q holds values that do not fit int32" in str(err.get())
+
+
 # ------------------------------------------------------------------------ flash_attention
 # The padded layout's own behaviour (its numerics per backend: test_conformance.py).
 

@@ -474,3 +474,53 @@ def test_flash_attention_half_precision(impl, dtype):
     ref = dense_segment_attention(upcast(q), upcast(k), upcast(v), SELF_IDS, SELF_IDS, causal=True)
     assert out.dtype == dtype
     assert_close(out, ref, attention_tolerance(q.reshape(80, 2, 32), k.reshape(80, 1, 32)), "out")
+
+
+@every_implementation
+def test_rows_before_the_first_sequence_attend_nothing(impl):
+    """cu_seqlens that start past 0 (traced, so unchecked, under jit): the rows before
+    them belong to no document, on every backend as rows past cu_seqlens[-1] do: output 0,
+    lse -inf, zero dq, and zero dk/dv for keys before cu_seqlens_k[0]; the documents get
+    the oracle's values of the same call without the leading rows. The Triton launcher on
+    the CPU starts outputs as NaN, so exact zeros prove those rows were written."""
+    lead_q, lead_k = 5, 3
+    inputs = make_inputs(11, ((20, 17), (9, 12)), 2, 1, 32, pad=(lead_q, lead_k))
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    # The documents move up by the lead: the arrays' first rows become the leading ones.
+    q, k, v = (jnp.roll(x, lead, axis=0) for x, lead in ((q, lead_q), (k, lead_k), (v, lead_k)))
+    d_out, d_lse = (
+        jnp.roll(x, lead_q, axis=a) for x, a in ((inputs["d_out"], 0), (inputs["d_lse"], 1))
+    )
+    spec = AttentionSpec.create(32, causal=True)
+
+    def loss(q, k, v, cu_q, cu_k):
+        out, lse = varlen_attention(
+            q, k, v, cu_q, cu_k, causal=True, return_lse=True, implementation=impl
+        )
+        value = jnp.sum(out * d_out) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * d_lse)
+        return value, (out, lse)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+    grads, (out, lse) = grad(q, k, v, jnp.asarray(cu_q + lead_q), jnp.asarray(cu_k + lead_k))
+
+    ref_out, ref_lse, ref_grads = oracle_value_and_grads(
+        lambda q, k, v, s: dense_attention(q, k, v, cu_q, cu_k, spec),
+        q[lead_q:],
+        k[lead_k:],
+        v[lead_k:],
+        None,
+        d_out[lead_q:],
+        d_lse[:, lead_q:],
+    )
+    tol = attention_tolerance(q[lead_q:], k[lead_k:], cu_q=cu_q, cu_k=cu_k)
+    np.testing.assert_array_equal(np.asarray(out)[:lead_q], 0.0)
+    np.testing.assert_array_equal(np.asarray(lse)[:, :lead_q], -np.inf)
+    np.testing.assert_array_equal(np.asarray(grads[0])[:lead_q], 0.0)
+    for g in grads[1:]:
+        np.testing.assert_array_equal(np.asarray(g)[:lead_k], 0.0)
+    assert_close(out[lead_q:], ref_out, tol, "out")
+    assert_lse_close(lse[:, lead_q:], ref_lse, tol)
+    for name, g, ref, lead in zip(
+        ("dq", "dk", "dv"), grads, ref_grads, (lead_q, lead_k, lead_k), strict=True
+    ):
+        assert_close(g[lead:], ref, tol, name)

@@ -322,6 +322,18 @@ def test_pallas_kernels_in_the_ring():
         (dict(segment_ids=np.ones((BATCH, SEQ), np.float32)), TypeError, "integer"),
         (dict(causal=1), TypeError, "causal"),
         (dict(sinks=jnp.ones(3)), ValueError, "sinks"),
+        (dict(implementation="cuda"), ValueError, "ring_attention: implementation must be"),
+        (dict(segment_ids=np.ones(SEQ, np.int32)), ValueError, r"\[batch, seq\] = \(2, 48\)"),
+        (dict(config=object()), TypeError, "config"),
+        # Reordered for a ring of 4, run on a ring of 2: the error names the ring size.
+        (
+            dict(
+                sequence_layout="load_balanced",
+                segment_ids=reorder_sequence(np.tile(np.repeat([1, 2, 3], 16), (BATCH, 1)), 4),
+            ),
+            ValueError,
+            r"reorder_sequence\(x, 2\) order: the mesh axis has 2 device",
+        ),
     ],
 )
 def test_bad_input_names_the_argument(kwargs, error, match):
@@ -335,5 +347,20 @@ def test_bad_input_names_the_argument(kwargs, error, match):
 
 def test_k_must_match_q_sequence():
     q, k, v, _, _, _ = _problem(0, 2, 2, False)
-    with pytest.raises(ValueError, match="ring_attention: q and k must have the same"):
+    with pytest.raises(ValueError, match="ring_attention: q and k must have the same") as info:
         ring_attention(q, k[:, :24], v[:, :24], mesh=_mesh(2), axis_name="cp")
+    assert "q (2, 48, 2, 16) and k (2, 24, 2, 16)" in str(info.value)  # as passed, not shards
+
+
+def test_shape_errors_quote_the_arrays_as_passed():
+    q, k, v, _, _, _ = _problem(0, 2, 2, False)
+    with pytest.raises(ValueError, match=r"ring_attention: v must have the shape of k") as info:
+        ring_attention(q, k, v[..., :1, :], mesh=_mesh(2), axis_name="cp")
+    assert "k (2, 48, 2, 16) and v (2, 48, 1, 16)" in str(info.value)
+
+
+def test_forward_mode_is_refused_naming_the_op():
+    q, k, v, _, _, _ = _problem(0, 2, 2, False)
+    run = lambda q: ring_attention(q, k, v, mesh=_mesh(2), axis_name="cp")
+    with pytest.raises(NotImplementedError, match="ring_attention: forward-mode"):
+        jax.jvp(run, (q,), (q,))

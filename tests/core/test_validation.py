@@ -1,0 +1,49 @@
+"""Shared argument checks: int32 conversion of any integer dtype, and the debug switch
+that makes checks on traced values raise under plain `jax.jit`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import jax_bridge
+from jax_bridge import varlen_attention
+from jax_bridge.core.validation import as_int32
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int16, np.int64])
+def test_as_int32_checks_the_int32_range_in_any_integer_dtype(dtype):
+    """Traced: no false error for values that fit (unsigned ones used to be compared with
+    a wrapped -2**31 and all fail); values past int32, above or below, are reported."""
+    info = np.iinfo(dtype)
+    fits = np.array([0, 7, min(info.max, 2**31 - 1)], dtype)
+    convert = jax.jit(checkify.checkify(lambda x: as_int32(x, "x"), errors=checkify.user_checks))
+    with jax.enable_x64(True):  # 64-bit dtypes stay 64-bit
+        err, out = convert(fits)
+        assert err.get() is None and out.dtype == jnp.int32
+        np.testing.assert_array_equal(out, fits.astype(np.int64))
+        outside = [v for v in (info.max, info.min) if not -(2**31) <= v < 2**31]
+        for value in outside:
+            err, _ = convert(np.array([0, value], dtype))
+            assert "x holds values that do not fit int32" in str(err.get()), value
+
+
+def test_debug_checks_raise_under_plain_jit():
+    """Plain jit drops the traced checks (documented); within `jax_bridge.debug_checks()`
+    the same bad cu_seqlens make the call fail with the check's message, good ones give
+    the unchecked result."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((8, 2, 16)), jnp.float32)
+    good, bad = jnp.array([0, 3, 8], jnp.int32), jnp.array([0, 6, 3], jnp.int32)
+    run = lambda cu: varlen_attention(q, q, q, cu, cu, implementation="xla")
+    expected = run(good)
+    jax.jit(run)(bad).block_until_ready()  # unchecked: no error
+    with jax_bridge.debug_checks():
+        np.testing.assert_array_equal(jax.jit(run)(good), expected)
+        with pytest.raises(
+            jax.errors.JaxRuntimeError, match=r"cu_seqlens_[qk] must be non-decreasing"
+        ):
+            jax.jit(run)(bad).block_until_ready()
