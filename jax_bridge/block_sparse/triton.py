@@ -150,7 +150,12 @@ def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> di
 
 def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(x with its non-finite rows zeroed, int8 [B, L, H] flags of those rows) for x
-    [B, L, H, D]: what the partial tiles' isolating products read (one fused pass)."""
+    [B, L, H, D]: what the partial tiles' isolating products read (one fused pass).
+
+    Behind an optimization barrier, XLA cannot constant-fold the flags when x is a
+    broadcast constant (the cotangent of `sum(out)`): at 8192 tokens x 8 heads its
+    evaluator spent minutes on that reduce, for nothing at run time."""
+    x = jax.lax.optimization_barrier(x)
     bad = jnp.logical_not(jnp.all(jnp.isfinite(x), axis=-1))
     return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), bad.astype(jnp.int8)
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_bridge.core.numerics import cdiv
+from jax_bridge.host.cu_seqlens import count_at_or_below
 
 
 class GroupMetadata(NamedTuple):
@@ -126,9 +127,10 @@ def make_group_metadata(
     slot_starts = slot_ends - tiles_per_group
     slots = jnp.arange(num_slots, dtype=jnp.int32)
     # The owner of slot s is the first group whose slots end after s: the number of
-    # groups ending at or before s. Empty groups end where they start, so they are
-    # skipped. Surplus slots (s >= num_chunks) would get num_groups: clip into range.
-    chunk_group = jnp.searchsorted(slot_ends, slots, side="right").astype(jnp.int32)
+    # groups ending at or before s (counted loop-free, no searchsorted `while`). Empty
+    # groups end where they start, so they are skipped. Surplus slots (s >= num_chunks)
+    # would get num_groups: clip into range.
+    chunk_group = count_at_or_below(slot_ends, num_slots)
     chunk_group = jnp.minimum(chunk_group, num_groups - 1)
     chunk_row_block = first_block[chunk_group] + (slots - slot_starts[chunk_group])
     chunk_row_block = jnp.clip(chunk_row_block, 0, max(cdiv(m, block_m) - 1, 0))

@@ -12,7 +12,10 @@ Conventions shared by every function here:
   ``num_chunks``. Eager calls on concrete ``cu_seqlens`` may omit them and get the exact
   size; traced calls (``jax.jit`` with ``cu_seqlens`` an argument) must pass them or get a
   ValueError. Slots past the real tokens/chunks are filled with ``FILL_INDEX`` (-1).
-* Everything is vectorised (``searchsorted``/``cumsum``/gathers), with no loop over sequences.
+* Everything is vectorised (scatter-adds, ``cumsum``, gathers), with no loop over sequences
+  and no ``while`` in the compiled program: ``jnp.searchsorted``'s default method is a
+  loop that, on a GPU, waits on the host every iteration; :func:`count_at_or_below`
+  replaces it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,29 @@ def _resolve_total_tokens(cu_seqlens: jax.Array, total_tokens: int | None, calle
     total_tokens = check_static_int(total_tokens, "total_tokens")
     check_token_capacity(cu_seqlens, total_tokens, "total_tokens")
     return total_tokens
+
+
+def count_at_or_below(boundaries: jax.Array, length: int) -> jax.Array:
+    """``out[t] = #{i : boundaries[i] <= t}`` for ``t in range(length)``, loop-free.
+
+    For sorted ``boundaries`` this is ``searchsorted(boundaries, arange(length),
+    side="right")``, computed as a scatter-add of ones at the boundaries and a cumsum:
+    O(len(boundaries) + length) work and no ``while`` loop (``jnp.searchsorted``'s default
+    is one, which a GPU runs with a host round trip per iteration). It holds for any
+    order of ``boundaries``.
+
+    Args:
+      boundaries: int ``[n]``.
+      length: static number of outputs.
+
+    Returns:
+      int32 ``[length]`` (a count of at most ``n`` boundaries).
+    """
+    # A boundary below 0 counts for every t (bin 0); one at or past `length` for none
+    # (the last bin, never summed).
+    bins = jnp.clip(boundaries, 0, length)
+    marks = jnp.zeros((length + 1,), jnp.int32).at[bins].add(1)
+    return jnp.cumsum(marks[:length], dtype=jnp.int32)
 
 
 # Private cores are jitted so that eager calls compile one fused program per shape rather
@@ -99,9 +125,9 @@ def token_indices(cu_seqlens: jax.Array, total_tokens: int, column: int | None =
     Jitted so that eager calls compile one fused program per shape, not one per op.
     """
     token = jnp.arange(total_tokens, dtype=cu_seqlens.dtype)
-    # side="right" skips empty sequences: with repeated offsets the last equal one wins,
-    # which is the first non-empty sequence starting at that token.
-    seq = jnp.searchsorted(cu_seqlens, token, side="right").astype(cu_seqlens.dtype) - 1
+    # Offsets at or below t, minus one: with repeated offsets (empty sequences) every
+    # equal one counts, so t lands in the first non-empty sequence starting there.
+    seq = count_at_or_below(cu_seqlens, total_tokens).astype(cu_seqlens.dtype) - 1
     # Past the last real token seq == batch, so this gather reads cu_seqlens[-1]: in bounds.
     position = token - cu_seqlens[seq]
     out = jnp.where((token < cu_seqlens[-1])[:, None], jnp.stack([seq, position], 1), FILL_INDEX)
@@ -116,7 +142,8 @@ def prepare_sequence_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
       total_tokens: static packed length ``T >= cu_seqlens[-1]`` (required when traced).
 
     Returns:
-      ``[T]``: ``searchsorted(cu_seqlens, t, side="right") - 1`` for real tokens ``t``,
+      ``[T]``: ``searchsorted(cu_seqlens, t, side="right") - 1`` (the last sequence
+      starting at or before ``t``) for real tokens ``t``,
       -1 for ``t >= cu_seqlens[-1]``.
     """
     cu_seqlens = check_cu_seqlens(cu_seqlens)
@@ -174,9 +201,8 @@ def prepare_chunk_offsets(cu_seqlens: Any, chunk_size: int) -> jax.Array:
 def _chunk_indices(chunk_offsets: jax.Array, num_chunks: int) -> jax.Array:
     """``[num_chunks, 2]`` (sequence id, chunk in sequence) from ``[batch + 1]`` offsets."""
     chunk = jnp.arange(num_chunks, dtype=chunk_offsets.dtype)
-    # As for tokens: side="right" lands on the last of repeated offsets, i.e. skips
-    # sequences with zero chunks.
-    seq = jnp.searchsorted(chunk_offsets, chunk, side="right").astype(chunk.dtype) - 1
+    # As for tokens: counting every repeated offset skips sequences with zero chunks.
+    seq = count_at_or_below(chunk_offsets, num_chunks).astype(chunk.dtype) - 1
     chunk_in_seq = chunk - chunk_offsets[seq]
     real = chunk < chunk_offsets[-1]
     return jnp.where(real[:, None], jnp.stack([seq, chunk_in_seq], axis=1), FILL_INDEX)

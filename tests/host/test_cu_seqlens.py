@@ -20,6 +20,7 @@ from jax_bridge.core.validation import check_cu_seqlens
 from jax_bridge.host.cu_seqlens import (
     FILL_INDEX,
     chunk_bound,
+    count_at_or_below,
     prepare_chunk_indices,
     prepare_chunk_offsets,
     prepare_cu_seqlens_from_mask,
@@ -333,3 +334,27 @@ def test_check_cu_seqlens_names_the_argument_it_was_given():
         check_cu_seqlens([0, 2, 1], name="cu_seqlens_k")
     with pytest.raises(TypeError, match="cu_seqlens_k must have a signed integer"):
         check_cu_seqlens(np.array([0.0, 1.0]), name="cu_seqlens_k")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _count_jitted(boundaries, length):
+    return count_at_or_below(boundaries, length)
+
+
+@given(
+    boundaries=st.lists(st.integers(-3, 40), min_size=0, max_size=12),
+    sort=st.booleans(),
+)
+def test_count_at_or_below_is_searchsorted_right_without_a_loop(boundaries, sort):
+    """Sorted: searchsorted(side="right"), as the index helpers used it; any order: the
+    count it is defined as. Boundaries below 0 and at or past `length` included."""
+    values = np.asarray(sorted(boundaries) if sort else boundaries, np.int32)
+    length = 32
+    # Padded to a fixed size with boundaries past `length` (never counted): one compile.
+    padded = np.concatenate([values, np.full(12 - len(values), length + 5, np.int32)])
+    got = np.asarray(_count_jitted(jnp.asarray(padded), length))
+    t = np.arange(length)
+    np.testing.assert_array_equal(got, (values[None, :] <= t[:, None]).sum(1))
+    if sort:
+        np.testing.assert_array_equal(got, np.searchsorted(values, t, side="right"))
+    assert got.dtype == np.int32
