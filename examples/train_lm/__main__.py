@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    sys.path.insert(0, str(REPO))
+    from examples.train_lm.config import TrainConfig  # imports no jax
+
     parser = argparse.ArgumentParser(prog="python examples/train_lm", description=__doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--mesh", default="2,2,2", help="data,expert,context sizes")
@@ -26,6 +29,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.steps, args.seq_len, args.rows) < 1:
         parser.error("--steps, --seq-len and --rows must be positive")
+    shortest = TrainConfig.min_document
+    if args.seq_len < shortest:
+        parser.error(
+            f"--seq-len must be at least {shortest} (the shortest document): a shorter row "
+            f"holds no document to train on, got {args.seq_len}"
+        )
     try:
         args.mesh = tuple(int(n) for n in args.mesh.split(","))
         assert len(args.mesh) == 3 and min(args.mesh) >= 1
@@ -67,7 +76,6 @@ def main(argv: list[str]) -> None:
     args = _parse(argv)
     data, expert, context = args.mesh
     _use_cpu_devices(data * expert * context)
-    sys.path.insert(0, str(REPO))
     import jax
     from tqdm import tqdm
 
@@ -91,9 +99,9 @@ def main(argv: list[str]) -> None:
     finally:
         source.close()
     print(curve(losses))
-    print(
-        f"{losses_summary(losses)}; {time.perf_counter() - start:.1f} s, {trainer.traces} trace(s)"
-    )
+    seconds = time.perf_counter() - start
+    # Compilations, not traces: a step re-compiled for new input shardings is not re-traced.
+    print(f"{losses_summary(losses)}; {seconds:.1f} s, {trainer.compiles} compile(s) of the step")
 
 
 if __name__ == "__main__":

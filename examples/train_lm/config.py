@@ -54,6 +54,20 @@ class TrainConfig:
     min_document: int = 8  # shorter pieces of text are not used as documents
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # A row shorter than the shortest document holds no document: every target would
+        # be padding and the loss a constant 0 (nothing to train on).
+        if self.min_document < 2:
+            raise ValueError(
+                f"TrainConfig: min_document must be >= 2 (a document of one token has no "
+                f"next-token target), got {self.min_document}"
+            )
+        if self.seq_len < self.min_document:
+            raise ValueError(
+                f"TrainConfig: seq_len ({self.seq_len}) must be at least min_document "
+                f"({self.min_document}): a shorter row holds no document to train on"
+            )
+
 
 TINY = ModelConfig()
 # About 1B parameters, 8 experts top-2: the configuration compiled at scale (bench/train_aot).

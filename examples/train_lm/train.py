@@ -1,8 +1,9 @@
 """The training step and loop: optax AdamW on float32 masters, one jitted step per batch.
 
 `Trainer` owns the model flavour (ours or the dense twin), the mesh, the sharded
-parameters and optimizer state, and a trace counter (the step must compile once: the
-packing changes every step, the shapes never do).
+parameters and optimizer state, and counters of the step's traces and compilations (the
+step must compile once: the packing changes every step, the shapes never do; a trace
+count alone misses a recompile for new input shardings, which reuses the trace).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, Sharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from examples.train_lm.config import ModelConfig, TrainConfig
@@ -24,6 +25,30 @@ from examples.train_lm.kernels import AXES, DENSE, ROWS, our_kernels
 from examples.train_lm.model import Kernels, init_params, loss_fn
 
 EXPERT_WEIGHTS = ("w_up", "w_down")
+# The event JAX records for every XLA compilation (`jax.monitoring`).
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+    """Counts XLA compilations while entered: `with counter: ...`, then `counter.count`.
+
+    Counts every compilation in the process meanwhile (JAX reports them on one monitoring
+    event), so enter it around the calls to be counted only.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _listen(self, event: str, duration: float, **metadata: Any) -> None:
+        if event == COMPILE_EVENT:
+            self.count += 1
+
+    def __enter__(self) -> CompileCounter:
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
 def make_mesh(data: int = 1, expert: int = 1, context: int = 1) -> Mesh:
@@ -85,7 +110,8 @@ class Trainer:
     train: TrainConfig
     flavour: str = "ours"
     mesh: Mesh | None = None
-    traces: int = 0
+    traces: int = 0  # of the step's body
+    compiles: int = 0  # XLA compilations during `step` calls
 
     def __post_init__(self):
         if self.flavour not in ("ours", "dense"):
@@ -100,36 +126,41 @@ class Trainer:
         return loss_fn(params, batch, config=self.model, kernels=self.kernels, **kwargs)
 
     def init(self, key: jax.Array) -> tuple[Any, Any]:
-        """Parameters and optimizer state, placed with `param_specs` on the mesh."""
+        """Parameters and optimizer state, placed with `param_specs` on the mesh (without
+        one: committed to the default device)."""
         params = init_params(self.model, key)
-        if self.mesh is not None:
-            shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), param_specs(params))
-            params = jax.device_put(params, shardings)
+        params = jax.device_put(params, jax.tree.map(self._sharding, param_specs(params)))
         opt_state = jax.jit(self.tx.init)(params)
-        if self.mesh is not None:  # the step counts land on one device: replicate them
-            replicated = NamedSharding(self.mesh, P())
-            opt_state = jax.tree.map(
-                lambda x: (
-                    x
-                    if x.sharding.device_set == replicated.device_set
-                    else jax.device_put(x, replicated)
-                ),
-                opt_state,
-            )
-        # The step returns the state as it received it: same shardings, so the next call
-        # hits the same compiled program (a different output sharding would re-trace).
+        opt_state = jax.device_put(
+            opt_state, jax.tree.map(self._replicated_unless_spread, opt_state)
+        )
+        # The step gets and returns the state with these shardings from its first call on,
+        # so every call hits one compiled program. (Uncommitted state, as init_params
+        # returns it, compiled the first call apart from the later ones, which receive
+        # the step's committed outputs.)
         state_shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
         self._step = jax.jit(
             self._step_body, donate_argnums=(0, 1), out_shardings=(*state_shardings, None)
         )
         return params, opt_state
 
-    def place(self, batch: PackedBatch) -> PackedBatch:
-        """The host batch on the mesh (rows over data x expert, sequence over context)."""
+    def _sharding(self, spec: P) -> Sharding:
+        """`spec` on the mesh, or the default device when there is no mesh."""
         if self.mesh is None:
-            return PackedBatch(*map(jnp.asarray, batch))
+            return SingleDeviceSharding(jax.devices()[0])
+        return NamedSharding(self.mesh, spec)
+
+    def _replicated_unless_spread(self, x: jax.Array) -> Sharding:
+        """x's sharding if it spans the mesh, else replicated (optax's step counts land
+        on one device)."""
+        replicated = self._sharding(P())
+        return x.sharding if x.sharding.device_set == replicated.device_set else replicated
+
+    def place(self, batch: PackedBatch) -> PackedBatch:
+        """The host batch on the mesh (rows over data x expert, sequence over context), or
+        on the default device without one."""
         placed = (
-            jax.device_put(x, NamedSharding(self.mesh, spec))
+            jax.device_put(x, self._sharding(spec))
             for x, spec in zip(batch, batch_spec(), strict=True)
         )
         return PackedBatch(*placed)
@@ -146,7 +177,11 @@ class Trainer:
         """One optimizer step (the inputs' buffers are donated); after `init`."""
         if self._step is None:
             raise RuntimeError("Trainer.step: call init() first (it places the state)")
-        return self._step(params, opt_state, self.place(batch))
+        counter = CompileCounter()
+        with counter:
+            out = self._step(params, opt_state, self.place(batch))
+        self.compiles += counter.count
+        return out
 
 
 def run(trainer: Trainer, batches: Iterable[PackedBatch], steps: int, key=None) -> Iterator[dict]:

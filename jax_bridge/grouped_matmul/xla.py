@@ -304,8 +304,12 @@ def tgmm_ragged_dot(lhs, rhs, group_sizes, group_offset, existing_out, *, num_gr
 
 
 # --- the backend contract -------------------------------------------------------------
+# Jitted with the options static, so that eager calls compile once per shape and options:
+# run op by op, the tile loop's concrete trip count turned `fori_loop` into a `scan` over
+# a fresh closure, compiled anew on every call. Under an outer jit they are inlined.
 
 
+@functools.partial(jax.jit, static_argnames=("options",))
 def gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions) -> jax.Array:
     """The backend contract's gmm: `gmm_tiles`, or `gmm_ragged_dot` where it is faster."""
     tiles = functools.partial(
@@ -320,6 +324,7 @@ def gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOption
     return _with_tile_batching(ragged, tiles)(lhs, rhs, group_sizes, group_offset, existing_out)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups", "options"))
 def tgmm(
     lhs, rhs, group_sizes, group_offset, existing_out, num_groups: int, options: MatmulOptions
 ) -> jax.Array:

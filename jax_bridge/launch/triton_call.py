@@ -17,6 +17,7 @@ like on a GPU, only `zeroed_outputs` start at zero and aliased outputs start as 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,25 +49,89 @@ def _initial_output(shape: jax.ShapeDtypeStruct) -> np.ndarray:
     return np.full(shape.shape, np.iinfo(dtype).min, dtype)
 
 
-def _host_launch(
-    *arrays: np.ndarray,
-    rebuild: Callable[[Sequence[Any]], list[Any]],
-    kernel: triton.JITFunction,
-    out_shapes: tuple[jax.ShapeDtypeStruct, ...],
-    grid: Grid,
-    zeroed_outputs: tuple[int, ...],
-    input_output_aliases: tuple[tuple[int, int], ...],
-    constexprs: dict[str, Any],
-) -> tuple[np.ndarray, ...]:
-    args = rebuild([np.ascontiguousarray(a) for a in arrays])
-    args = [a.item() if isinstance(a, np.generic) else a for a in args]
-    outputs = [_initial_output(s) for s in out_shapes]
-    for i in zeroed_outputs:
-        outputs[i][...] = 0
-    for arg_index, out_index in input_output_aliases:
-        outputs[out_index][...] = args[arg_index]
-    run_interpreted(kernel, grid, args, outputs, constexprs)
-    return tuple(outputs)
+def _value_key(value: Any) -> Any:
+    """`value` as part of a launch key: scalars by type and exact repr (`1`, `1.0`
+    and `True` are equal in Python, `0.0` and `-0.0` too, yet give different kernels),
+    tuples item by item, functions and kernels by identity (a JITFunction's own hash walks
+    its dependencies), anything else as itself."""
+    if isinstance(value, bool | int | float | str | np.generic):
+        return (type(value), repr(value))
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_value_key(v) for v in value))
+    if callable(value):
+        return ("identity", id(value))
+    return value
+
+
+def _grid_of(grid: Grid, constexprs: dict[str, Any]) -> tuple[int, ...]:
+    """The launch grid as a tuple of ints (`grid` may be a function of the constexprs)."""
+    if callable(grid):
+        grid = grid(constexprs)
+    return tuple(int(g) for g in (grid if isinstance(grid, tuple | list) else (grid,)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _HostLaunch:
+    """The interpreter-path callback of one `triton_call`; called with its arrays, launches.
+
+    Compared and hashed by what it launches (kernel, grid, output shapes, baked-in
+    scalars, constexprs), so that eager calls with equal launches give equal
+    `pure_callback` parameters and reuse JAX's compiled program for the primitive instead
+    of compiling a new one per call. Holding the kernel and constexprs keeps the objects
+    keyed by identity alive, so their ids cannot be reused by another object.
+
+    grid: the launch grid as ints (a grid function is applied to the constexprs first: a
+    fresh lambda per call must not make every launch a new one).
+
+    scalars: (position, value) of each Python scalar among the kernel's inputs; the
+    arrays travel through the callback and fill the other positions in order.
+    """
+
+    kernel: triton.JITFunction
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...]
+    grid: tuple[int, ...]
+    scalars: tuple[tuple[int, Any], ...]
+    num_inputs: int
+    zeroed_outputs: tuple[int, ...]
+    input_output_aliases: tuple[tuple[int, int], ...]
+    constexprs: dict[str, Any]
+
+    @functools.cached_property
+    def _key(self) -> Any:
+        key = (
+            _value_key(self.kernel),
+            self.out_shapes,
+            self.grid,
+            _value_key(self.scalars),
+            self.num_inputs,
+            self.zeroed_outputs,
+            self.input_output_aliases,
+            tuple((name, _value_key(v)) for name, v in sorted(self.constexprs.items())),
+        )
+        try:
+            hash(key)
+        except TypeError:  # an unhashable constexpr: equal to itself only
+            return ("identity", id(self))
+        return key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _HostLaunch) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        given = iter(np.ascontiguousarray(a) for a in arrays)
+        scalars = dict(self.scalars)
+        args = [scalars[i] if i in scalars else next(given) for i in range(self.num_inputs)]
+        args = [a.item() if isinstance(a, np.generic) else a for a in args]
+        outputs = [_initial_output(s) for s in self.out_shapes]
+        for i in self.zeroed_outputs:
+            outputs[i][...] = 0
+        for arg_index, out_index in self.input_output_aliases:
+            outputs[out_index][...] = args[arg_index]
+        run_interpreted(self.kernel, self.grid, args, outputs, self.constexprs)
+        return tuple(outputs)
 
 
 def triton_call(
@@ -139,12 +204,12 @@ def triton_call(
         )
         outs = _batched_by_loop(launch)(*arrays)
     else:
-        callback = functools.partial(
-            _host_launch,
-            rebuild=rebuild,
+        callback = _HostLaunch(
             kernel=kernel,
             out_shapes=out_shapes,
-            grid=grid,
+            grid=_grid_of(grid, constexprs),
+            scalars=tuple((i, a) for i, a in enumerate(args) if is_scalar[i]),
+            num_inputs=len(args),
             zeroed_outputs=tuple(zeroed_outputs),
             input_output_aliases=tuple(aliases.items()),
             constexprs=constexprs,

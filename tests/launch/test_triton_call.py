@@ -9,6 +9,7 @@ import triton.language as tl
 
 from examples.softmax import softmax_block_cols, softmax_rows_kernel
 from jax_bridge import lower_for_cuda, static_kernel_report, triton_call
+from tests.test_eager_cache import compiled_programs
 
 
 def softmax(x: jax.Array) -> jax.Array:
@@ -89,6 +90,23 @@ def test_scalars_grid_function_zeroed_outputs_under_jit_and_vmap():
         jnp.stack([x, y]), jnp.stack([y, x])
     )
     np.testing.assert_allclose(batched, np.stack([-1.5 * x + y, -1.5 * y + x]), rtol=1e-6)
+
+
+def test_eager_launches_share_a_program_unless_their_scalars_differ():
+    """Eagerly, an equal launch (new values, a new grid lambda) reuses the compiled
+    callback program; a different baked-in scalar must not (it would give 0.5 * x + y)."""
+    rng = np.random.default_rng(5)
+    x, y, x2, y2 = (jnp.asarray(rng.standard_normal(50), jnp.float32) for _ in range(4))
+    scale_add(x, y, 0.5, aliased=False)
+    with compiled_programs() as compiled:
+        out, total = scale_add(x2, y2, 0.5, aliased=False)
+    assert compiled == []
+    np.testing.assert_allclose(out, 0.5 * x2 + y2, rtol=1e-6)
+    np.testing.assert_allclose(total[0], np.sum(0.5 * np.asarray(x2) + np.asarray(y2)), rtol=1e-5)
+    with compiled_programs() as compiled:
+        out, _ = scale_add(x2, y2, 2.0, aliased=False)
+    assert len(compiled) == 1
+    np.testing.assert_allclose(out, 2.0 * x2 + y2, rtol=1e-6)
 
 
 @triton.jit

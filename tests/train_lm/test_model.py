@@ -8,6 +8,7 @@ roundoff), element by element in the worst case: that is "equal within bfloat16
 tolerance" measured on this problem, not a fixed number.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -72,12 +73,33 @@ def test_the_losses_of_training_match_the_twin_and_go_down_without_retracing():
     twin = Trainer(TINY, TRAIN, "dense", None)
     our_losses = [m["loss"] for m in run(ours, batches(TRAIN), TRAIN.steps)]
     twin_losses = [m["loss"] for m in run(twin, batches(TRAIN), TRAIN.steps)]
-    assert ours.traces == 1 and twin.traces == 1  # new document boundaries every step
+    assert ours.traces == twin.traces == 1  # new document boundaries every step
+    assert ours.compiles == twin.compiles == 1
     # bf16 differences compound over steps: the first steps agree closely, later ones only
     # as training curves (the same batches, the same optimizer).
     np.testing.assert_allclose(our_losses[:3], twin_losses[:3], rtol=2e-3)
     assert np.mean(our_losses[-5:]) < np.mean(our_losses[:5]) - 1.0
     assert abs(np.mean(our_losses[-5:]) - np.mean(twin_losses[-5:])) < 0.25
+
+
+# One layer of everything, for tests that count compilations rather than train.
+SMALL = dataclasses.replace(
+    TINY, hidden=32, num_blocks=1, block_pattern=(None,), num_q_heads=2, num_kv_heads=1,
+    ffn=32, num_experts=2, top_k=1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("mesh_name", ["one device", "data2"])
+def test_the_step_compiles_once_on_every_mesh(mesh_name):
+    """The state is placed at init with the step's shardings: without a mesh too, where
+    uncommitted parameters compiled the first step apart from the later ones (which get
+    the step's committed outputs) although it traced once."""
+    mesh = None if mesh_name == "one device" else make_mesh(2, 1, 1)
+    train = TrainConfig(seq_len=16, rows=2, steps=2, max_documents=2)
+    trainer = Trainer(SMALL, train, "dense", mesh)
+    losses = [m["loss"] for m in run(trainer, batches(train), train.steps)]
+    assert np.isfinite(losses).all() and min(losses) > 0
+    assert trainer.traces == 1 and trainer.compiles == 1, (trainer.traces, trainer.compiles)
 
 
 @pytest.mark.parametrize("mesh_name", list(_meshes()))
