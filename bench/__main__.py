@@ -6,6 +6,7 @@
     python -m bench aot [ARGS ...]      # bench.aot.main(ARGS): compiled for H100/A100/TPUs
     python -m bench train [ARGS ...]    # bench.train.main(ARGS): the example LM, ours vs dense
     python -m bench train-at-scale [ARGS ...]  # its train step compiled for 8-256 chips
+    python -m bench gpu-check [ARGS ...]  # bench.gpu_check.main(ARGS): GPU rows + anchors
 
 Each section's `main()` prints its own lines and returns `BenchRow`s (bench/report.py); the
 rows are printed as one table at the end (stdout), while a progress bar over the sections
@@ -60,6 +61,7 @@ SUBCOMMANDS = {
     "aot": "bench.aot",
     "train": "bench.train",
     "train-at-scale": "bench.train_at_scale",
+    "gpu-check": "bench.gpu_check",
 }
 assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcommand's name"
 

@@ -61,6 +61,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from bench.report import FWD_BWD_FLOP_FACTOR as REPORT_FACTORS
 from bench.report import BenchRow
 from bench.timing import repeat_seconds
 from jax_bridge import flash_attention, reorder_sequence
@@ -79,7 +80,7 @@ LAYOUTS = ("contiguous", "load_balanced")
 OUTPUT_TOLERANCE = 1e-4  # max abs difference (outputs are O(1))
 GRAD_TOLERANCE = 1e-4  # max abs difference / max |reference gradient|
 KIB = 2**10
-FWD_BWD_FLOP_FACTOR = 3.5  # bench/report.py: the backward counts 2.5x the forward
+FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["attention"]  # bench/report.py
 
 
 # ------------------------------------------------------------------------- inputs

@@ -217,7 +217,7 @@ def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
 
 
 def test_subcommands_are_not_sections() -> None:
-    expected = {"report", "tune", "aot", "train", "train-at-scale"}
+    expected = {"report", "tune", "aot", "train", "train-at-scale", "gpu-check"}
     assert set(SUBCOMMANDS) == expected and not set(SUBCOMMANDS) & set(SECTIONS)
 
 
