@@ -14,7 +14,8 @@ goes to stderr. A row whose correctness check failed makes the run exit non-zero
 goals are printed as ratios against a baseline measured in the same run, and reported, not
 enforced. On a machine without a GPU, JAX is kept on the CPU (and the Triton kernels run
 through Triton's interpreter, at small sizes only). `--quick` (the default) keeps the CPU
-run to a few minutes; `--full` runs the larger sizes (`GMM_BENCH_FULL=1` does the same).
+run to a few minutes; `--full` runs the larger sizes (passed to each section as
+`main(full=True)`; GMM_BENCH_FULL=1 is read here only, as `--full`).
 `--plot PATH` draws time against sequence length (attention) and group count (grouped
 matmul) as a PNG (bench/plot.py; needs matplotlib, in the `test` extra).
 
@@ -30,6 +31,7 @@ import contextlib
 import glob
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -135,12 +137,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _apply_size(args: argparse.Namespace) -> str:
-    """Sets the sections' size switches from --quick / --full; returns 'quick' or 'full'."""
-    if args.full:
-        os.environ["GMM_BENCH_FULL"] = "1"
-    elif args.quick:
-        os.environ["GMM_BENCH_FULL"] = "0"
-    return "full" if os.environ.get("GMM_BENCH_FULL") == "1" else "quick"
+    """'full' or 'quick' from --quick / --full (GMM_BENCH_FULL=1 still means --full where
+    neither is given); the sections get it as `main(full=...)`, not from the environment."""
+    if args.full or (not args.quick and os.environ.get("GMM_BENCH_FULL") == "1"):
+        return "full"
+    return "quick"
 
 
 @contextlib.contextmanager
@@ -152,7 +153,16 @@ def _progress(names: Sequence[str]) -> Iterator[tqdm]:
         yield bar
 
 
-def run_sections(names: Sequence[str]) -> tuple[list[BenchRow], dict[str, float]]:
+def _run_section(name: str, full: bool) -> list[BenchRow]:
+    """`bench.<name>.main()`, with `full=` where the section has sizes to choose."""
+    main = importlib.import_module(f"bench.{name}").main
+    takes_full = "full" in inspect.signature(main).parameters
+    return main(full=full) if takes_full else main()
+
+
+def run_sections(
+    names: Sequence[str], full: bool = False
+) -> tuple[list[BenchRow], dict[str, float]]:
     """Runs each section in turn under the progress bar; returns all their rows and each
     section's wall time in seconds (import included)."""
     rows: list[BenchRow] = []
@@ -162,7 +172,7 @@ def run_sections(names: Sequence[str]) -> tuple[list[BenchRow], dict[str, float]
             bar.set_postfix_str(name)
             print(f"\n## {name}")
             start = time.perf_counter()
-            rows += importlib.import_module(f"bench.{name}").main()
+            rows += _run_section(name, full)
             seconds[name] = time.perf_counter() - start
             print(f"({name}: {seconds[name]:.1f} s)")
             bar.update()
@@ -223,7 +233,7 @@ def main(argv: Sequence[str]) -> None:
     start = time.perf_counter()
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {jax.default_backend()} ({device}), {mode} sizes")
-    rows, section_s = run_sections(args.chosen)
+    rows, section_s = run_sections(args.chosen, full=mode == "full")
     wall = time.perf_counter() - start
     print(f"\n## summary ({mode} sizes, base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ntotal wall time {wall:.1f} s")

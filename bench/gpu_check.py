@@ -115,6 +115,19 @@ def _select(cases, keys: Sequence[str]):
     return [c for c in cases if not keys or any(k in c.key for k in keys)]
 
 
+def _saver(args: argparse.Namespace, start: float):
+    """Writes the rows so far to --json (None without it): a killed run keeps them."""
+    if args.json is None:
+        return None
+    flags = {"mode": "dry-run" if args.dry_run else "gpu-check", "rows": args.rows}
+    machine = machine_description(flags)
+
+    def save(rows: list[BenchRow]) -> None:
+        write_json(args.json, rows, machine, time.perf_counter() - start)
+
+    return save
+
+
 def run(args: argparse.Namespace) -> list[BenchRow]:
     """The rows of the chosen cases (ours alone on one case under --profile)."""
     import jax
@@ -136,7 +149,8 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
         f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "
         f"{jax.devices()[0].device_kind}; torch anchors: {gpu_rows.torch_available()}"
     )
-    return run_cases(chosen, timing, budget_s=args.budget_s)
+    save = _saver(args, time.perf_counter())
+    return run_cases(chosen, timing, budget_s=args.budget_s, on_rows=save)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -150,9 +164,8 @@ def main(argv: Sequence[str]) -> int:
     wall = time.perf_counter() - start
     print(f"\n## gpu-check (base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ngpu-check wall time {wall:.1f} s")
-    if args.json is not None:
-        flags = {"mode": "dry-run" if args.dry_run else "gpu-check", "rows": args.rows}
-        write_json(args.json, rows, machine_description(flags), wall)
+    if args.json is not None and not args.profile:
+        _saver(args, start)(rows)
         print(f"wrote {args.json}")
     failed = [f"{r.op} {r.shape} vs {r.baseline}" for r in rows if r.ok is False]
     if failed:

@@ -27,14 +27,14 @@ fi
 
 stamp="$(date -u +%Y%m%dT%H%MZ)"
 json="$OUT/bench/results/gpu-check-$stamp.json"
-timeout 230 "$PY" -m bench gpu-check --budget-s 170 --json "$json" >"$OUT/gpu_check.txt" 2>&1
+timeout 250 "$PY" -m bench gpu-check --budget-s 200 --json "$json" >"$OUT/gpu_check.txt" 2>&1
 note "bench rows (gpu_check.txt, $(basename "$json")): exit $?"
 
 if command -v ncu >/dev/null; then
   for key in "16x1024 causal" "m8192 G64"; do
     name="ncu_${key// /_}"
     # Autotuning off: under ncu every candidate kernel XLA tries would be profiled.
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 60 \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 50 \
       ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
       "$PY" -m bench gpu-check --profile "$key" >"$OUT/$name.txt" 2>&1
     note "ncu $key ($name.txt): exit $?"
@@ -44,7 +44,7 @@ else
   note "ncu not found: no kernel profile"
 fi
 
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 "$PY" -m pytest -n 4 -x -q \
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 110 "$PY" -m pytest -n 4 -x -q \
   tests/attention/test_conformance.py tests/grouped_matmul/test_conformance.py \
   tests/block_sparse/test_conformance.py >"$OUT/tests.txt" 2>&1
 note "GPU tests (tests.txt): exit $? -- $(tail -1 "$OUT/tests.txt")"

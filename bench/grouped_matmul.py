@@ -5,7 +5,7 @@ CPU: our XLA path (`grouped_matmul(implementation="xla")`, the tile loop of
 per-group loop (one jitted `lhs[rows] @ rhs[g]` per group, sizes static): 8192 tokens
 over 64, 16 and 8 experts, float32; times are medians. XLA's CPU backend runs
 `ragged_dot` as a dense product per group (num_groups times the FLOPs), so it is timed
-with one repeat only, and at the issue's k=2048, n=1408 (GMM_BENCH_FULL=1, several
+with one repeat only, and at the issue's k=2048, n=1408 (`--full`, several
 minutes) only forward. By default k and n are cut to 512 and 352 (same tokens, experts
 and aspect).
 
@@ -17,12 +17,11 @@ bench/runner.py).
 Rows carry the useful FLOPs (2 m k n forward over the m routed rows, 3x that forward +
 backward; bench/report.py) and `params["num_groups"]` for `python -m bench --plot`.
 
-Run with `python -m bench grouped_matmul` (GMM_BENCH_FULL=1 for the full CPU shape).
+Run with `python -m bench grouped_matmul` (`--full` for the full CPU shape).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -185,11 +184,10 @@ def _gpu() -> list[BenchRow]:
     return run_cases(gpu_rows.matmul_cases(gpu_rows.Sizes.gpu()), Timing())
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the table; returns its rows (the CPU ones carry the check against the loop)."""
     if jax.default_backend() in ("cuda", "rocm", "gpu"):
         return _gpu()
-    full = os.environ.get("GMM_BENCH_FULL") == "1"
     k, n = (K, N) if full else (CPU_K, CPU_N)
     return [f for groups in CPU_GROUPS for f in _cpu(M, k, n, groups, full=full)]
 

@@ -264,9 +264,11 @@ def run_cases(
     passes: Sequence[str] = PASSES,
     anchors: bool = True,
     budget_s: float | None = None,
+    on_rows: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
     """`run_case` over `cases`; past `budget_s` seconds the remaining cases are named and
-    skipped (a GPU check must end in its time slot with the rows it has)."""
+    skipped (a GPU check must end in its time slot with the rows it has). `on_rows` gets
+    the rows so far after each case (to save them before a time limit kills the run)."""
     start, rows = time.perf_counter(), []
     for index, case in enumerate(cases):
         if budget_s is not None and time.perf_counter() - start > budget_s:
@@ -274,4 +276,6 @@ def run_cases(
             print(f"time budget of {budget_s:.0f} s spent: skipped {skipped}")
             break
         rows += run_case(case, timing, passes, anchors)
+        if on_rows is not None:
+            on_rows(rows)
     return rows
