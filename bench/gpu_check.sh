@@ -9,7 +9,8 @@
 #    time per kernel, ours against the XLA work around them;
 # 4. the GPU conformance tests.
 # Every step has its own time limit and its own log under $OUT; a step failing does not
-# stop the next. BENCH_COMMIT=<hash> names the commit where the copy has no .git.
+# stop the next. BENCH_COMMIT=<hash> names the commit where the copy has no .git;
+# GPU_CHECK_ARGS adds arguments to gpu-check (on a CPU: "--dry-run --rows m64").
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -27,7 +28,7 @@ fi
 
 stamp="$(date -u +%Y%m%dT%H%MZ)"
 json="$OUT/bench/results/gpu-check-$stamp.json"
-timeout 250 "$PY" -m bench gpu-check --budget-s 200 --json "$json" >"$OUT/gpu_check.txt" 2>&1
+timeout 250 "$PY" -m bench gpu-check --budget-s 200 --json "$json" ${GPU_CHECK_ARGS:-} >"$OUT/gpu_check.txt" 2>&1
 note "bench rows (gpu_check.txt, $(basename "$json")): exit $?"
 
 if command -v ncu >/dev/null; then
