@@ -78,6 +78,9 @@ def _prefer_cpu_without_gpu(*, fake_devices: bool = True) -> None:
         # at start-up and print what it cannot find; compile_for loads it when asked.
         if not has_tpu:
             os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")
+        # The GPU rows time PyTorch's kernels in the same process: JAX must not hold 75%
+        # of the GPU's memory from the start.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     elif not has_tpu:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if os.environ.get("JAX_PLATFORMS") == "cpu":

@@ -15,6 +15,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
 PY="${PYTHON:-python3}"
+# JAX and PyTorch (the anchors) share the GPU in one process: no preallocation.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 mkdir -p "$OUT/bench/results"
 summary="$OUT/summary.txt"
 note() { echo "[gpu_check $(date -u +%T)] $*" | tee -a "$summary"; }
@@ -23,13 +25,15 @@ note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
 if ! "$PY" -c "import jax_triton" 2>/dev/null; then
   "$PY" -m pip install --no-deps --no-index bench/wheels/jax_triton-0.3.1-py3-none-any.whl \
     >"$OUT/pip.txt" 2>&1
-  note "installed the carried jax-triton wheel: exit $?"
+  rc=$?
+  note "installed the carried jax-triton wheel: exit $rc"
 fi
 
 stamp="$(date -u +%Y%m%dT%H%MZ)"
 json="$OUT/bench/results/gpu-check-$stamp.json"
 timeout 250 "$PY" -m bench gpu-check --budget-s 200 --json "$json" ${GPU_CHECK_ARGS:-} >"$OUT/gpu_check.txt" 2>&1
-note "bench rows (gpu_check.txt, $(basename "$json")): exit $?"
+rc=$?
+note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
 
 if command -v ncu >/dev/null; then
   for key in "16x1024 causal" "m8192 G64"; do
@@ -38,15 +42,17 @@ if command -v ncu >/dev/null; then
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 50 \
       ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
       "$PY" -m bench gpu-check --profile "$key" >"$OUT/$name.txt" 2>&1
-    note "ncu $key ($name.txt): exit $?"
+    rc=$?
+    note "ncu $key ($name.txt): exit $rc"
     "$PY" -m bench gpu-check --ncu-summary "$OUT/$name.txt" >"$OUT/${name}_summary.txt" 2>&1
   done
 else
   note "ncu not found: no kernel profile"
 fi
 
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 110 "$PY" -m pytest -n 4 -x -q \
+timeout 110 "$PY" -m pytest -n 4 -x -q \
   tests/attention/test_conformance.py tests/grouped_matmul/test_conformance.py \
   tests/block_sparse/test_conformance.py >"$OUT/tests.txt" 2>&1
-note "GPU tests (tests.txt): exit $? -- $(tail -1 "$OUT/tests.txt")"
+rc=$?
+note "GPU tests (tests.txt): exit $rc -- $(tail -1 "$OUT/tests.txt")"
 note "done"
