@@ -19,7 +19,7 @@ tolerance of the check. `run_case` turns it into `BenchRow`s, one per (pass, anc
   rows carry no check.
 
 An anchor that cannot run here (no PyTorch, no cuDNN, a shape it refuses) is reported on
-one line and skipped; ours failing is an error.
+one line and skipped; ours failing is a failed row (`ok=False`: the run exits non-zero).
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def run_case(
             theirs = float(np.median(anchor_times))
             print(
                 f"  {label:8s} {anchor.name:26s} {_rate(case.flops(label), theirs)} "
-                f"ours/anchor {theirs / median:5.2f}x | {errors}"
+                f"speed ours/anchor {theirs / median:5.2f}x | {errors}"
             )
             found.append(_row(case, label, times, anchor.name, anchor_times, ok))
         rows += found or [_row(case, label, times)]
@@ -266,7 +266,8 @@ def run_cases(
     budget_s: float | None = None,
     on_rows: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
-    """`run_case` over `cases`; past `budget_s` seconds the remaining cases are named and
+    """`run_case` over `cases` (a case whose own implementation fails becomes a failed
+    row, and the next case runs); past `budget_s` seconds the remaining cases are named and
     skipped (a GPU check must end in its time slot with the rows it has). `on_rows` gets
     the rows so far after each case (to save them before a time limit kills the run)."""
     start, rows = time.perf_counter(), []
@@ -275,7 +276,11 @@ def run_cases(
             skipped = ", ".join(c.key for c in cases[index:])
             print(f"time budget of {budget_s:.0f} s spent: skipped {skipped}")
             break
-        rows += run_case(case, timing, passes, anchors)
+        try:
+            rows += run_case(case, timing, passes, anchors)
+        except Exception as error:  # ours failed: a failed row, and on to the next case
+            print(f"  ours failed: {type(error).__name__}: {str(error)[:300]}")
+            rows.append(BenchRow(case.section, case.op, case.shape, case.ours.name, ok=False))
         if on_rows is not None:
             on_rows(rows)
     return rows

@@ -176,3 +176,21 @@ def test_our_kernel_names_are_the_triton_kernels():
     names = gpu_check.our_kernel_names()
     assert {"attention_forward_kernel", "block_sparse_forward_kernel"} <= names
     assert all(name.endswith("_kernel") for name in names)
+
+
+def test_a_failing_case_is_a_failed_row_and_the_next_case_runs(capsys):
+    def broken(host):
+        raise RuntimeError("no kernel for this shape")
+
+    def case(key: str, prepare) -> runner.Case:
+        impl = runner.Impl("ours", lambda a: 2.0 * a, prepare, lambda r, g: gpu_rows._to_numpy(r))
+        inputs = dict.fromkeys(("x",), np.ones(3, np.float32))
+        return runner.Case("s", "op", key, key, "matmul", 6.0, lambda: inputs, impl, (), 0.1, 1)
+
+    def fine(host):
+        return (jnp.asarray(host["x"]),), jnp.ones(3)
+
+    rows = runner.run_cases([case("a", broken), case("b", fine)], runner.Timing(1, calls=1))
+    assert [(r.shape, r.ok) for r in rows] == [("a", False), ("b", None), ("b", None)]
+    assert rows[2].flops == 18.0  # fwd+bwd: 3x a matmul's forward
+    assert "ours failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
