@@ -1,6 +1,7 @@
 """`python -m bench gpu-check`: the GPU rows with their anchors, JSON, a per-kernel profile.
 
     python -m bench gpu-check [--dry-run] [--rows KEY ...] [--json PATH] [--budget-s S]
+                              [--no-torch]
     python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
     python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
 
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="skip the remaining cases past this many seconds",
     )
+    parser.add_argument("--no-torch", action="store_true", help="leave PyTorch's anchors out")
     parser.add_argument(
         "--profile",
         metavar="KEY",
@@ -135,6 +137,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     from bench import gpu_rows
     from bench.runner import Timing, run_cases
 
+    gpu_rows.USE_TORCH = not args.no_torch
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu

@@ -34,6 +34,13 @@ json="$OUT/bench/results/gpu-check-$stamp.json"
 timeout 250 "$PY" -m bench gpu-check --budget-s 200 --json "$json" ${GPU_CHECK_ARGS:-} >"$OUT/gpu_check.txt" 2>&1
 rc=$?
 note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
+if [ "$rc" -gt 1 ] && [ "$rc" -ne 124 ]; then
+  # A crash, not a failed check or the time limit: again without PyTorch in the process.
+  timeout 150 "$PY" -m bench gpu-check --no-torch --budget-s 110 --json "${json%.json}-no-torch.json" \
+    ${GPU_CHECK_ARGS:-} >"$OUT/gpu_check_no_torch.txt" 2>&1
+  rc=$?
+  note "bench rows without PyTorch (gpu_check_no_torch.txt): exit $rc"
+fi
 
 if command -v ncu >/dev/null; then
   for key in "16x1024 causal" "m8192 G64"; do

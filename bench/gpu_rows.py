@@ -235,8 +235,15 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
+# False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
+# CUDA libraries clash with JAX's in one process).
+USE_TORCH = True
+
+
 def torch_available() -> bool:
     """Whether PyTorch imports (the GPU machine has it; the project never installs it)."""
+    if not USE_TORCH:
+        return False
     try:
         import torch  # noqa: F401
     except Exception:  # ImportError, or a broken install: no torch anchors either way
