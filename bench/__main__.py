@@ -6,6 +6,7 @@
     python -m bench aot [ARGS ...]      # bench.aot.main(ARGS): compiled for H100/A100/TPUs
     python -m bench train [ARGS ...]    # bench.train.main(ARGS): the example LM, ours vs dense
     python -m bench train-at-scale [ARGS ...]  # its train step compiled for 8-256 chips
+    python -m bench gpu-check [ARGS ...]  # bench.gpu_check.main(ARGS): GPU rows + anchors
 
 Each section's `main()` prints its own lines and returns `BenchRow`s (bench/report.py); the
 rows are printed as one table at the end (stdout), while a progress bar over the sections
@@ -13,7 +14,8 @@ goes to stderr. A row whose correctness check failed makes the run exit non-zero
 goals are printed as ratios against a baseline measured in the same run, and reported, not
 enforced. On a machine without a GPU, JAX is kept on the CPU (and the Triton kernels run
 through Triton's interpreter, at small sizes only). `--quick` (the default) keeps the CPU
-run to a few minutes; `--full` runs the larger sizes (`GMM_BENCH_FULL=1` does the same).
+run to a few minutes; `--full` runs the larger sizes (passed to each section as
+`main(full=True)`; GMM_BENCH_FULL=1 is read here only, as `--full`).
 `--plot PATH` draws time against sequence length (attention) and group count (grouped
 matmul) as a PNG (bench/plot.py; needs matplotlib, in the `test` extra).
 
@@ -29,6 +31,7 @@ import contextlib
 import glob
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -60,6 +63,7 @@ SUBCOMMANDS = {
     "aot": "bench.aot",
     "train": "bench.train",
     "train-at-scale": "bench.train_at_scale",
+    "gpu-check": "bench.gpu_check",
 }
 assert not set(SUBCOMMANDS) & set(SECTIONS), "a section must not share a subcommand's name"
 
@@ -74,6 +78,9 @@ def _prefer_cpu_without_gpu(*, fake_devices: bool = True) -> None:
         # at start-up and print what it cannot find; compile_for loads it when asked.
         if not has_tpu:
             os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")
+        # The GPU rows time PyTorch's kernels in the same process: JAX must not hold 75%
+        # of the GPU's memory from the start.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     elif not has_tpu:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if os.environ.get("JAX_PLATFORMS") == "cpu":
@@ -133,12 +140,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _apply_size(args: argparse.Namespace) -> str:
-    """Sets the sections' size switches from --quick / --full; returns 'quick' or 'full'."""
-    if args.full:
-        os.environ["GMM_BENCH_FULL"] = "1"
-    elif args.quick:
-        os.environ["GMM_BENCH_FULL"] = "0"
-    return "full" if os.environ.get("GMM_BENCH_FULL") == "1" else "quick"
+    """'full' or 'quick' from --quick / --full (GMM_BENCH_FULL=1 still means --full where
+    neither is given); the sections get it as `main(full=...)`, not from the environment."""
+    if args.full or (not args.quick and os.environ.get("GMM_BENCH_FULL") == "1"):
+        return "full"
+    return "quick"
 
 
 @contextlib.contextmanager
@@ -150,7 +156,16 @@ def _progress(names: Sequence[str]) -> Iterator[tqdm]:
         yield bar
 
 
-def run_sections(names: Sequence[str]) -> tuple[list[BenchRow], dict[str, float]]:
+def _run_section(name: str, full: bool) -> list[BenchRow]:
+    """`bench.<name>.main()`, with `full=` where the section has sizes to choose."""
+    main = importlib.import_module(f"bench.{name}").main
+    takes_full = "full" in inspect.signature(main).parameters
+    return main(full=full) if takes_full else main()
+
+
+def run_sections(
+    names: Sequence[str], full: bool = False
+) -> tuple[list[BenchRow], dict[str, float]]:
     """Runs each section in turn under the progress bar; returns all their rows and each
     section's wall time in seconds (import included)."""
     rows: list[BenchRow] = []
@@ -160,7 +175,7 @@ def run_sections(names: Sequence[str]) -> tuple[list[BenchRow], dict[str, float]
             bar.set_postfix_str(name)
             print(f"\n## {name}")
             start = time.perf_counter()
-            rows += importlib.import_module(f"bench.{name}").main()
+            rows += _run_section(name, full)
             seconds[name] = time.perf_counter() - start
             print(f"({name}: {seconds[name]:.1f} s)")
             bar.update()
@@ -221,7 +236,7 @@ def main(argv: Sequence[str]) -> None:
     start = time.perf_counter()
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {jax.default_backend()} ({device}), {mode} sizes")
-    rows, section_s = run_sections(args.chosen)
+    rows, section_s = run_sections(args.chosen, full=mode == "full")
     wall = time.perf_counter() - start
     print(f"\n## summary ({mode} sizes, base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ntotal wall time {wall:.1f} s")

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.report import FWD_BWD_FLOP_FACTOR as REPORT_FACTORS
 from bench.report import BenchRow
 from bench.timing import jit_with_grads, repeat_seconds
 from jax_bridge.attention.api import varlen_attention
@@ -33,7 +34,7 @@ NUM_HEADS = 2  # the dense baseline holds several [heads, 8192, 8192] f32 arrays
 HEAD_DIM = 64
 REPEATS = 3
 TOLERANCE = 1e-4  # max abs error / max abs value, float32 (summation order only)
-FWD_BWD_FLOP_FACTOR = 3.5  # bench/report.py: the backward counts 2.5x the forward
+FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["attention"]  # bench/report.py
 
 
 def _inputs(doc_len: int):

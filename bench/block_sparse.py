@@ -11,7 +11,7 @@
    `varlen_attention(implementation="xla")` too. Every row checks its output and
    gradients against the dense result.
 On a GPU, part 2 is bench/block_sparse_gpu.py instead: the Triton kernels in bfloat16 at
-8k / 16k / 32k tokens against dense masked attention, cuDNN and our varlen kernels.
+16k tokens against cuDNN, PyTorch's SDPA and FlexAttention (bench/gpu_rows.py).
 Rows carry the useful FLOPs: 4 * head_dim per allowed (query, key) pair and head, times
 3.5 for forward + backward (bench/report.py).
 """
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench.report import BenchRow
+from bench.report import FWD_BWD_FLOP_FACTOR, BenchRow
 from bench.timing import jit_with_grads, relative_errors, repeat_seconds
 from jax_bridge import block_sparse_attention, varlen_attention
 from jax_bridge.block_sparse.masks import block_counts
@@ -118,7 +118,7 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
         for m, f in methods.items()
     }
     allowed = float(np.count_nonzero(dense))
-    flops = 3.5 * 4 * HEAD_DIM * HEADS * allowed
+    flops = FWD_BWD_FLOP_FACTOR["attention"] * 4 * HEAD_DIM * HEADS * allowed
     shape = f"{q.shape[1]} tok h{HEADS} d{HEAD_DIM} {name} f32"
     rows = []
     for baseline in [m for m in methods if m != "ours"]:
@@ -151,7 +151,7 @@ def main() -> list[BenchRow]:
     if jax.default_backend() == "gpu":
         from bench import block_sparse_gpu
 
-        return block_sparse_gpu.main(masks, document_starts)
+        return block_sparse_gpu.main()
     rng = np.random.default_rng(0)
     shape = (1, TIMED_TOKENS, HEADS, HEAD_DIM)
     q, k, v, d_out = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))

@@ -15,7 +15,7 @@ On a CPU the D devices are fake (`--xla_force_host_platform_device_count`) and s
 same cores, so the sharded rows measure the overhead of the sharded program, not a
 speed-up. This module never sets XLA_FLAGS (JAX may already be running): with fewer than
 2 devices the sharded rows are skipped, with a note and a row that says so. Quick by
-default (a few seconds); GMM_BENCH_FULL=1 runs 8192 tokens.
+default (a few seconds); `--full` runs 8192 tokens.
 
 Rows carry the block's useful FLOPs (`block_flops`: router and the two expert matmuls of
 the routed copies, forward + backward = 3x the forward), the same for every dispatch.
@@ -27,7 +27,6 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m bench.expert_parall
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 
@@ -171,10 +170,10 @@ def _row(timed: dict, name: str, baseline: str, shape: str, backend: str, tokens
     )
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the timings; returns the single-device row and the sharded rows (or a
-    skipped row when JAX has one device)."""
-    tokens = FULL_TOKENS if os.environ.get("GMM_BENCH_FULL") == "1" else QUICK_TOKENS
+    skipped row when JAX has one device). `full`: 8192 tokens (`python -m bench --full`)."""
+    tokens = FULL_TOKENS if full else QUICK_TOKENS
     params = init_moe_params(jax.random.key(0), hidden=HIDDEN, ffn=FFN, num_experts=EXPERTS)
     x = jax.random.normal(jax.random.key(1), (tokens, HIDDEN), jnp.float32)
     shape = f"T{tokens} h{HIDDEN} f{FFN} E{EXPERTS} k{TOP_K} f32"

@@ -5,22 +5,23 @@ CPU: our XLA path (`grouped_matmul(implementation="xla")`, the tile loop of
 per-group loop (one jitted `lhs[rows] @ rhs[g]` per group, sizes static): 8192 tokens
 over 64, 16 and 8 experts, float32; times are medians. XLA's CPU backend runs
 `ragged_dot` as a dense product per group (num_groups times the FLOPs), so it is timed
-with one repeat only, and at the issue's k=2048, n=1408 (GMM_BENCH_FULL=1, several
+with one repeat only, and at the issue's k=2048, n=1408 (`--full`, several
 minutes) only forward. By default k and n are cut to 512 and 352 (same tokens, experts
 and aspect).
 
-GPU (when present): TFLOP/s of the Triton kernels against `jax.lax.ragged_dot` at the
-full shape in bfloat16.
+GPU (when present): the Triton kernels in bfloat16 at m8192 k2048 n1408 G64 and m32768
+k4096 n2048 G32 against `jax.lax.ragged_dot`, a dense matmul of the same FLOPs (cuBLAS,
+the roofline) and `torch._grouped_mm` where PyTorch imports (bench/gpu_rows.py, timed by
+bench/runner.py).
 
 Rows carry the useful FLOPs (2 m k n forward over the m routed rows, 3x that forward +
 backward; bench/report.py) and `params["num_groups"]` for `python -m bench --plot`.
 
-Run with `python -m bench grouped_matmul` (GMM_BENCH_FULL=1 for the full CPU shape).
+Run with `python -m bench grouped_matmul` (`--full` for the full CPU shape).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -29,13 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.report import FWD_BWD_FLOP_FACTOR as REPORT_FACTORS
 from bench.report import BenchRow
 from jax_bridge.grouped_matmul.api import grouped_matmul
 
 M, K, N, GROUPS = 8192, 2048, 1408, 64
 CPU_K, CPU_N = 512, 352
 CPU_GROUPS = (64, 16, 8)  # three group counts: time against groups in --plot
-FWD_BWD_FLOP_FACTOR = 3  # the backward is two products of the forward's size (dlhs, drhs)
+FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["matmul"]  # bench/report.py
 # float32 results of ours and of the dense loop differ by summation order only.
 RELATIVE_TOLERANCE = 1e-5
 
@@ -57,19 +59,6 @@ def useful_flops(sizes: np.ndarray, k: int, n: int) -> float:
 def _params(sizes: np.ndarray, k: int, n: int) -> dict[str, int]:
     """The row's sizes for plots (Python ints: JSON-ready)."""
     return {"num_groups": len(sizes), "m": int(sizes.sum()), "k": k, "n": n}
-
-
-def _seconds(fn: Callable, *args, repeats: int) -> tuple[float, tuple[float, ...], object]:
-    """(first call incl. compile, the `repeats` later calls' times, the result)."""
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return first, tuple(times), result
 
 
 def _per_group_loop(sizes: tuple[int, ...]) -> Callable:
@@ -186,53 +175,19 @@ def _relative_difference(results: dict[str, tuple]) -> float:
     )
 
 
-def _gpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
-    """Prints TFLOP/s of the Triton kernels and ragged_dot; returns one row per pass."""
-    host_sizes = _group_sizes(m, groups)
-    sizes = jnp.asarray(host_sizes)
-    rng = np.random.default_rng(1)
-    lhs = jnp.asarray(rng.standard_normal((m, k), np.float32), jnp.bfloat16)
-    rhs = jnp.asarray(rng.standard_normal((groups, k, n), np.float32) / np.sqrt(k), jnp.bfloat16)
-    methods = {
-        "ours (triton)": lambda a, b: grouped_matmul(a, b, sizes, implementation="triton"),
-        "ragged_dot": lambda a, b: jax.lax.ragged_dot(
-            a, b, sizes, preferred_element_type=jnp.float32
-        ),
-    }
-    flops = useful_flops(host_sizes, k, n)
-    print(f"grouped_matmul GPU bfloat16: m={m} k={k} n={n}, {groups} groups")
-    rows = []
-    passes = (("forward", jax.jit, flops), ("fwd+bwd", _loss_grad, FWD_BWD_FLOP_FACTOR * flops))
-    for label, make, work in passes:
-        tflops, times = {}, {}
-        for name, f in methods.items():
-            _, times[name], _ = _seconds(make(f), lhs, rhs, repeats=20)
-            median = statistics.median(times[name])
-            tflops[name] = work / median / 1e12
-            print(f"  {label} {name:<13} {median * 1e3:8.3f} ms  {tflops[name]:6.1f} TFLOP/s")
-        ratio = tflops["ours (triton)"] / tflops["ragged_dot"]
-        print(f"  {label} ours/ragged_dot throughput = {ratio:.2f}x")
-        rows.append(
-            BenchRow(
-                "grouped_matmul",
-                f"grouped_matmul {label}",
-                f"m{m} k{k} n{n} G{groups} bf16",
-                f"{jax.default_backend()} triton",
-                times["ours (triton)"],
-                "ragged_dot",
-                times["ragged_dot"],
-                flops=work,
-                params=_params(host_sizes, k, n),
-            )
-        )
-    return rows
+def _gpu() -> list[BenchRow]:
+    """The GPU rows of bench/gpu_rows.py through bench/runner.py: ours against ragged_dot,
+    the dense matmul of the same FLOPs and (with PyTorch) torch._grouped_mm."""
+    from bench import gpu_rows
+    from bench.runner import Timing, run_cases
+
+    return run_cases(gpu_rows.matmul_cases(gpu_rows.Sizes.gpu()), Timing())
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the table; returns its rows (the CPU ones carry the check against the loop)."""
     if jax.default_backend() in ("cuda", "rocm", "gpu"):
-        return _gpu(M, K, N, GROUPS)
-    full = os.environ.get("GMM_BENCH_FULL") == "1"
+        return _gpu()
     k, n = (K, N) if full else (CPU_K, CPU_N)
     return [f for groups in CPU_GROUPS for f in _cpu(M, k, n, groups, full=full)]
 

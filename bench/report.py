@@ -30,6 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Forward + backward counts this many forwards (the module docstring's conventions). The one
+# definition: the sections and bench/runner.py read it from here.
+FWD_BWD_FLOP_FACTOR = {"attention": 3.5, "matmul": 3.0}
+
 # Each row takes two lines, so that the table fits ~120 columns (TABLE_WIDTH) whatever the
 # baseline's name: the figures on the first, under these headers; the shape and the baseline
 # (name and median time) on an indented second line. `--json` keeps every figure.
@@ -218,11 +222,38 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def source_commit() -> str | None:
+    """The checkout's commit (with "-dirty" where tracked files differ from it), or
+    $BENCH_COMMIT where there is no git repository (a copy of the working tree)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("BENCH_COMMIT")
+    if head.returncode != 0:
+        return os.environ.get("BENCH_COMMIT")
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def machine_description(flags: dict[str, Any]) -> dict[str, Any]:
-    """Versions, backend, device and host of this run, with the command-line flags."""
+    """Versions, backend, device and host of this run, its commit, the command-line flags."""
     import jax
 
+    cuda_plugin = next(
+        (v for d in ("jax-cuda13-plugin", "jax-cuda12-plugin") if (v := _version(d))), None
+    )
     return {
+        "commit": source_commit(),
+        "torch": _version("torch"),
+        "jax_cuda_plugin": cuda_plugin,
         "python": platform.python_version(),
         "jax": jax.__version__,
         "jaxlib": _version("jaxlib"),

@@ -34,7 +34,7 @@ XLA_FLAGS (JAX may already be running). Every ring configuration compiles for 3-
 (forward) or 14-18 s (forward + backward, load-balanced) on a CPU, so the quick default
 (seq 1024) times at the largest R (8) the forward of both layouts and the load-balanced
 forward + backward, and at R = 2 the contiguous forward only; bytes and balance are
-reported for every R. GMM_BENCH_FULL=1 (or `--full`) uses seq 4096 and times every R
+reported for every R. `python -m bench --full` uses seq 4096 and times every R
 and both layouts in both directions (many minutes on a CPU).
 
 Timed rows carry the useful FLOPs of the whole sequence (`_Bench.forward_flops`: allowed
@@ -61,6 +61,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from bench.report import FWD_BWD_FLOP_FACTOR as REPORT_FACTORS
 from bench.report import BenchRow
 from bench.timing import repeat_seconds
 from jax_bridge import flash_attention, reorder_sequence
@@ -79,7 +80,7 @@ LAYOUTS = ("contiguous", "load_balanced")
 OUTPUT_TOLERANCE = 1e-4  # max abs difference (outputs are O(1))
 GRAD_TOLERANCE = 1e-4  # max abs difference / max |reference gradient|
 KIB = 2**10
-FWD_BWD_FLOP_FACTOR = 3.5  # bench/report.py: the backward counts 2.5x the forward
+FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["attention"]  # bench/report.py
 
 
 # ------------------------------------------------------------------------- inputs
@@ -482,10 +483,9 @@ def _timed_rows(bench: _Bench, ring_size: int, plan: dict, stats: dict) -> list[
     return rows
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the bytes, balance and timing tables; returns their rows (a skipped row
-    for ring sizes above the device count)."""
-    full = os.environ.get("GMM_BENCH_FULL") == "1" or "--full" in sys.argv[1:]
+    for ring sizes above the device count). `full`: `python -m bench --full`'s sizes."""
     seq = FULL_SEQ if full else QUICK_SEQ
     devices = len(jax.devices())
     sizes = [r for r in RING_SIZES if r <= devices]
@@ -533,4 +533,4 @@ def main() -> list[BenchRow]:
 if __name__ == "__main__":
     from bench.report import format_table
 
-    print(format_table(main()))
+    print(format_table(main(full="--full" in sys.argv[1:])))

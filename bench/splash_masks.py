@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -262,9 +261,9 @@ def goal_row() -> tuple[BenchRow, str]:
     return row, line
 
 
-def main() -> list[BenchRow]:
-    """Prints the mask table; returns a row per (mask, size, block, function)."""
-    full = os.environ.get("GMM_BENCH_FULL") == "1"
+def main(*, full: bool = False) -> list[BenchRow]:
+    """Prints the mask table; returns a row per (mask, size, block, function); `full`:
+    JAX's planner up to the largest size too (`python -m bench --full`)."""
     planner = JaxPlanner(max_size=max(SIZES) if full else QUICK_JAX_MAX_SIZE)
     # Warm-up: the first call of either library pays for imports and numpy set-up.
     warm = make_case("causal", 1024, 128)

@@ -33,19 +33,15 @@ def test_timed_rows_check_ours_against_every_baseline(name, monkeypatch):
     assert all(row.ok and row.times and row.baseline_times for row in rows)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_gpu_rows_check_triton_against_each_baseline_that_runs(monkeypatch):
-    # Through Triton's interpreter at a toy size: no cuDNN here, so the rows are the
-    # dense XLA baseline and, for the documents, our varlen kernels.
-    from bench import block_sparse_gpu
+def test_gpu_section_runs_the_block_sparse_cases(monkeypatch):
+    # The cases run in tests/test_bench_gpu_check.py; the section hands over all four.
+    from bench import block_sparse_gpu, gpu_rows
 
-    monkeypatch.setattr(block_sparse_gpu, "TOKENS", (64,))
-    monkeypatch.setattr(block_sparse_gpu, "HEADS", 1)
-    monkeypatch.setattr(block_sparse_gpu, "HEAD_DIM", 16)
-    monkeypatch.setattr(block_sparse_gpu, "REPEATS", 1)
-    monkeypatch.setattr(block_sparse_gpu, "MASKS", ("causal", "16 documents"))
-    rows = block_sparse_gpu.main(block_sparse.masks, block_sparse.document_starts)
-    assert [row.baseline for row in rows] == ["dense xla", "dense xla", "varlen triton"]
-    assert all(row.ok and row.times and row.baseline_times for row in rows)
+    seen = []
+    monkeypatch.setattr(block_sparse_gpu, "run_cases", lambda cases, _: seen.append(cases) or [])
+    block_sparse_gpu.main(gpu_rows.Sizes.tiny())
+    assert [c.key for c in seen[0]] == [
+        "64 tok causal", "64 tok window 16", "64 tok 16 documents", "64 tok random 50%"
+    ]  # fmt: skip
     causal_pairs = 64 * 65 / 2
-    assert rows[0].flops == 3.5 * 4 * 16 * 1 * causal_pairs
+    assert seen[0][0].flops("fwd+bwd") == 3.5 * 4 * 16 * 2 * causal_pairs

@@ -217,7 +217,7 @@ def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
 
 
 def test_subcommands_are_not_sections() -> None:
-    expected = {"report", "tune", "aot", "train", "train-at-scale"}
+    expected = {"report", "tune", "aot", "train", "train-at-scale", "gpu-check"}
     assert set(SUBCOMMANDS) == expected and not set(SUBCOMMANDS) & set(SECTIONS)
 
 
@@ -283,3 +283,24 @@ def test_kernel_report_lists_every_kernel_with_the_proxy(tmp_path: Path, capsys)
             assert row["mma_kind"] == "HGMMA" and row["instructions_per_mflop"] > 0
     grid = document["grid"]
     assert grid["grid_now"] <= grid["real_tiles"] <= grid["tile_rows"] < grid["grid_before"]
+
+
+def test_full_reaches_the_sections_that_have_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--full is an argument of the sections' main (not an environment variable they read);
+    sections without sizes are called without it."""
+    calls = []
+    sized, plain = types.ModuleType("bench.sized"), types.ModuleType("bench.plain")
+    sized.main = lambda *, full=False: calls.append(("sized", full)) or []
+    plain.main = lambda: calls.append(("plain", None)) or []
+    monkeypatch.setitem(sys.modules, "bench.sized", sized)
+    monkeypatch.setitem(sys.modules, "bench.plain", plain)
+    monkeypatch.delenv("GMM_BENCH_FULL", raising=False)
+    for argv in (["--full"], [], ["--quick"]):
+        mode = cli._apply_size(cli.parse_args([*argv, "host_layer"]))
+        cli.run_sections(["sized", "plain"], full=mode == "full")
+    assert calls == [("sized", True), ("plain", None), ("sized", False), ("plain", None)] * 1 + [
+        ("sized", False), ("plain", None)
+    ]  # fmt: skip
+    monkeypatch.setenv("GMM_BENCH_FULL", "1")
+    assert cli._apply_size(cli.parse_args(["host_layer"])) == "full"
+    assert cli._apply_size(cli.parse_args(["--quick", "host_layer"])) == "quick"

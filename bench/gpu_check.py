@@ -1,0 +1,177 @@
+"""`python -m bench gpu-check`: the GPU rows with their anchors, JSON, a per-kernel profile.
+
+    python -m bench gpu-check [--dry-run] [--rows KEY ...] [--json PATH] [--budget-s S]
+                              [--no-torch]
+    python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
+    python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
+
+Runs every case of bench/gpu_rows.py through bench/runner.py (back-to-back timing, one
+sync per repeat; fwd+bwd returns the output with the gradients; every anchor checked
+against ours) and prints one table; `--json` writes the rows with the machine, versions
+and commit (bench/results/ keeps the files the README's figures come from). `--dry-run`
+runs the same rows at toy sizes on whatever JAX has (on a CPU: Triton's interpreter, XLA's
+attention standing in for cuDNN, no PyTorch), one call each: the check that the code runs.
+bench/gpu_check.sh is the whole device check: this, one ncu profile and the GPU tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.report import BenchRow, format_table, machine_description, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench gpu-check", description=__doc__)
+    parser.add_argument("--dry-run", action="store_true", help="toy sizes, one call each")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=[],
+        metavar="KEY",
+        help="only the cases whose key contains one of these",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip the remaining cases past this many seconds",
+    )
+    parser.add_argument("--no-torch", action="store_true", help="leave PyTorch's anchors out")
+    parser.add_argument(
+        "--profile",
+        metavar="KEY",
+        help="ours alone on the first case matching KEY, 3 calls (for ncu)",
+    )
+    parser.add_argument(
+        "--ncu-summary",
+        type=Path,
+        metavar="FILE",
+        help="summarise an ncu --print-summary per-kernel text file",
+    )
+    return parser
+
+
+def our_kernel_names() -> frozenset[str]:
+    """The names of the package's Triton kernels (`@triton.jit` functions in
+    triton_kernels/ whose names end in `_kernel`): what a profile counts as ours."""
+    names = set()
+    for path in (REPO / "triton_kernels").rglob("*.py"):
+        names |= set(re.findall(r"@triton\.jit[^\n]*\n\s*def (\w+_kernel)\b", path.read_text()))
+    return frozenset(names)
+
+
+_TIME = re.compile(r"^\s*gpu__time_duration\.sum\s+(\w+)\s+([\d.,]+)(?:\s+([\d.,]+)\s+([\d.,]+))?")
+_UNIT = {
+    "ns": 1e-9,
+    "nsecond": 1e-9,
+    "us": 1e-6,
+    "usecond": 1e-6,
+    "ms": 1e-3,
+    "msecond": 1e-3,
+    "s": 1.0,
+    "second": 1.0,
+}
+
+
+def parse_ncu_summary(text: str) -> dict[str, float]:
+    """{kernel name: average seconds per launch} from `ncu --print-summary per-kernel`
+    text: each kernel's block starts with its name line (the one naming its Context and
+    Stream), and its `gpu__time_duration.sum` line gives the unit and (min, max, average)
+    or one value."""
+    kernels, name = {}, None
+    for line in text.splitlines():
+        match = _TIME.match(line)
+        if match and name is not None:
+            values = [v for v in match.groups()[1:] if v is not None]
+            kernels[name] = float(values[-1].replace(",", "")) * _UNIT.get(match[1], 1e-9)
+        elif ", Context " in line:  # "  kernel_name (grid)x(block), Context 1, Stream ..."
+            name = line.split(" (")[0].strip()
+    return kernels
+
+
+def summarise_ncu(kernels: dict[str, float], ours: frozenset[str]) -> str:
+    """Lines: each kernel's average time per launch, ours marked, and the split."""
+    mine = {n: t for n, t in kernels.items() if any(o in n for o in ours)}
+    rest = {n: t for n, t in kernels.items() if n not in mine}
+    lines = [
+        f"{'ours' if n in mine else 'xla ':4s} {t * 1e6:10.1f} us  {n[:100]}"
+        for n, t in sorted(kernels.items(), key=lambda kv: -kv[1])
+    ]
+    total = sum(kernels.values()) or 1.0
+    lines.append(
+        f"our kernels {sum(mine.values()) * 1e6:.1f} us ({sum(mine.values()) / total:.0%}), "
+        f"other kernels {sum(rest.values()) * 1e6:.1f} us, per launch of each"
+    )
+    return "\n".join(lines)
+
+
+def _select(cases, keys: Sequence[str]):
+    return [c for c in cases if not keys or any(k in c.key for k in keys)]
+
+
+def _saver(args: argparse.Namespace, start: float):
+    """Writes the rows so far to --json (None without it): a killed run keeps them."""
+    if args.json is None:
+        return None
+    flags = {"mode": "dry-run" if args.dry_run else "gpu-check", "rows": args.rows}
+    machine = machine_description(flags)
+
+    def save(rows: list[BenchRow]) -> None:
+        write_json(args.json, rows, machine, time.perf_counter() - start)
+
+    return save
+
+
+def run(args: argparse.Namespace) -> list[BenchRow]:
+    """The rows of the chosen cases (ours alone on one case under --profile)."""
+    import jax
+
+    from bench import gpu_rows
+    from bench.runner import Timing, run_cases
+
+    gpu_rows.USE_TORCH = not args.no_torch
+    on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
+    sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
+    quick = args.dry_run or not on_gpu
+    timing = Timing(repeats=1, calls=1) if quick else Timing()
+    chosen = _select(gpu_rows.cases(sizes), [args.profile] if args.profile else args.rows)
+    if args.profile:
+        if not chosen:
+            raise SystemExit(f"gpu-check --profile: no case matches {args.profile!r}")
+        timing = Timing(repeats=1, calls=1)
+        return run_cases(chosen[:1], timing, anchors=False)
+    print(
+        f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "
+        f"{jax.devices()[0].device_kind}; torch anchors: {gpu_rows.torch_available()}"
+    )
+    save = _saver(args, time.perf_counter())
+    return run_cases(chosen, timing, budget_s=args.budget_s, on_rows=save)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs the check; 1 if a row's check failed, else 0."""
+    args = _parser().parse_args(argv)
+    if args.ncu_summary is not None:
+        print(summarise_ncu(parse_ncu_summary(args.ncu_summary.read_text()), our_kernel_names()))
+        return 0
+    start = time.perf_counter()
+    rows = run(args)
+    wall = time.perf_counter() - start
+    print(f"\n## gpu-check (base/ours > 1: ours is faster)\n{format_table(rows)}")
+    print(f"\ngpu-check wall time {wall:.1f} s")
+    if args.json is not None and not args.profile:
+        _saver(args, start)(rows)
+        print(f"wrote {args.json}")
+    failed = [f"{r.op} {r.shape} vs {r.baseline}" for r in rows if r.ok is False]
+    if failed:
+        print("failed checks:\n  " + "\n  ".join(failed))
+        return 1
+    return 0

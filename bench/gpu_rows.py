@@ -1,0 +1,557 @@
+"""The GPU rows as data: varlen and block-sparse attention, grouped matmul, their anchors.
+
+Every case is a `bench.runner.Case`; `cases(sizes)` lists them in run order. Anchors:
+
+* attention: JAX's cuDNN attention (`jax.nn.dot_product_attention(implementation="cudnn")`,
+  equal documents as a batch, mixed lengths as a padded batch with `query_seq_lengths`,
+  window masks with `local_window_size`, random block sparsity as a dense boolean mask);
+  where PyTorch imports, its SDPA with the flash and the cuDNN backends (rows it can
+  express: no mask, or causal) and compiled FlexAttention with the same mask as a
+  `mask_mod` on the packed tokens (`create_block_mask(mask_mod, 1, 1, T, T)`);
+* grouped matmul: `jax.lax.ragged_dot`, a dense matmul of the same FLOPs (cuBLAS: the
+  roofline; unchecked) and, with PyTorch, `torch._grouped_mm(a, b, offs=cumsum)`.
+
+`Sizes.gpu()` holds the issue's shapes (16384 tokens, 16 heads of 128, bfloat16);
+`Sizes.tiny()` the same rows at toy sizes for a CPU (Triton's interpreter; cuDNN and
+PyTorch then report themselves unavailable, and XLA's attention stands in for cuDNN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from bench.runner import Case, Impl
+
+# bfloat16 on both sides: probabilities and outputs rounded to 8 mantissa bits, so their
+# difference relative to the largest magnitude stays within a few units of 2^-8.
+ATTENTION_TOLERANCE = 3e-2
+# Grouped matmul accumulates in float32 on both sides; the output is float32, the
+# gradients bfloat16 (one rounding: 2^-8 relative).
+MATMUL_TOLERANCE = 2e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The sizes of every row; `gpu()` the issue's, `tiny()` a CPU's."""
+
+    tokens: int
+    heads: int
+    gqa_heads: tuple[int, int]  # (query heads, kv heads)
+    head_dim: int
+    equal_docs: tuple[int, ...]  # document lengths of the equal-document rows
+    mixed_docs: tuple[int, ...]  # the mixed-length row, longest first
+    window: int
+    block: int  # the random block-sparsity table's block
+    matmuls: tuple[tuple[int, int, int, int], ...]  # (m, k, n, groups)
+    attention_impl: str  # JAX's attention anchor: "cudnn" on a GPU
+
+    @classmethod
+    def gpu(cls) -> Sizes:
+        return cls(
+            16384, 16, (32, 8), 128, (1024, 4096, 16384), (7000, 4000, 2500, 1500, 900, 484),
+            1024, 128, ((8192, 2048, 1408, 64), (32768, 4096, 2048, 32)), "cudnn",
+        )  # fmt: skip
+
+    @classmethod
+    def tiny(cls) -> Sizes:
+        return cls(
+            64, 2, (4, 1), 16, (4, 16, 64), (28, 16, 10, 6, 4),
+            16, 16, ((64, 32, 16, 4),), "xla",
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """An attention pattern over packed tokens: documents `doc_lens` (tokens never attend
+    across them), causal or not, a causal window of `window` keys to the left, a random
+    table `keep[q // block, kv // block]` of kept blocks."""
+
+    doc_lens: tuple[int, ...]
+    causal: bool = True
+    window: int | None = None
+    keep: np.ndarray | None = dataclasses.field(default=None, compare=False)
+    block: int = 128
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.doc_lens)
+
+    @property
+    def equal_docs(self) -> bool:
+        return len(set(self.doc_lens)) == 1
+
+    def allowed_pairs(self) -> int:
+        """(query, key) pairs the pattern allows, counted per document."""
+        if self.keep is not None:  # one document, whole kept blocks
+            return int(self.keep.sum()) * self.block**2
+        if self.window is not None:  # one causal document: min(i, window) + 1 keys at row i
+            rows = np.arange(self.tokens)
+            return int(np.minimum(rows, self.window).sum() + self.tokens)
+        lens = np.asarray(self.doc_lens, np.int64)
+        return int((lens * (lens + 1) // 2).sum() if self.causal else (lens * lens).sum())
+
+    def cu_seqlens(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.doc_lens)]).astype(np.int32)
+
+
+def random_blocks(tokens: int, block: int, density: float = 0.5, seed: int = 0) -> np.ndarray:
+    """[tokens / block]^2 bool: each block kept with probability `density`, the diagonal
+    always (no query row left without keys)."""
+    blocks = tokens // block
+    keep = np.random.default_rng(seed).random((blocks, blocks)) < density
+    keep[np.arange(blocks), np.arange(blocks)] = True
+    return keep
+
+
+def _attention_inputs(tokens: int, q_heads: int, kv_heads: int, dim: int, seed: int):
+    def draw() -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        q, d_out = (rng.standard_normal((tokens, q_heads, dim), np.float32) for _ in range(2))
+        k, v = (rng.standard_normal((tokens, kv_heads, dim), np.float32) for _ in range(2))
+        return {"q": q, "k": k, "v": v, "d_out": d_out}
+
+    return draw
+
+
+# ------------------------------------------------------------------------------ JAX side
+
+
+def _jax_bf16(*arrays: np.ndarray):
+    import jax.numpy as jnp
+
+    return tuple(jnp.asarray(a, jnp.bfloat16) for a in arrays)
+
+
+def _to_numpy(tree) -> list[np.ndarray]:
+    import jax
+
+    return [np.asarray(x, np.float32) for x in jax.tree.leaves(tree)]
+
+
+def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
+    """Ours (packed [T, H, D]): out, then dq, dk, dv."""
+    return _to_numpy(result)
+
+
+def varlen_impl(spec: MaskSpec) -> Impl:
+    """Ours: the Triton varlen kernels on the packed documents."""
+    from jax_bridge import varlen_attention
+
+    def fn(q, k, v, cu):
+        return varlen_attention(q, k, v, cu, cu, causal=spec.causal, implementation="triton")
+
+    def prepare(host):
+        import jax.numpy as jnp
+
+        q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
+        return (q, k, v, jnp.asarray(spec.cu_seqlens())), d_out
+
+    return Impl("ours triton varlen", fn, prepare, _packed_canonical)
+
+
+def splash_mask(spec: MaskSpec):
+    """The `pallas_tpu.splash` mask of a one-sequence spec (block-sparse rows)."""
+    from pallas_tpu.splash import CausalMask, DocumentMask, LocalMask, PredicateMask
+
+    shape = (spec.tokens, spec.tokens)
+    if spec.keep is not None:
+        keep, block = spec.keep, spec.block
+        return PredicateMask(shape, lambda q, kv: keep[q // block, kv // block], name="random")
+    if spec.window is not None:
+        return LocalMask(shape, (spec.window, 0), 0)
+    if len(spec.doc_lens) > 1:
+        return DocumentMask(spec.cu_seqlens(), shape=shape, causal=spec.causal)
+    return CausalMask(shape)
+
+
+def block_sparse_impl(spec: MaskSpec) -> Impl:
+    """Ours: the Triton block-sparse kernels with the spec's splash mask."""
+    from jax_bridge import block_sparse_attention
+
+    mask = splash_mask(spec)
+
+    def fn(q, k, v):
+        return block_sparse_attention(q, k, v, mask, implementation="triton")
+
+    def prepare(host):
+        q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
+        return (q[None], k[None], v[None]), d_out[None]
+
+    return Impl("ours triton block-sparse", fn, prepare, lambda r, g: [x[0] for x in _to_numpy(r)])
+
+
+def _padded_index(spec: MaskSpec) -> tuple[np.ndarray, int]:
+    """Flat positions in a [docs, longest] padded batch of each packed token."""
+    longest = max(spec.doc_lens)
+    index = np.concatenate([d * longest + np.arange(n) for d, n in enumerate(spec.doc_lens)])
+    return index, longest
+
+
+def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
+    """JAX's `dot_product_attention` (cuDNN on a GPU) in the layout the pattern allows:
+    equal documents as a batch, unequal ones padded with `query_seq_lengths`, a window
+    with `local_window_size`, a random block table as a dense boolean mask."""
+    import jax
+    import jax.numpy as jnp
+
+    docs = len(spec.doc_lens)
+    index, longest = _padded_index(spec)
+    lengths = np.asarray(spec.doc_lens, np.int32)
+    window = None if spec.window is None else (spec.window, 0)
+
+    def batch(x):  # packed [T, H, D] -> [docs, longest, H, D]
+        if spec.equal_docs:
+            return x.reshape(docs, longest, *x.shape[1:])
+        padded = np.zeros((docs * longest, *x.shape[1:]), x.dtype)
+        padded[index] = x
+        return padded.reshape(docs, longest, *x.shape[1:])
+
+    def fn(q, k, v, lengths, mask):
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=spec.causal and mask is None,
+            query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+            local_window_size=window, implementation=implementation,
+        )  # fmt: skip
+
+    def prepare(host):
+        q, k, v, d_out = _jax_bf16(*(batch(host[n]) for n in ("q", "k", "v", "d_out")))
+        mask = None
+        if spec.keep is not None:
+            dense = np.kron(spec.keep, np.ones((spec.block, spec.block), bool))
+            mask = jnp.asarray(dense)[None, None]
+        seq = None if spec.equal_docs else jnp.asarray(lengths)
+        return (q, k, v, seq, mask), d_out
+
+    def canonical(result, grad):
+        return [x.reshape(docs * longest, *x.shape[2:])[index] for x in _to_numpy(result)]
+
+    return Impl(f"jax {implementation} attention", fn, prepare, canonical)
+
+
+# ---------------------------------------------------------------------------- torch side
+
+
+# False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
+# CUDA libraries clash with JAX's in one process).
+USE_TORCH = True
+
+
+def torch_available() -> bool:
+    """Whether PyTorch imports (the GPU machine has it; the project never installs it)."""
+    if not USE_TORCH:
+        return False
+    try:
+        import torch  # noqa: F401
+    except Exception:  # ImportError, or a broken install: no torch anchors either way
+        return False
+    return True
+
+
+def _torch_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_inputs(host, layout: Callable, *, diff: int = 3):
+    """bfloat16 tensors in `layout` of q, k, v (gradients on), d_out."""
+    import torch
+
+    tensors = []
+    for i, name in enumerate(("q", "k", "v", "d_out")):
+        t = torch.from_numpy(layout(host[name])).to(_torch_device(), torch.bfloat16)
+        tensors.append(t.requires_grad_(i < diff))
+    return tuple(tensors[:3]), tensors[3]
+
+
+def _torch_numpy(result, grad: bool, unlayout: Callable) -> list[np.ndarray]:
+    outs = [result[0], *result[1]] if grad else [result]
+    return [unlayout(t.detach().float().cpu().numpy()) for t in outs]
+
+
+def sdpa_impl(spec: MaskSpec, backend: str) -> Impl:
+    """PyTorch SDPA restricted to one backend (FLASH_ATTENTION or CUDNN_ATTENTION), equal
+    documents as a batch [docs, H, L, D]; GQA through `enable_gqa`."""
+    docs, length = len(spec.doc_lens), spec.doc_lens[0]
+
+    def layout(x):  # [T, H, D] -> [docs, H, L, D]
+        return np.ascontiguousarray(x.reshape(docs, length, *x.shape[1:]).transpose(0, 2, 1, 3))
+
+    def unlayout(x):
+        return x.transpose(0, 2, 1, 3).reshape(docs * length, *x.shape[1:2], x.shape[3])
+
+    def fn(q, k, v):
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=spec.causal, enable_gqa=q.shape[1] != k.shape[1]
+            )
+
+    return Impl(
+        f"torch sdpa {backend.split('_')[0].lower()}",
+        fn,
+        lambda host: _torch_inputs(host, layout),
+        lambda r, g: _torch_numpy(r, g, unlayout),
+        framework="torch",
+    )
+
+
+@functools.cache
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def flex_mask_mod(spec: MaskSpec, device: str):
+    """FlexAttention's mask_mod of the spec on the packed tokens."""
+    import torch
+
+    doc = torch.as_tensor(np.repeat(np.arange(len(spec.doc_lens)), spec.doc_lens), device=device)
+    keep = None if spec.keep is None else torch.as_tensor(spec.keep, device=device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        allowed = doc[q_idx] == doc[kv_idx]
+        if spec.causal:
+            allowed = allowed & (q_idx >= kv_idx)
+        if spec.window is not None:
+            allowed = allowed & (q_idx - kv_idx <= spec.window)
+        if keep is not None:
+            allowed = allowed & keep[q_idx // spec.block, kv_idx // spec.block]
+        return allowed
+
+    return mask_mod
+
+
+def flex_impl(spec: MaskSpec) -> Impl:
+    """Compiled FlexAttention on the packed tokens [1, H, T, D] with the spec's block mask."""
+    state = {}
+
+    def layout(x):  # [T, H, D] -> [1, H, T, D]
+        return np.ascontiguousarray(x.transpose(1, 0, 2)[None])
+
+    def unlayout(x):
+        return x[0].transpose(1, 0, 2)
+
+    def prepare(host):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device = _torch_device()
+        tokens = spec.tokens
+        state["mask"] = create_block_mask(
+            flex_mask_mod(spec, device), 1, 1, tokens, tokens, device=device
+        )
+        return _torch_inputs(host, layout)
+
+    def fn(q, k, v):
+        gqa = q.shape[1] != k.shape[1]
+        return _compiled_flex()(q, k, v, block_mask=state["mask"], enable_gqa=gqa)
+
+    return Impl(
+        "torch flex_attention", fn, prepare, lambda r, g: _torch_numpy(r, g, unlayout),
+        framework="torch",
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- matmul
+
+
+def group_sizes(m: int, groups: int, seed: int = 0) -> np.ndarray:
+    """Uneven routing: Dirichlet popularity, a sixteenth of the experts empty; sums to m."""
+    rng = np.random.default_rng(seed)
+    weights = rng.dirichlet(np.full(groups, 0.7))
+    weights[rng.choice(groups, size=groups // 16, replace=False)] = 0.0
+    return rng.multinomial(m, weights / weights.sum()).astype(np.int32)
+
+
+def _matmul_inputs(m: int, k: int, n: int, groups: int):
+    def draw() -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(1)
+        return {
+            "lhs": rng.standard_normal((m, k), np.float32),
+            "rhs": rng.standard_normal((groups, k, n), np.float32) / np.sqrt(k),
+            "d_out": rng.standard_normal((m, n), np.float32),
+            "sizes": group_sizes(m, groups),
+        }
+
+    return draw
+
+
+def _gmm_jax(fn: Callable, name: str) -> Impl:
+    def prepare(host):
+        import jax.numpy as jnp
+
+        lhs, rhs = _jax_bf16(host["lhs"], host["rhs"])
+        return (lhs, rhs, jnp.asarray(host["sizes"])), jnp.asarray(host["d_out"])
+
+    return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
+
+
+def grouped_matmul_impl() -> Impl:
+    from jax_bridge import grouped_matmul
+
+    return _gmm_jax(lambda a, b, s: grouped_matmul(a, b, s, implementation="triton"), "ours triton")
+
+
+def ragged_dot_impl() -> Impl:
+    import jax
+    import jax.numpy as jnp
+
+    return _gmm_jax(
+        lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=jnp.float32),
+        "jax ragged_dot",
+    )
+
+
+def dense_matmul_impl() -> Impl:
+    """[m, k] @ [k, n]: the FLOPs of the routed rows as one cuBLAS call (the roofline)."""
+    import jax.numpy as jnp
+
+    def prepare(host):
+        lhs, rhs = _jax_bf16(host["lhs"], host["rhs"][0])
+        return (lhs, rhs), jnp.asarray(host["d_out"])
+
+    def fn(a, b):
+        return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+    return Impl("dense matmul (roofline)", fn, prepare, None)
+
+
+def torch_grouped_mm_impl() -> Impl:
+    """`torch._grouped_mm(a, b, offs=cumsum(sizes) int32)`, float32 output cast."""
+
+    def prepare(host):
+        import torch
+
+        device = _torch_device()
+        lhs, rhs = (
+            torch.from_numpy(host[n]).to(device, torch.bfloat16).requires_grad_(True)
+            for n in ("lhs", "rhs")
+        )
+        offs = torch.from_numpy(np.cumsum(host["sizes"]).astype(np.int32)).to(device)
+        d_out = torch.from_numpy(host["d_out"]).to(device, torch.bfloat16)
+        return (lhs, rhs, offs), d_out
+
+    def fn(a, b, offs):
+        import torch
+
+        return torch._grouped_mm(a, b, offs=offs)
+
+    return Impl(
+        "torch _grouped_mm", fn, prepare, lambda r, g: _torch_numpy(r, g, lambda x: x),
+        framework="torch",
+    )  # fmt: skip
+
+
+# -------------------------------------------------------------------------------- cases
+
+
+def _attention_case(
+    section: str, op: str, key: str, spec: MaskSpec, heads: tuple[int, int], sizes: Sizes,
+    ours: Impl, torch_anchors: list[Impl],
+) -> Case:  # fmt: skip
+    q_heads, kv_heads = heads
+    shape = (
+        f"{key} h{q_heads}" + (f"/{kv_heads}kv" if kv_heads != q_heads else "")
+        + f" d{sizes.head_dim} bf16"
+    )  # fmt: skip
+    anchors = [jax_attention_impl(spec, sizes.attention_impl)]
+    if torch_available():
+        anchors += [*torch_anchors, flex_impl(spec)]
+    return Case(
+        section, op, key, shape, "attention",
+        4.0 * sizes.head_dim * q_heads * spec.allowed_pairs(),
+        _attention_inputs(spec.tokens, q_heads, kv_heads, sizes.head_dim, seed=len(key)),
+        ours, tuple(anchors), ATTENTION_TOLERANCE, 3,
+        {"seq_len": max(spec.doc_lens), "total_tokens": spec.tokens},
+    )  # fmt: skip
+
+
+def _sdpa(spec: MaskSpec) -> list[Impl]:
+    return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
+
+
+def varlen_cases(sizes: Sizes) -> list[Case]:
+    """16 docs x 1024, 4 x 4096, 1 x 16384 causal; 4 x 4096 not causal; 4 x 4096 GQA; the
+    mixed lengths (padded cuDNN; no SDPA, which has no ragged batch)."""
+    t, heads = sizes.tokens, (sizes.heads, sizes.heads)
+    rows = [(f"{t // n}x{n} causal", MaskSpec((n,) * (t // n)), heads) for n in sizes.equal_docs]
+    mid = sizes.equal_docs[1]
+    rows += [
+        (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
+        (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
+    ]
+    cases = [
+        _attention_case("attention", "varlen_attention", key, spec, h, sizes,
+                        varlen_impl(spec), _sdpa(spec))
+        for key, spec, h in rows
+    ]  # fmt: skip
+    mixed = MaskSpec(sizes.mixed_docs)
+    key = f"mixed {sizes.mixed_docs[0]}..{sizes.mixed_docs[-1]} causal"
+    cases.append(
+        _attention_case("attention", "varlen_attention", key, mixed, heads, sizes,
+                        varlen_impl(mixed), [])
+    )  # fmt: skip
+    return cases
+
+
+def block_sparse_cases(sizes: Sizes) -> list[Case]:
+    """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks."""
+    t, heads = sizes.tokens, (sizes.heads, sizes.heads)
+    specs = {
+        "causal": (MaskSpec((t,)), True),
+        f"window {sizes.window}": (MaskSpec((t,), window=sizes.window), False),
+        "16 documents": (MaskSpec((t // 16,) * 16), True),
+        "random 50%": (
+            MaskSpec((t,), causal=False, keep=random_blocks(t, sizes.block), block=sizes.block),
+            False,
+        ),
+    }
+    return [
+        _attention_case("block_sparse", "block_sparse_attention", f"{t} tok {name}", spec, heads,
+                        sizes, block_sparse_impl(spec), _sdpa(spec) if sdpa else [])
+        for name, (spec, sdpa) in specs.items()
+    ]  # fmt: skip
+
+
+def matmul_cases(sizes: Sizes) -> list[Case]:
+    """Grouped matmul at each (m, k, n, groups): ragged_dot, the dense roofline, torch."""
+    cases = []
+    for m, k, n, groups in sizes.matmuls:
+        anchors = [ragged_dot_impl(), dense_matmul_impl()]
+        if torch_available():
+            anchors.append(torch_grouped_mm_impl())
+        cases.append(
+            Case(
+                "grouped_matmul", "grouped_matmul", f"m{m} G{groups}",
+                f"m{m} k{k} n{n} G{groups} bf16", "matmul", 2.0 * m * k * n,
+                _matmul_inputs(m, k, n, groups), grouped_matmul_impl(), tuple(anchors),
+                MATMUL_TOLERANCE, 2, {"num_groups": groups, "m": m, "k": k, "n": n},
+            )
+        )  # fmt: skip
+    return cases
+
+
+# Run order: each op's first row early (a GPU check may run out of time), then the rest.
+ORDER = (
+    "16x1024 causal", "m8192 G64", "tok causal", "4x4096 causal", "tok 16 documents", "mixed",
+    "causal GQA", "1x16384 causal", "tok window", "tok random", "not causal", "m32768 G32",
+)  # fmt: skip
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    """Every GPU row, in `ORDER` at the GPU sizes (declaration order otherwise: varlen,
+    block-sparse, grouped matmul)."""
+    found = [*varlen_cases(sizes), *block_sparse_cases(sizes), *matmul_cases(sizes)]
+
+    def rank(case: Case) -> int:
+        return next((i for i, key in enumerate(ORDER) if key in case.key), len(ORDER))
+
+    return sorted(found, key=rank)

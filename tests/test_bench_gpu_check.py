@@ -1,0 +1,196 @@
+"""The GPU rows' runner (bench/runner.py), their declarations (bench/gpu_rows.py) and
+`python -m bench gpu-check` (bench/gpu_check.py), run here at toy sizes through Triton's
+interpreter; cuDNN and PyTorch are absent, so XLA's attention stands in for cuDNN."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench import gpu_check, gpu_rows, runner
+from bench.report import FWD_BWD_FLOP_FACTOR
+
+
+class FakeClock:
+    """perf_counter advancing 1 ms per queued call and 5 ms per sync (a host round trip)."""
+
+    def __init__(self):
+        self.now, self.syncs, self.calls = 0.0, 0, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def fn(self, x):
+        self.calls += 1
+        self.now += 1e-3
+        return x
+
+    def sync(self, _):
+        self.syncs += 1
+        self.now += 5e-3
+
+
+def test_back_to_back_syncs_once_per_repeat(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
+    timing = runner.Timing(repeats=3, calls=10)
+    times, result, calls = runner.back_to_back_seconds(clock.fn, (7,), clock.sync, timing)
+    assert result == 7 and calls == 10
+    # Warm-up (1 call, 1 sync), then 3 repeats of 10 calls and one sync each.
+    assert clock.calls == 1 + 30 and clock.syncs == 1 + 3
+    # Per call: 1 ms of work + 5 ms of sync shared by 10 calls, not 6 ms.
+    assert times == pytest.approx((1.5e-3,) * 3)
+
+
+def test_back_to_back_sizes_repeats_to_the_target(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
+    timing = runner.Timing(repeats=2, target_s=0.06, max_calls=100)
+    _, _, calls = runner.back_to_back_seconds(clock.fn, (1,), clock.sync, timing)
+    assert calls == 10  # one synced call takes 6 ms: 10 fill 60 ms
+    timing = runner.Timing(repeats=2, target_s=10.0, max_calls=50)
+    assert runner.back_to_back_seconds(clock.fn, (1,), clock.sync, timing)[2] == 50
+
+
+def test_fwd_bwd_returns_the_output_with_the_gradients():
+    impl = runner.Impl("sq", lambda a, b: jnp.sin(a) * b, lambda h: ((), None), None)
+    fn = runner._jax_callable(impl, num_diff=1, grad=True)
+    a, b, d_out = (jnp.asarray(np.random.default_rng(i).standard_normal(5)) for i in range(3))
+    out, (da,) = fn(a, b, d_out)
+    np.testing.assert_allclose(out, np.sin(a) * b, rtol=1e-6)
+    np.testing.assert_allclose(da, np.cos(a) * b * d_out, rtol=1e-6)
+
+
+def _dense(spec: gpu_rows.MaskSpec) -> np.ndarray:
+    """The pattern as a [T, T] boolean array, element by element."""
+    doc = np.repeat(np.arange(len(spec.doc_lens)), spec.doc_lens)
+    q, kv = np.arange(spec.tokens)[:, None], np.arange(spec.tokens)[None, :]
+    allowed = doc[q] == doc[kv]
+    if spec.causal:
+        allowed &= q >= kv
+    if spec.window is not None:
+        allowed &= q - kv <= spec.window
+    if spec.keep is not None:
+        allowed &= spec.keep[q // spec.block, kv // spec.block]
+    return allowed
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=5),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_allowed_pairs_count_the_dense_pattern(doc_lens, causal, kind):
+    spec = gpu_rows.MaskSpec(tuple(doc_lens), causal=causal)
+    tokens = sum(doc_lens)
+    if kind == 1:  # one causal document with a window
+        spec = gpu_rows.MaskSpec((tokens,), window=doc_lens[0] % 7)
+    elif kind == 2 and tokens >= 4:  # one document, random blocks of 4
+        tokens -= tokens % 4
+        keep = gpu_rows.random_blocks(tokens, 4, seed=tokens)
+        spec = gpu_rows.MaskSpec((tokens,), causal=False, keep=keep, block=4)
+    assert spec.allowed_pairs() == int(_dense(spec).sum())
+
+
+def test_the_issue_rows_are_declared():
+    sizes = gpu_rows.Sizes.gpu()
+    assert sum(sizes.mixed_docs) == sizes.tokens == 16384
+    keys = [case.key for case in gpu_rows.cases(sizes)]
+    for key in (
+        "16x1024 causal", "4x4096 causal", "1x16384 causal", "4x4096 not causal",
+        "4x4096 causal GQA", "mixed 7000..484 causal", "16384 tok causal",
+        "16384 tok window 1024", "16384 tok 16 documents", "16384 tok random 50%",
+        "m8192 G64", "m32768 G32",
+    ):  # fmt: skip
+        assert key in keys, key
+    case = next(c for c in gpu_rows.cases(sizes) if c.key == "16x1024 causal")
+    assert case.forward_flops == 4 * 128 * 16 * 16 * 1024 * 1025 / 2
+    assert case.flops("fwd+bwd") == FWD_BWD_FLOP_FACTOR["attention"] * case.forward_flops
+    assert case.anchors[0].name == "jax cudnn attention"
+    matmul = next(c for c in gpu_rows.cases(sizes) if c.key == "m8192 G64")
+    assert matmul.flops("fwd+bwd") == 3 * 2 * 8192 * 2048 * 1408
+    assert [a.name for a in matmul.anchors][:2] == ["jax ragged_dot", "dense matmul (roofline)"]
+
+
+def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
+    monkeypatch.setattr(gpu_rows, "torch_available", lambda: False)
+    names = {a.name for c in gpu_rows.cases(gpu_rows.Sizes.gpu()) for a in c.anchors}
+    assert not any(name.startswith("torch") for name in names)
+    monkeypatch.setattr(gpu_rows, "torch_available", lambda: True)
+    names = {a.name for c in gpu_rows.cases(gpu_rows.Sizes.gpu()) for a in c.anchors}
+    assert {"torch sdpa flash", "torch sdpa cudnn", "torch flex_attention"} <= names
+    assert "torch _grouped_mm" in names
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
+    path = tmp_path / "results" / "dry.json"
+    rows = ["4x16 causal GQA", "mixed", "m64 G4", "64 tok random 50%"]
+    status = gpu_check.main(["--dry-run", "--rows", *rows, "--json", str(path)])
+    assert status == 0
+    document = json.loads(path.read_text())
+    assert {"commit", "torch", "jax_cuda_plugin"} <= document["machine"].keys()
+    found = document["rows"]
+    assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
+        "4x16 causal GQA", "mixed 28..4 causal", "m64 k32 n16 G4", "64 tok random 50%"
+    }  # fmt: skip
+    assert {r["baseline"] for r in found} == {
+        "jax xla attention", "jax ragged_dot", "dense matmul (roofline)"
+    }  # fmt: skip
+    for row in found:
+        assert row["times"] and row["baseline_times"]
+        # The dense matmul does other work than ours: its rows carry no check.
+        assert row["ok"] is (None if row["baseline"].startswith("dense") else True)
+    out = capsys.readouterr().out
+    assert "dq" in out and "dlhs" in out and "MISMATCH" not in out
+
+
+def test_ncu_summary_splits_our_kernels_from_the_rest():
+    text = """==PROF== Disconnected from process 123
+  attention_forward_kernel (128, 16, 1)x(128, 1, 1), Context 1, Stream 13, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    ----------------------- ----------- ------------ ------------ ------------
+    Metric Name             Metric Unit      Minimum      Maximum      Average
+    ----------------------- ----------- ------------ ------------ ------------
+    gpu__time_duration.sum           us       700.10       760.00       730.50
+  loop_convert_fusion (64, 1, 1)x(256, 1, 1), Context 1, Stream 13, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    gpu__time_duration.sum           ns     4,100.00     4,300.00     4,200.00
+"""
+    kernels = gpu_check.parse_ncu_summary(text)
+    assert kernels == pytest.approx(
+        {"attention_forward_kernel": 730.5e-6, "loop_convert_fusion": 4.2e-6}
+    )
+    summary = gpu_check.summarise_ncu(kernels, gpu_check.our_kernel_names())
+    assert "our kernels 730.5 us (99%), other kernels 4.2 us" in summary
+
+
+def test_our_kernel_names_are_the_triton_kernels():
+    names = gpu_check.our_kernel_names()
+    assert {"attention_forward_kernel", "block_sparse_forward_kernel"} <= names
+    assert all(name.endswith("_kernel") for name in names)
+
+
+def test_a_failing_case_is_a_failed_row_and_the_next_case_runs(capsys):
+    def broken(host):
+        raise RuntimeError("no kernel for this shape")
+
+    def case(key: str, prepare) -> runner.Case:
+        impl = runner.Impl("ours", lambda a: 2.0 * a, prepare, lambda r, g: gpu_rows._to_numpy(r))
+        inputs = dict.fromkeys(("x",), np.ones(3, np.float32))
+        return runner.Case("s", "op", key, key, "matmul", 6.0, lambda: inputs, impl, (), 0.1, 1)
+
+    def fine(host):
+        return (jnp.asarray(host["x"]),), jnp.ones(3)
+
+    rows = runner.run_cases([case("a", broken), case("b", fine)], runner.Timing(1, calls=1))
+    assert [(r.shape, r.ok) for r in rows] == [("a", False), ("b", None), ("b", None)]
+    assert rows[2].flops == 18.0  # fwd+bwd: 3x a matmul's forward
+    assert "ours failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
