@@ -28,13 +28,38 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_lowering.py::test_two_sided_window_lowers_for_cuda", "4 kernels"),
     ("tests/block_sparse/test_triton.py::test_static_report_at_default_configs*", "compile"),
     ("tests/grouped_matmul/test_lowering.py::test_*", "offline compiles"),
+    # --- the same check over more cases (each an XLA compile of forward + backward, and a
+    # Triton-interpreter or Pallas interpret-mode run: several seconds per backend)
+    (
+        "tests/attention/test_conformance.py::test_forward_and_gradients_match_reference[*",
+        "QUICK keeps a set of cases that holds every feature, dtype and head layout",
+    ),
+    ("tests/attention/test_conformance.py::test_fully_masked_rows[minus_inf-*", "as None"),
+    (
+        "tests/attention/test_conformance.py::test_random_sequences_match_reference*",
+        "random lengths on top of the fixed cases",
+    ),
+    (
+        "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*",
+        "one poison per place and backend kept",
+    ),
+    ("tests/attention/test_ring.py::test_ring_equals_whole_sequence[*", "a mesh program each"),
+    (
+        "tests/attention/test_ring.py::test_ring_equals_flash_attention_and_skips_by_causality",
+        "work counts also checked by test_ring_equals_whole_sequence",
+    ),
+    (
+        "tests/attention/test_ring.py::test_make_mesh_explicit_axes_and_inputs_sharded_otherwise",
+        "a second mesh program of the xla ring",
+    ),
 )
 
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
 QUICK: tuple[str, ...] = (
     # one compile per op for the chip the kernels are tuned for, in the dtype that trains
-    "tests/aot/test_compile_*[h100-bfloat16]",
-    "tests/aot/test_compile_sharded.py::*h100]",
+    "tests/aot/test_compile_attention.py::test_varlen_attention_compiles[h100-bfloat16]",
+    "tests/aot/test_compile_grouped_matmul.py::*[h100-bfloat16]",
+    "tests/aot/test_compile_block_sparse.py::*[h100-bfloat16]",
     "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",
     "tests/aot/test_compile_splash.py::test_default_block_table_matches_block_sizes",
     # the Hopper head_dim 128 reports: every kernel x feature set, one persistent launch
@@ -50,6 +75,27 @@ QUICK: tuple[str, ...] = (
     "tests/grouped_matmul/test_lowering.py::test_default_tiling_compiles_without_spills_*[90-*",
     "tests/grouped_matmul/test_lowering.py::test_default_precision_compiles_exact_float32_products",
     "tests/grouped_matmul/test_lowering.py::test_even_k_drops_the_k_masks_from_the_loop[gmm]",
+    # attention conformance: every mask side, the soft cap, sinks, ALiBi, GQA 3 and MQA,
+    # odd head dims, fp16 and bf16, softmax_scale, rows past the last sequence
+    *(
+        f"tests/attention/test_conformance.py::test_forward_and_gradients_match_reference[{c}-*"
+        for c in (
+            "everything",
+            "window_both_sinks",
+            "window_right_alibi",
+            "d40_causal_soft_cap_sinks",
+            "gqa3_causal_window_alibi_sinks",
+            "mqa",
+            "bf16_causal_window_sinks",
+            "fp16_d48_all_options",
+            "rows_past_the_last_sequence_sinks",
+            "right_window_zero_sinks_scale",
+        )
+    ),
+    "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[q-nan-True-document-*",
+    "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[k-inf-False-padding-*",
+    "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R1-*",
+    "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R2-contiguous-*",
 )
 
 
