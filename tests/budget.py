@@ -48,6 +48,8 @@ SLOW: tuple[tuple[str, str], ...] = (
         "tests/attention/test_ring.py::test_ring_equals_flash_attention_and_skips_by_causality",
         "work counts also checked by test_ring_equals_whole_sequence",
     ),
+    ("tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[*", "QUICK: 4 cases"),
+    ("tests/attention/test_shift.py::test_shifted_kernels_lower_for_cuda", "4 kernels lowered"),
     (
         "tests/attention/test_ring.py::test_make_mesh_explicit_axes_and_inputs_sharded_otherwise",
         "a second mesh program of the xla ring",
@@ -94,6 +96,15 @@ QUICK: tuple[str, ...] = (
     ),
     "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[q-nan-True-document-*",
     "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[k-inf-False-padding-*",
+    *(
+        f"tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[{c}-*"
+        for c in (
+            "causal_window_everything_mqa",
+            "window_both_soft_cap",
+            "non_causal_alibi",
+            "rows_past_the_last_sequence",
+        )
+    ),
     "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R1-*",
     "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R2-contiguous-*",
 )

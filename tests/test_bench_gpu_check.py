@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -132,14 +133,14 @@ def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     path = tmp_path / "results" / "dry.json"
-    rows = ["4x16 causal GQA", "mixed", "m64 G4", "64 tok random 50%"]
+    rows = ["4x16 causal GQA", "m64 G4", "64 tok random 50%"]
     status = gpu_check.main(["--dry-run", "--rows", *rows, "--json", str(path)])
     assert status == 0
     document = json.loads(path.read_text())
     assert {"commit", "torch", "jax_cuda_plugin"} <= document["machine"].keys()
     found = document["rows"]
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
-        "4x16 causal GQA", "mixed 28..4 causal", "m64 k32 n16 G4", "64 tok random 50%"
+        "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
     }  # fmt: skip
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)"
@@ -194,3 +195,27 @@ def test_a_failing_case_is_a_failed_row_and_the_next_case_runs(capsys):
     assert [(r.shape, r.ok) for r in rows] == [("a", False), ("b", None), ("b", None)]
     assert rows[2].flops == 18.0  # fwd+bwd: 3x a matmul's forward
     assert "ours failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
+
+
+def test_padded_anchor_gives_the_packed_documents_back():
+    """The mixed-length row's cuDNN anchor pads the documents into a batch with
+    `query_seq_lengths`; its result, gathered back, is the packed attention (here XLA's
+    on both sides, against our XLA varlen path), gradients included."""
+    from jax_bridge import varlen_attention
+
+    spec = gpu_rows.MaskSpec((11, 5, 3))
+    host = gpu_rows._attention_inputs(spec.tokens, 2, 1, 16, seed=3)()
+    anchor = gpu_rows.jax_attention_impl(spec, "xla")
+    case = gpu_rows.Case("s", "op", "k", "k", "attention", 1.0, lambda: host, anchor, (), 0.0, 3)
+    _, result, _ = runner.measure(anchor, host, case, True, runner.Timing(1, calls=1))
+    cu = jnp.asarray(spec.cu_seqlens())
+    q, k, v, d_out = (jnp.asarray(host[n], jnp.bfloat16) for n in ("q", "k", "v", "d_out"))
+    out, pullback = jax.vjp(
+        lambda q, k, v: varlen_attention(q, k, v, cu, cu, causal=True, implementation="xla"),
+        q, k, v,
+    )  # fmt: skip
+    expected = gpu_rows._to_numpy((out, pullback(d_out)))
+    got_all = anchor.canonical(result, True)
+    for name, got, want in zip("out dq dk dv".split(), got_all, expected, strict=True):
+        assert got.shape == want.shape, name
+        assert runner.relative_error(got, want) < gpu_rows.ATTENTION_TOLERANCE, name
