@@ -49,6 +49,14 @@ SLOW: tuple[tuple[str, str], ...] = (
         "work counts also checked by test_ring_equals_whole_sequence",
     ),
     ("tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[*", "QUICK: 4 cases"),
+    *(
+        (f"tests/block_sparse/test_conformance.py::test_mask_against_oracle[{m}-*", why)
+        for m, why in (
+            ("chunked_causal", "a token rule, as causal and sliding_window"),
+            ("predicate", "predicate_in_kernel runs the same predicate"),
+            ("prefix_lm", "prefix_lm_and_documents holds it"),
+        )
+    ),
     ("tests/attention/test_shift.py::test_shifted_kernels_lower_for_cuda", "4 kernels lowered"),
     (
         "tests/attention/test_ring.py::test_make_mesh_explicit_axes_and_inputs_sharded_otherwise",
