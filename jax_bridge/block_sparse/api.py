@@ -37,7 +37,7 @@ from jax_bridge.block_sparse.masks import (
 )
 from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.block_sparse.score_mod import ScoreMod
-from jax_bridge.core.autodiff import first_order_only
+from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import check_head_dim, check_per_head
@@ -48,6 +48,8 @@ from pallas_tpu.splash.masks import Mask
 __all__ = ["BACKENDS", "BlockSparseOptions", "block_sparse_attention"]
 
 BACKENDS = BackendTable(OP, {"xla": xla, "pallas": pallas, "triton": triton})
+# What `refuse_forward_mode` offers instead.
+_REVERSE_MODE_ONLY = "Reverse mode works (jax.grad, jax.vjp, jax.jacrev), first order only."
 
 
 def block_sparse_attention(
@@ -160,6 +162,7 @@ def _one_call(options: BlockSparseOptions, q, k, v, mask, sinks, alibi):
         return _no_work(q, v, sinks)
     static_mask, mask_arrays = split_mask(mask)
     options = dataclasses.replace(options, mask=static_mask)
+    refuse_forward_mode(OP, q, k, v, sinks, works=_REVERSE_MODE_ONLY)
     return _attention(options, q, k, v, sinks, alibi, mask_arrays)
 
 
@@ -217,6 +220,7 @@ def _attention(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
 
 
 def _attention_fwd(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
+    refuse_forward_mode(OP, q, k, v, sinks, works=_REVERSE_MODE_ONLY)  # jax.hessian
     forward = first_order_only(functools.partial(_forward, options), OP)
     out, lse = forward(q, k, v, sinks, alibi, mask_arrays)
     return (out, lse), (q, k, v, out, lse, sinks, alibi, mask_arrays)

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from jax_bridge import (
+    block_sparse_attention,
     flash_attention,
     grouped_matmul,
     grouped_matmul_reference,
     transposed_grouped_matmul,
     varlen_attention,
 )
+from pallas_tpu.splash import CausalMask
 
 
 def _normal(seed: int, *shape: int) -> jax.Array:
@@ -37,6 +39,15 @@ def test_attention_forward_mode_is_refused_naming_the_op():
     padded = lambda q: flash_attention(q, k[None], v[None], implementation="xla")
     with pytest.raises(NotImplementedError, match="flash_attention: forward-mode"):
         jax.jvp(padded, (q[None],), (q[None],))
+
+
+def test_block_sparse_forward_mode_is_refused_naming_the_op():
+    q, k, v = _normal(4, 1, 16, 2, 8), _normal(5, 1, 16, 2, 8), _normal(6, 1, 16, 2, 8)
+    attend = lambda q: block_sparse_attention(q, k, v, CausalMask((16, 16)), implementation="xla")
+    with pytest.raises(NotImplementedError, match="block_sparse_attention: forward-mode"):
+        jax.jvp(attend, (q,), (q,))
+    with pytest.raises(NotImplementedError, match="block_sparse_attention: forward-mode"):
+        jax.hessian(lambda q: jnp.sum(jnp.sin(attend(q))))(q)
 
 
 def _gmm_problem(seed: int = 3):
