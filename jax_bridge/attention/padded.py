@@ -183,12 +183,13 @@ def _row_boundaries(q_ids: jax.Array, kv_ids: jax.Array):
     else:
         kv_start, kv_end, kv_run_id = _runs(kv_ids)
     # Pair each query run with the key run of the same positive id: sort the key runs by
-    # id (padding runs get the largest key so they never match) and binary-search.
+    # id (padding runs get the largest key so they never match) and search them (by a
+    # sort: the default method is a `while` loop, a host round trip per step on a GPU).
     sentinel = jnp.iinfo(jnp.int32).max
     key = jnp.where(kv_run_id > 0, kv_run_id, sentinel)
     order = jnp.argsort(key, stable=True)
     sorted_key = key[order]
-    pos = jnp.clip(jnp.searchsorted(sorted_key, q_run_id), 0, key.shape[0] - 1)
+    pos = jnp.clip(jnp.searchsorted(sorted_key, q_run_id, method="sort"), 0, key.shape[0] - 1)
     kv_run = order[pos]
     matched = (q_run_id > 0) & (sorted_key[pos] == q_run_id) & (kv_run_id[kv_run] > 0)
     ks, ke = kv_start[kv_run], kv_end[kv_run]

@@ -199,10 +199,10 @@ def _classify_intervals(xp, lo, hi, block_q: int, ranges) -> Array:
     block_row = (xp.arange(lo.shape[0]) // block_q)[:, None]
     nonempty = lo <= hi
     # Sorted disjoint blocks: those meeting [lo, hi] and those inside it are index ranges.
-    touch_begin = xp.searchsorted(last_sorted, lo, side="left")
-    touch_end = xp.searchsorted(first_sorted, hi, side="right") - 1
-    cover_begin = xp.searchsorted(first_sorted, lo, side="left")
-    cover_end = xp.searchsorted(last_sorted, hi, side="right") - 1
+    touch_begin = mask_lib.searchsorted(xp, last_sorted, lo, side="left")
+    touch_end = mask_lib.searchsorted(xp, first_sorted, hi, side="right") - 1
+    cover_begin = mask_lib.searchsorted(xp, first_sorted, lo, side="left")
+    cover_end = mask_lib.searchsorted(xp, last_sorted, hi, side="right") - 1
     touched = _scatter_ranges(
         xp, block_row, touch_begin, touch_end, nonempty & (touch_begin <= touch_end), rows, cols
     )

@@ -645,10 +645,21 @@ class DocumentTokens:
     q_kv_end: Array
 
 
+def searchsorted(xp, sorted_values: Array, values: Array, side: str = "left") -> Array:
+    """numpy's searchsorted for numpy, and for jnp arrays one without a `while` loop.
+
+    jnp's default method is a loop whose every iteration, on a GPU, waits on the host;
+    `method="sort"` is one sort of both arrays, O((n + m) log(n + m)), loop-free.
+    """
+    if xp is np:
+        return np.searchsorted(sorted_values, values, side=side)
+    return jnp.searchsorted(sorted_values, values, side=side, method="sort")
+
+
 def _tokens_of_cu_seqlens(xp, cu_q, cu_kv, q_len: int, kv_len: int) -> DocumentTokens:
     def side(cu, length, padding):
         token = xp.arange(length, dtype=np.int32)
-        doc = xp.searchsorted(cu, token, side="right").astype(np.int32) - 1
+        doc = searchsorted(xp, cu, token, side="right").astype(np.int32) - 1
         inside = (doc >= 0) & (doc < cu.shape[0] - 1)
         safe = xp.clip(doc, 0, max(cu.shape[0] - 2, 0))
         end = cu[safe + 1] if cu.shape[0] > 1 else xp.zeros_like(token)
@@ -671,7 +682,7 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
         valid = ids > 0
         # Sorted keys (padding last) make each document's range one searchsorted away.
         key = xp.where(valid, ids, UNBOUNDED).astype(np.int32)
-        end = xp.searchsorted(key, key, side="right").astype(np.int32)
+        end = searchsorted(xp, key, key, side="right").astype(np.int32)
         return xp.where(valid, ids, padding).astype(np.int32), xp.where(valid, token - end, 0), key
 
     q_doc, q_rel, q_key = side(q_ids, -1)
@@ -681,8 +692,8 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
     # empty (out 0, lse -inf): a visible failure, never attention across documents.
     ordered = xp.all(q_key[1:] >= q_key[:-1]) & xp.all(kv_key[1:] >= kv_key[:-1])
     q_doc = xp.where(ordered, q_doc, -1).astype(np.int32)
-    start = xp.searchsorted(kv_key, q_doc, side="left").astype(np.int32)
-    end = xp.searchsorted(kv_key, q_doc, side="right").astype(np.int32)
+    start = searchsorted(xp, kv_key, q_doc, side="left").astype(np.int32)
+    end = searchsorted(xp, kv_key, q_doc, side="right").astype(np.int32)
     return DocumentTokens(q_doc, kv_doc, q_rel, kv_rel, start, end)
 
 

@@ -7,9 +7,8 @@ searchsorted loop of the chunk indices alone took 16 x 1k-document varlen attent
 document's block classes) must be loop-free: scatter-adds, cumsums, sorts, gathers.
 
 Each op is compiled once, forward and backward in one program (the gradient's program
-holds the forward), in bfloat16 with small shapes. A traced `DocumentMask` computes its
-per-token arrays in its constructor (pallas_tpu.splash, outside the op): what the op adds
-is measured against a program that only builds the mask.
+holds the forward), in bfloat16 with small shapes; a traced `DocumentMask`'s constructor
+(its per-token arrays) is in the program with the op.
 """
 
 import re
@@ -21,6 +20,7 @@ import pytest
 from jax_bridge import (
     block_sparse_attention,
     compile_for,
+    flash_attention,
     init_moe_params,
     moe_feed_forward,
     transposed_grouped_matmul,
@@ -78,6 +78,20 @@ def varlen_hlo() -> str:
 
 
 @pytest.fixture(scope="module")
+def flash_hlo() -> str:
+    """flash_attention with segment ids: the runs are paired by a search (padded.py)."""
+
+    def program(q, k, v, ids):
+        def loss(q, k, v):
+            out = flash_attention(q, k, v, q_segment_ids=ids, causal=True, implementation="triton")
+            return _sum(out)
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    return _compile(program, *_qkv((1,)), spec((1, TOKENS), jnp.int32))
+
+
+@pytest.fixture(scope="module")
 def grouped_matmul_hlo() -> str:
     """The MoE block (router top-k, route, two gmms, unroute) and a standalone tgmm, with
     their gradients: gmm and tgmm forward and backward, and the routing."""
@@ -126,12 +140,6 @@ def block_sparse_hlo() -> str:
     return _compile(program, *_qkv((1,)), spec((DOCUMENTS + 1,), jnp.int32))
 
 
-@pytest.fixture(scope="module")
-def document_mask_hlo() -> str:
-    """Only the traced DocumentMask's own per-token arrays (no op, no kernel)."""
-    return _compile(lambda cu: vars(_document(cu).tokens), spec((DOCUMENTS + 1,), jnp.int32))
-
-
 # ------------------------------------------------------------------------------ tests
 
 
@@ -140,19 +148,21 @@ def test_varlen_attention_forward_and_backward_have_no_loop(varlen_hlo):
     assert _loops(varlen_hlo) == []
 
 
+def test_flash_attention_with_segment_ids_has_no_loop(flash_hlo):
+    assert "triton_kernel_call" in flash_hlo
+    assert _loops(flash_hlo) == []
+
+
 def test_grouped_matmul_moe_block_and_tgmm_have_no_loop(grouped_matmul_hlo):
     assert "triton_kernel_call" in grouped_matmul_hlo
     assert _loops(grouped_matmul_hlo) == []
 
 
-def test_block_sparse_attention_adds_no_loop_to_its_mask(block_sparse_hlo, document_mask_hlo):
-    """Static and traced-document masks, forward and backward: every loop left is the
-    DocumentMask constructor's own (common subexpressions: the same loops, once)."""
+def test_block_sparse_attention_has_no_loop(block_sparse_hlo):
+    """Static and traced-document masks (the DocumentMask built in the program too),
+    forward and backward."""
     assert "triton_kernel_call" in block_sparse_hlo
-    assert len(_loops(block_sparse_hlo)) == len(_loops(document_mask_hlo)), (
-        _loops(block_sparse_hlo),
-        _loops(document_mask_hlo),
-    )
+    assert _loops(block_sparse_hlo) == []
 
 
 def test_block_sparse_backward_flags_are_not_constant_folded(block_sparse_hlo):
@@ -164,15 +174,6 @@ def test_block_sparse_backward_flags_are_not_constant_folded(block_sparse_hlo):
         r'is-finite\(.*op_name="[^"]*transpose\(jvp\(\)\)/is_finite', block_sparse_hlo
     )
     assert len(backward) >= 3, backward
-
-
-@pytest.mark.xfail(
-    reason="pallas_tpu.splash's DocumentMask builds its per-token arrays with "
-    "jnp.searchsorted (a while loop) in its constructor; that package is not ours to edit",
-    strict=False,
-)
-def test_a_traced_document_mask_has_no_loop(document_mask_hlo):
-    assert _loops(document_mask_hlo) == []
 
 
 def test_loop_regex_finds_a_searchsorted_loop():
