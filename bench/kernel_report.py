@@ -144,7 +144,7 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
         row[:] = np.searchsorted(ends, np.arange(seq), side="right") + 1
     cu_q, _ = segment_ids_to_cu_seqlens(ids, ids)
     lengths = np.diff(np.asarray(cu_q))
-    total, sequences = batch * seq, len(lengths) + 2  # the bridge adds two tail sequences
+    total, sequences = batch * seq, len(lengths) + 4  # the bridge adds two head, two tail ones
     rows = chunk_bound(total, block_m, sequences)
     persistent = attention_triton._persistent(sequences)
     programs = attention_triton._programs(rows, total, block_m, persistent)
