@@ -49,6 +49,21 @@ SLOW: tuple[tuple[str, str], ...] = (
         "tests/attention/test_ring.py::test_ring_equals_flash_attention_and_skips_by_causality",
         "work counts also checked by test_ring_equals_whole_sequence",
     ),
+    # --- measured heaviest in the quick suite (tens of seconds to minutes each)
+    ("tests/block_sparse/test_conformance.py::test_traced_documents_per_head[*", "pallas"),
+    ("tests/block_sparse/test_conformance.py::test_alibi_against_oracle[triton]", "as xla"),
+    ("tests/block_sparse/test_conformance.py::test_hypothesis_mask_mix", "a mix of masks"),
+    ("tests/block_sparse/test_conformance.py::test_mask_against_oracle[*", "QUICK: 7"),
+    ("tests/block_sparse/test_conformance.py::test_score_mod_against_oracle[*", "QUICK: 1"),
+    ("tests/block_sparse/test_conformance.py::test_vmap_of_traced_documents_and_remat[*", "1"),
+    ("tests/block_sparse/test_conformance.py::test_traced_documents_under_jit[triton]", "2 kept"),
+    ("tests/block_sparse/test_triton.py::test_lowers_for_cuda_with_each_element_rule[80]", "sm_90"),
+    ("tests/test_shard_map.py::*[pallas]", "Pallas interpret mode on 4 devices: minutes"),
+    ("tests/test_shard_map.py::test_data_parallel_block_sparse_attention_*[triton]", "xla"),
+    ("tests/test_bench_cli.py::test_host_layer_json_and_plot", "the whole host-layer section"),
+    ("tests/test_bench_cli.py::test_kernel_report_lists_every_kernel_with_the_proxy", "compiles"),
+    ("tests/test_bench_train_at_scale.py::*", "a 1B-parameter step compiled for a target"),
+    ("tests/attention/test_pallas.py::test_block_sizes_as_config[blocks0]", "as blocks1"),
     ("tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[*", "QUICK: 2 cases"),
     ("tests/attention/test_shift.py::test_bottom_right_shift_is_no_shift[xla]", "as triton"),
     ("tests/attention/test_ring.py::test_pallas_kernels_in_the_ring", "a pallas ring program"),
@@ -112,6 +127,26 @@ QUICK: tuple[str, ...] = (
         for c in (
             "causal_window_everything_mqa",
             "rows_past_the_last_sequence",
+        )
+    ),
+    "tests/block_sparse/test_conformance.py::test_traced_documents_per_head[pallas]",
+    "tests/block_sparse/test_conformance.py::test_score_mod_against_oracle[relative_bias-xla]",
+    "tests/block_sparse/test_conformance.py::test_vmap_of_traced_documents_and_remat[pallas]",
+    # block-sparse masks: each backend's token rule, documents, table, predicate and heads
+    *(
+        f"tests/block_sparse/test_conformance.py::test_mask_against_oracle[{case}]"
+        for case in (
+            "causal-xla",
+            "causal-pallas",
+            "causal-triton",
+            "documents-xla",
+            "documents-pallas",
+            "documents-triton",
+            "multi_head-pallas",
+            "predicate_in_kernel-xla",
+            "sliding_window-triton",
+            "random_blocks-pallas",
+            "prefix_lm_and_documents-triton",
         )
     ),
     "tests/attention/test_robustness.py::test_vmap_over_queries_with_shared_keys[xla]",
