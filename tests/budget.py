@@ -53,7 +53,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/block_sparse/test_conformance.py::test_traced_documents_per_head[*", "pallas"),
     ("tests/block_sparse/test_conformance.py::test_alibi_against_oracle[triton]", "as xla"),
     ("tests/block_sparse/test_conformance.py::test_hypothesis_mask_mix", "a mix of masks"),
-    ("tests/block_sparse/test_conformance.py::test_mask_against_oracle[*", "QUICK: 7"),
+    ("tests/block_sparse/test_conformance.py::test_mask_against_oracle[*", "QUICK: 11"),
     ("tests/block_sparse/test_conformance.py::test_score_mod_against_oracle[*", "QUICK: 1"),
     ("tests/block_sparse/test_conformance.py::test_vmap_of_traced_documents_and_remat[*", "1"),
     ("tests/block_sparse/test_conformance.py::test_traced_documents_under_jit[triton]", "2 kept"),
