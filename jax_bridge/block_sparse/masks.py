@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.core.numerics import cdiv
-from pallas_tpu.splash.mask_info import _kv_block_ranges, _scatter_ranges, classify_blocks
+from pallas_tpu.splash.mask_info import classify_blocks
 from pallas_tpu.splash.masks import DocumentMask, Mask, MultiHeadMask
 from pallas_tpu.splash.masks import DocumentTokens as _DocumentTokens
 
@@ -173,64 +173,6 @@ def join_mask(static: Mask | TracedDocument, arrays: Sequence[jax.Array]) -> Mas
         return static
     tokens = _DocumentTokens(*arrays)
     return _document(tokens, static.shape, static.window, static.q_sequence, static.kv_sequence)
-
-
-# ------------------------------------------------- a traced document's block classes
-
-
-def _count_sorted(sorted_values: np.ndarray, values: jax.Array, side: str) -> jax.Array:
-    """`searchsorted(sorted_values, values, side)` without a loop, for a static sorted
-    int array: `jnp.searchsorted`'s default is a `while` loop that, on a GPU, waits on
-    the host every iteration.
-
-    Evenly spaced values (the kv blocks' first or last positions, in every layout that
-    tiles the kv axis) take a closed form; others a static table over their range.
-    """
-    n = len(sorted_values)
-    values = values.astype(jnp.int32)
-    if n == 0:
-        return jnp.zeros_like(values)
-    start = int(sorted_values[0])
-    step = int(sorted_values[1] - sorted_values[0]) if n > 1 else 1
-    if step > 0 and np.array_equal(sorted_values, start + step * np.arange(n)):
-        offset = values - start
-        # side="left": entries < v, i.e. i < offset / step; "right": i <= offset / step.
-        count = -(-offset // step) if side == "left" else offset // step + 1
-        return jnp.clip(count, 0, n)
-    # Below the smallest entry the count is 0, above the largest n, on either side: the
-    # table covers one value past each end and values are clipped into it.
-    low, high = start - 1, int(sorted_values[-1]) + 1
-    table = np.searchsorted(sorted_values, np.arange(low, high + 1), side=side)
-    return jnp.asarray(table, jnp.int32)[jnp.clip(values, low, high) - low]
-
-
-def classify_document_blocks(mask: DocumentMask, block_shape: tuple[int, int]) -> jax.Array:
-    """int8 [q_blocks, kv_blocks] (EMPTY / PARTIAL / FULL) of a DocumentMask of traced
-    arrays, its shape a multiple of `block_shape`: `classify_blocks`' classes, computed
-    without a `while` (its searchsorted against the kv blocks' static ranges is a
-    closed form or a table here). O(q_len + blocks).
-    """
-    block_q, block_kv = block_shape
-    ranges = _kv_block_ranges(mask.kv_positions(), mask.shape[1], block_kv)
-    if ranges is None:
-        return classify_blocks(mask, block_shape)  # raises: no row intervals
-    lo, hi = (x[:, 0] for x in mask.row_intervals())  # a document row is one interval
-    first, last = ranges
-    order = np.argsort(first)
-    first_sorted, last_sorted = first[order], last[order]
-    rows, cols = mask.shape[0] // block_q, len(first)
-    block_row = jnp.arange(lo.shape[0], dtype=jnp.int32) // block_q
-    nonempty = lo <= hi
-    # In sorted order the blocks meeting [lo, hi] and those inside it are index ranges.
-    touch = (_count_sorted(last_sorted, lo, "left"), _count_sorted(first_sorted, hi, "right") - 1)
-    cover = (_count_sorted(first_sorted, lo, "left"), _count_sorted(last_sorted, hi, "right") - 1)
-    touched, covered = (
-        _scatter_ranges(jnp, block_row, begin, end, nonempty & (begin <= end), rows, cols)
-        for begin, end in (touch, cover)
-    )
-    # One interval per row: a block is full when every one of its rows covers it.
-    classes = jnp.where(covered == block_q, FULL, jnp.where(touched > 0, PARTIAL, EMPTY))
-    return classes.astype(jnp.int8)[:, np.argsort(order)]
 
 
 def head_groups(mask: Mask, num_q_heads: int) -> tuple[tuple[tuple[int, ...], Mask], ...]:

@@ -5,7 +5,7 @@ group and each stationary tile (a query tile for the forward and dQ kernels, a k
 for dK/dV) the other side's tiles it visits, full ones first; and the order in which
 programs take the stationary tiles, heaviest first. A static mask's lists are numpy
 arrays built once per (mask, tile shape) from `masks.static_block_list`; a DocumentMask
-of traced arrays gets its lists in the graph from `classify_document_blocks` (every tile of the
+of traced arrays gets its lists in the graph from `classify_blocks` (every tile of the
 other side is a slot: width = that side's tile count).
 
 Element rules (`ElementRule`): how a kernel evaluates a partial tile. Masks with a rule
@@ -30,12 +30,12 @@ from jax_bridge.block_sparse.masks import (
     EMPTY,
     FULL,
     PARTIAL,
-    classify_document_blocks,
     is_traced_document,
     pad_mask,
     padded_shape,
     static_block_list,
 )
+from pallas_tpu.splash.mask_info import classify_blocks
 from pallas_tpu.splash.masks import (
     CausalRule,
     ChunkedCausalRule,
@@ -128,7 +128,7 @@ def static_tile_lists(
 
 def traced_tile_lists(mask: DocumentMask, block_shape, kv_major: bool) -> TileLists:
     """The lists of one padded DocumentMask of traced arrays, built in the graph."""
-    classes = classify_document_blocks(mask, block_shape)  # traced int8 [nq, nk]
+    classes = classify_blocks(mask, block_shape)  # traced int8 [nq, nk]
     if kv_major:
         classes = classes.T
     rank = jnp.where(classes == FULL, 0, jnp.where(classes == PARTIAL, 1, 2))

@@ -19,9 +19,9 @@ for the carries plus one step's tiles, O(pairs_per_step * block_q * block_kv * h
 batch), independent of V; compute: V blocks forward, about 2.5x that backward.
 
 A DocumentMask of traced `cu_seqlens` / segment ids has data-dependent block lists: its
-blocks are classified in the graph (`classify_document_blocks`, O(tokens + blocks), no
-loop), and the list is all q_blocks * kv_blocks pairs (a static size) sorted non-empty
-first; the element mask is evaluated from per-token document ids and positions, and each step is a
+blocks are classified in the graph (`classify_blocks`, O(tokens + blocks), no `while`),
+and the list is all q_blocks * kv_blocks pairs (a static size) sorted non-empty first; the
+element mask is evaluated from per-token document ids and positions, and each step is a
 `lax.cond` that skips a step with no non-empty pair. Run time then follows the visited
 blocks (plus the classification), but memory for the list is O(q_blocks * kv_blocks)
 and, under `jax.vmap` (where cond becomes select), every block is computed.
@@ -50,7 +50,6 @@ from jax_bridge.block_sparse.masks import (
     EMPTY,
     FULL,
     PARTIAL,
-    classify_document_blocks,
     head_groups,
     is_traced_document,
     join_mask,
@@ -61,6 +60,7 @@ from jax_bridge.block_sparse.masks import (
 )
 from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.core.vma import varying_like
+from pallas_tpu.splash.mask_info import classify_blocks
 
 HEAD_DIMS = (1, 2**16)  # no kernel limit: any head_dim a matmul takes
 
@@ -112,7 +112,7 @@ def _document_work(mask, shape, block_shape) -> _Work:
     """All pairs, non-empty first; element masks from the documents' per-token arrays."""
     padded = pad_mask(mask, shape)
     bq, bk = block_shape
-    classes = classify_document_blocks(padded, block_shape)  # traced int8 [nq, nk]
+    classes = classify_blocks(padded, block_shape)  # traced int8 [nq, nk]
     num_kv = classes.shape[1]
     flat = classes.ravel()
     order = jnp.argsort(flat == EMPTY, stable=True).astype(jnp.int32)
