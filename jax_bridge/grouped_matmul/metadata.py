@@ -11,6 +11,7 @@ Rows are sorted by group: of the `len(group_sizes)` groups, group `i` owns rows
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -93,6 +94,9 @@ def local_group_bounds(
     return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
 
 
+# Jitted (sizes static) so that an eager call (the Triton backend's, op by op) compiles one
+# program per shape; inlined under an outer jit.
+@functools.partial(jax.jit, static_argnames=("m", "block_m", "num_groups"))
 def make_group_metadata(
     group_sizes: jax.Array,
     *,

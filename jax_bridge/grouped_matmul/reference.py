@@ -11,6 +11,7 @@ existing_out; group sizes and the offset may be traced.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -39,6 +40,9 @@ def _compute_dtype(*arrays: jax.Array) -> jnp.dtype:
     return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
+# Jitted (shape arguments static) so that an eager call compiles one program per shape, not
+# one per jnp operation; under an outer jit or grad they are inlined.
+@functools.partial(jax.jit, static_argnames=("transpose_rhs", "preferred_element_type"))
 def grouped_matmul_reference(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -72,6 +76,7 @@ def grouped_matmul_reference(
     return out.astype(preferred_element_type or compute)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups", "preferred_element_type"))
 def transposed_grouped_matmul_reference(
     lhs: jax.Array,
     rhs: jax.Array,

@@ -243,6 +243,7 @@ def run_interpreted(
         _device_functions_interpreted(kernel, *functions),
         _gpu_bfloat16_arithmetic(),
         _scalar_tensors_index(),
+        _language_patched_once(),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
 
@@ -269,6 +270,35 @@ def _scalar_tensors_index() -> Iterator[None]:
         scope = original(fn)
         scope.set_attr(tl.core.tensor, "__index__", _index_of_scalar)
         return scope
+
+    triton_interpreter._patch_lang = patch_lang
+    try:
+        yield
+    finally:
+        triton_interpreter._patch_lang = original
+
+
+@contextlib.contextmanager
+def _language_patched_once() -> Iterator[None]:
+    """Within: `triton.language` is patched for the interpreter once per launch.
+
+    Triton's interpreter re-installs its language patches at every interpreted
+    device-function call (`inspect.getmembers` over five namespaces, about a third of an
+    attention kernel's interpreted run) and never undoes the nested ones. The patches
+    are the same each time and `_device_functions_interpreted` restores every namespace
+    when the launch ends, so a call whose language modules (`tl`, `tl.core`) are already
+    patched in this launch skips it; its result was never used. Must be entered after
+    every other wrapper of `_patch_lang`, whose work it skips too.
+    """
+    original = triton_interpreter._patch_lang
+    patched: set[int] = set()
+
+    def patch_lang(fn: Callable[..., Any]) -> Any:
+        languages = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if patched and languages <= patched:
+            return None  # a device-function call: the launch's own scope restores
+        patched.update(languages)
+        return original(fn)
 
     triton_interpreter._patch_lang = patch_lang
     try:

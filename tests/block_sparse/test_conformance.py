@@ -55,7 +55,7 @@ def _blocks(implementation: str):
 def _inputs(seed, length, num_q_heads=2, num_kv_heads=1, head_dim=16, batch=1, kv_length=None):
     rng = np.random.default_rng(seed)
     kv_length = length if kv_length is None else kv_length
-    draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    draw = lambda *shape: jax.device_put(rng.standard_normal(shape).astype(np.float32))
     q = draw(batch, length, num_q_heads, head_dim)
     k, v = (
         draw(batch, kv_length, num_kv_heads, head_dim),
@@ -90,7 +90,7 @@ def _tolerance(q, k, kwargs, sinks) -> float:
 
 
 def _wide(x):
-    return jnp.asarray(np.asarray(x, np.float64))
+    return jax.device_put(np.asarray(x, np.float64))
 
 
 def _oracle(mask, q, k, v, sinks, weights, kwargs):
@@ -98,10 +98,12 @@ def _oracle(mask, q, k, v, sinks, weights, kwargs):
     argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
     with jax.enable_x64(True):
         wide_weights = tuple(_wide(w) for w in weights)
-        oracle = jax.value_and_grad(
-            _loss(block_sparse_attention_reference, mask, wide_weights, kwargs),
-            argnums,
-            has_aux=True,
+        oracle = jax.jit(  # one program, not one per operation
+            jax.value_and_grad(
+                _loss(block_sparse_attention_reference, mask, wide_weights, kwargs),
+                argnums,
+                has_aux=True,
+            )
         )
         wide_sinks = None if sinks is None else _wide(sinks)
         (_, (out, lse)), grads = oracle(_wide(q), _wide(k), _wide(v), wide_sinks)

@@ -38,7 +38,7 @@ from tests.grouped_matmul.helpers import tgmm_float64 as tgmm_loop
 
 
 def _normal(rng, shape, dtype=np.float32) -> jax.Array:
-    return jnp.asarray(rng.standard_normal(shape), dtype)
+    return jax.device_put(rng.standard_normal(shape).astype(np.float32).astype(dtype))
 
 
 def _close(actual, expected, rtol=1e-5):

@@ -13,7 +13,10 @@ float64 numpy attention / grouped matmul for the statistical check:
     matmul, the fraction smaller in magnitude than the float64 result is near one half
     (truncation made it ~0.78 for attention and ~1 for grouped matmul);
 (d) a scalar loaded in the kernel bounds a `range` loop (Triton 3.6 converted it with
-    `int()` of a shape-[1] array, which numpy 2.5 refuses).
+    `int()` of a shape-[1] array, which numpy 2.5 refuses);
+(e) a launch patches `triton.language` for the interpreter once, not again at every
+    device-function call (a third of an attention kernel's interpreted time), with the
+    same results, and leaves Triton's patching function as it found it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from triton.runtime import interpreter as triton_interpreter
 
 from jax_bridge import grouped_matmul, triton_call, varlen_attention
 
@@ -54,6 +58,43 @@ def _count_rows_kernel(bounds_ptr, out_ptr, BLOCK: tl.constexpr):
     for row in range(start, end, BLOCK):
         count += (row + tl.arange(0, BLOCK) < end).to(tl.int32)
     tl.store(out_ptr + tl.arange(0, BLOCK), count)
+
+
+@triton.jit
+def _plus_one(x):
+    return x + 1
+
+
+@triton.jit
+def _nested_calls_kernel(x_ptr, out_ptr, CALLS: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets)
+    for _ in range(CALLS):
+        x = _plus_one(x)
+    tl.store(out_ptr + offsets, x)
+
+
+def test_a_launch_patches_the_language_once(monkeypatch):
+    patched = []
+    original = triton_interpreter._patch_lang
+
+    def counting(fn):
+        patched.append(fn)
+        return original(fn)
+
+    monkeypatch.setattr(triton_interpreter, "_patch_lang", counting)
+    x = np.random.default_rng(0).integers(-100, 100, 16).astype(np.int32)
+    got = triton_call(
+        jnp.asarray(x),
+        kernel=_nested_calls_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int32),
+        grid=(2,),
+        CALLS=5,
+        BLOCK=8,
+    )
+    np.testing.assert_array_equal(np.asarray(got), x + 5)
+    assert len(patched) == 1, len(patched)  # Triton alone: 1 + 2 programs x 5 calls
+    assert triton_interpreter._patch_lang is counting
 
 
 def test_loaded_scalars_bound_a_loop():

@@ -137,9 +137,11 @@ def moe_grads_float64(x, params: MoEParams, top_k: int, cotangent):
         wide = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64)), (x, params))
         c = jnp.asarray(np.asarray(cotangent, np.float64))
         loss = lambda x, p: jnp.sum(moe_dense(x, p, top_k) * c)
-        values = jax.grad(loss, (0, 1))(*wide)
+        # Jitted: one program each instead of one per operation.
+        values = jax.jit(jax.grad(loss, (0, 1)))(*wide)
         absolute = jax.tree.map(jnp.abs, wide)
-        magnitudes = jax.grad(_magnitude_loss, (0, 1))(*absolute, *wide, top_k, jnp.abs(c))
+        magnitude_grads = jax.jit(jax.grad(_magnitude_loss, (0, 1)), static_argnums=4)
+        magnitudes = magnitude_grads(*absolute, *wide, top_k, jnp.abs(c))
         as_numpy = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
         values, magnitudes = as_numpy(values), as_numpy(magnitudes)
     x, params = wide
