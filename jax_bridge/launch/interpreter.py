@@ -283,7 +283,7 @@ def _language_patched_once() -> Iterator[None]:
     """Within: `triton.language` is patched for the interpreter once per launch.
 
     Triton's interpreter re-installs its language patches at every interpreted
-    device-function call (`inspect.getmembers` over five namespaces, about a third of an
+    device-function call (`inspect.getmembers` over five namespaces, about a quarter of an
     attention kernel's interpreted run) and never undoes the nested ones. The patches
     are the same each time and `_device_functions_interpreted` restores every namespace
     when the launch ends, so a call whose language modules (`tl`, `tl.core`) are already
