@@ -13,7 +13,7 @@ values they hold (exact: a float32 product of two bfloat16 values is exact, whic
 what the tensor cores compute) and the casts round to nearest even.
 
 Scalars used as Python integers (a loaded row count as a `range` bound) work on every
-Triton we support: see `_scalar_tensors_index`.
+Triton we support: see `_language_patched_once`.
 """
 
 from __future__ import annotations
@@ -242,7 +242,6 @@ def run_interpreted(
         _launch_lock,
         _device_functions_interpreted(kernel, *functions),
         _gpu_bfloat16_arithmetic(),
-        _scalar_tensors_index(),
         _language_patched_once(),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
@@ -253,42 +252,23 @@ def _index_of_scalar(self: tl.core.tensor) -> int:
 
 
 @contextlib.contextmanager
-def _scalar_tensors_index() -> Iterator[None]:
-    """Within: a scalar tensor converts to a Python int as a GPU's loop bound would.
-
-    The interpreter holds every scalar (a program id, a loaded value) as a numpy array of
-    shape [1]. Triton 3.6 converts one to an int (`range(start, end)` with runtime
-    bounds) by `int(array)`, which numpy 2.5 refuses for any array of ndim > 0 (a
-    deprecation since numpy 1.25); later Triton squeezes first. Each launch and each
-    interpreted device-function call re-installs Triton's language patches, so the
-    conversion is set again right after them, through Triton's own patch scope, which
-    restores it when the launch ends. For a size-1 array both spellings give the same int.
-    """
-    original = triton_interpreter._patch_lang
-
-    def patch_lang(fn: Callable[..., Any]) -> Any:
-        scope = original(fn)
-        scope.set_attr(tl.core.tensor, "__index__", _index_of_scalar)
-        return scope
-
-    triton_interpreter._patch_lang = patch_lang
-    try:
-        yield
-    finally:
-        triton_interpreter._patch_lang = original
-
-
-@contextlib.contextmanager
 def _language_patched_once() -> Iterator[None]:
-    """Within: `triton.language` is patched for the interpreter once per launch.
+    """Within: `triton.language` is patched for the interpreter once per launch, and a
+    scalar tensor converts to a Python int as a GPU's loop bound would.
 
-    Triton's interpreter re-installs its language patches at every interpreted
-    device-function call (`inspect.getmembers` over five namespaces, about a quarter of an
-    attention kernel's interpreted run) and never undoes the nested ones. The patches
+    Once: Triton's interpreter re-installs its language patches at every interpreted
+    device-function call (`inspect.getmembers` over five namespaces, about a quarter of
+    an attention kernel's interpreted run) and never undoes the nested ones. The patches
     are the same each time and `_device_functions_interpreted` restores every namespace
     when the launch ends, so a call whose language modules (`tl`, `tl.core`) are already
-    patched in this launch skips it; its result was never used. Must be entered after
-    every other wrapper of `_patch_lang`, whose work it skips too.
+    patched in this launch skips it; its result was never used.
+
+    Scalars: the interpreter holds every scalar (a program id, a loaded value) as a numpy
+    array of shape [1]. Triton 3.6 converts one to an int (`range(start, end)` with
+    runtime bounds) by `int(array)`, which numpy 2.5 refuses for any array of ndim > 0 (a
+    deprecation since numpy 1.25); later Triton squeezes first. The conversion is set
+    right after Triton's patches, through Triton's own patch scope, which restores it
+    when the launch ends. For a size-1 array both spellings give the same int.
     """
     original = triton_interpreter._patch_lang
     patched: set[int] = set()
@@ -298,7 +278,9 @@ def _language_patched_once() -> Iterator[None]:
         if patched and languages <= patched:
             return None  # a device-function call: the launch's own scope restores
         patched.update(languages)
-        return original(fn)
+        scope = original(fn)
+        scope.set_attr(tl.core.tensor, "__index__", _index_of_scalar)
+        return scope
 
     triton_interpreter._patch_lang = patch_lang
     try:

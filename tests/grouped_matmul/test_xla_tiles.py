@@ -31,14 +31,11 @@ from jax_bridge.grouped_matmul.reference import (
 )
 from tests.grouped_matmul.helpers import bounds as _bounds
 from tests.grouped_matmul.helpers import gmm_float64 as gmm_loop
+from tests.grouped_matmul.helpers import normal as _normal
 from tests.grouped_matmul.helpers import tgmm_float64 as tgmm_loop
 
 # --- oracles and helpers ----------------------------------------------------------------
 # The float64 loops are the suite's shared independent oracle (tests/grouped_matmul/helpers.py).
-
-
-def _normal(rng, shape, dtype=np.float32) -> jax.Array:
-    return jax.device_put(rng.standard_normal(shape).astype(np.float32).astype(dtype))
 
 
 def _close(actual, expected, rtol=1e-5):

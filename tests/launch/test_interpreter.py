@@ -15,7 +15,7 @@ float64 numpy attention / grouped matmul for the statistical check:
 (d) a scalar loaded in the kernel bounds a `range` loop (Triton 3.6 converted it with
     `int()` of a shape-[1] array, which numpy 2.5 refuses);
 (e) a launch patches `triton.language` for the interpreter once, not again at every
-    device-function call (a third of an attention kernel's interpreted time), with the
+    device-function call (a quarter of an attention kernel's interpreted time), with the
     same results, and leaves Triton's patching function as it found it.
 """
 
