@@ -14,8 +14,9 @@ goes to stderr. A row whose correctness check failed makes the run exit non-zero
 goals are printed as ratios against a baseline measured in the same run, and reported, not
 enforced. On a machine without a GPU, JAX is kept on the CPU (and the Triton kernels run
 through Triton's interpreter, at small sizes only). `--quick` (the default) keeps the CPU
-run to a few minutes; `--full` runs the larger sizes (passed to each section as
-`main(full=True)`; GMM_BENCH_FULL=1 is read here only, as `--full`).
+run under 3 minutes on 2 cores; `--full` runs the larger sizes (passed to each section as
+`main(full=True)`; GMM_BENCH_FULL=1 is read here only, as `--full`) and ends with the
+memory summary compiled for an H100 and a TPU (`python -m bench aot`'s one line).
 `--plot PATH` draws time against sequence length (attention) and group count (grouped
 matmul) as a PNG (bench/plot.py; needs matplotlib, in the `test` extra).
 
@@ -210,8 +211,12 @@ def _plot(path: Path, rows: Sequence[BenchRow]) -> None:
     print(f"wrote {path} ({plotted} series)")
 
 
-def _compiled_summary() -> str:
-    """`python -m bench aot`'s one line (what the hardware compilers say), or why not."""
+def _compiled_summary(mode: str) -> str:
+    """`python -m bench aot`'s one line (what the hardware compilers say), or why not; with
+    quick sizes only where to find it (compiling for an H100 and a TPU takes over a minute
+    on 2 CPU cores, as long as the quick sections together)."""
+    if mode != "full":
+        return "\ncompiled for an H100 and a TPU: python -m bench aot --quick (or bench --full)"
     try:
         from bench.aot import summary_line
 
@@ -240,7 +245,7 @@ def main(argv: Sequence[str]) -> None:
     wall = time.perf_counter() - start
     print(f"\n## summary ({mode} sizes, base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ntotal wall time {wall:.1f} s")
-    print(_compiled_summary())
+    print(_compiled_summary(mode))
     if args.json is not None:
         flags = {"mode": mode, "sections": args.chosen, "json": str(args.json)}
         flags |= {"plot": str(args.plot)} if args.plot is not None else {}

@@ -2,10 +2,12 @@
 
 On a GPU, `main` runs bench/attention_gpu.py instead (the Triton kernels against cuDNN).
 
-16 packed documents of 128, 256 and 512 tokens (2048 to 8192 tokens), causal, 2 heads of
-64 (float32). The dense baseline is `jax.nn.dot_product_attention` over the whole packed
-axis with the equivalent block-diagonal causal mask, i.e. a [tokens, tokens] score matrix
-per head; the varlen path only visits the key blocks inside each document's causal range.
+Packed documents, causal, 2 heads of 64 (float32): quick (the default), 8 documents of
+64, 128 and 256 tokens (512 to 2048 tokens); `--full`, 16 documents of 128, 256 and 512
+(2048 to 8192 tokens: the dense baseline's forward + backward then takes seconds a call).
+The dense baseline is `jax.nn.dot_product_attention` over the whole packed axis with the
+equivalent block-diagonal causal mask, i.e. a [tokens, tokens] score matrix per head; the
+varlen path only visits the key blocks inside each document's causal range.
 Reported: median wall times (jit, after a warm-up) of the forward and of forward+backward,
 their ratio, the FLOP ratio, and the largest difference between the two results, per
 document length. The rows carry the useful FLOPs (allowed causal entries only;
@@ -28,8 +30,9 @@ from bench.report import BenchRow
 from bench.timing import jit_with_grads, repeat_seconds
 from jax_bridge.attention.api import varlen_attention
 
-NUM_DOCS = 16
-DOC_LENS = (128, 256, 512)  # per-document sequence lengths, one table block each
+# (documents, per-document lengths): one table block per length.
+QUICK_SIZES = (8, (64, 128, 256))
+FULL_SIZES = (16, (128, 256, 512))
 NUM_HEADS = 2  # the dense baseline holds several [heads, 8192, 8192] f32 arrays
 HEAD_DIM = 64
 REPEATS = 3
@@ -37,16 +40,16 @@ TOLERANCE = 1e-4  # max abs error / max abs value, float32 (summation order only
 FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["attention"]  # bench/report.py
 
 
-def _inputs(doc_len: int):
-    """q, k, v [NUM_DOCS * doc_len, NUM_HEADS, HEAD_DIM] f32, cu_seqlens int32 [NUM_DOCS + 1]
+def _inputs(num_docs: int, doc_len: int):
+    """q, k, v [num_docs * doc_len, NUM_HEADS, HEAD_DIM] f32, cu_seqlens int32 [num_docs + 1]
     and the dense baseline's bool mask [tokens, tokens]."""
-    total = NUM_DOCS * doc_len
+    total = num_docs * doc_len
     rng = np.random.default_rng(0)
     q, k, v = (
         jnp.asarray(rng.standard_normal((total, NUM_HEADS, HEAD_DIM)), jnp.float32)
         for _ in range(3)
     )
-    cu_seqlens = jnp.arange(NUM_DOCS + 1, dtype=jnp.int32) * doc_len
+    cu_seqlens = jnp.arange(num_docs + 1, dtype=jnp.int32) * doc_len
     doc = np.arange(total) // doc_len
     pos = np.arange(total)
     # Block-diagonal causal mask: same document and key not after query.
@@ -54,10 +57,10 @@ def _inputs(doc_len: int):
     return q, k, v, cu_seqlens, jnp.asarray(mask)
 
 
-def forward_flops(doc_len: int) -> float:
+def forward_flops(num_docs: int, doc_len: int) -> float:
     """Useful forward FLOPs: 4 * HEAD_DIM per allowed (query, key) entry and head (QK^T and
     PV); a causal document of L tokens allows L (L + 1) / 2 entries."""
-    return 4.0 * HEAD_DIM * NUM_HEADS * NUM_DOCS * doc_len * (doc_len + 1) / 2
+    return 4.0 * HEAD_DIM * NUM_HEADS * num_docs * doc_len * (doc_len + 1) / 2
 
 
 def _functions(q: jax.Array, cu_seqlens: jax.Array, mask: jax.Array) -> dict:
@@ -79,10 +82,10 @@ def _functions(q: jax.Array, cu_seqlens: jax.Array, mask: jax.Array) -> dict:
     }
 
 
-def _bench_size(doc_len: int) -> list[BenchRow]:
+def _bench_size(num_docs: int, doc_len: int) -> list[BenchRow]:
     """Prints one block of the table; returns its forward and forward+backward rows."""
-    total = NUM_DOCS * doc_len
-    q, k, v, cu_seqlens, mask = _inputs(doc_len)
+    total = num_docs * doc_len
+    q, k, v, cu_seqlens, mask = _inputs(num_docs, doc_len)
     timed = {}
     for label, (ours, baseline) in _functions(q, cu_seqlens, mask).items():
         t_ours, result = repeat_seconds(ours, q, k, v, repeats=REPEATS)
@@ -91,7 +94,7 @@ def _bench_size(doc_len: int) -> list[BenchRow]:
     # The last pair of results is forward+backward: (out, (dq, dk, dv)) each.
     (out, (dq, dk, dv)), (ref, (rdq, rdk, rdv)) = result, reference
 
-    print(f"{total} tokens in {NUM_DOCS} documents of {doc_len}:")
+    print(f"{total} tokens in {num_docs} documents of {doc_len}:")
     print(f"{'':18s} {'varlen xla':>12s} {'dense masked':>13s} {'time ratio':>11s}")
     for label, (times_ours, times_dense) in timed.items():
         t_ours, t_dense = statistics.median(times_ours), statistics.median(times_dense)
@@ -101,8 +104,8 @@ def _bench_size(doc_len: int) -> list[BenchRow]:
     # Matmul FLOPs (QK^T and PV): dense covers T^2 pairs per head; varlen covers each
     # document's L^2 pairs (its key-block loop stops at the causal edge, so it does
     # roughly half of that plus the diagonal blocks).
-    flop_ratio = total**2 / (NUM_DOCS * doc_len**2)
-    causal_ratio = total**2 / (NUM_DOCS * doc_len * (doc_len + 1) / 2)
+    flop_ratio = total**2 / (num_docs * doc_len**2)
+    causal_ratio = total**2 / (num_docs * doc_len * (doc_len + 1) / 2)
     print(
         f"FLOP ratio dense/varlen: {flop_ratio:.1f}x per-document blocks "
         f"({causal_ratio:.1f}x counting only the causal triangles)"
@@ -118,8 +121,8 @@ def _bench_size(doc_len: int) -> list[BenchRow]:
         f"correctness vs dense (max abs error / max abs value): {details} -> "
         f"{'OK' if ok else 'MISMATCH'}"
     )
-    shape = f"{NUM_DOCS}x{doc_len} tok h{NUM_HEADS} d{HEAD_DIM} causal f32"
-    flops = {"forward": forward_flops(doc_len)}
+    shape = f"{num_docs}x{doc_len} tok h{NUM_HEADS} d{HEAD_DIM} causal f32"
+    flops = {"forward": forward_flops(num_docs, doc_len)}
     flops["fwd+bwd"] = FWD_BWD_FLOP_FACTOR * flops["forward"]
     return [
         BenchRow(
@@ -132,26 +135,30 @@ def _bench_size(doc_len: int) -> list[BenchRow]:
             times_dense,
             ok,
             flops=flops[label],
-            params={"seq_len": doc_len, "num_docs": NUM_DOCS, "total_tokens": total},
+            params={"seq_len": doc_len, "num_docs": num_docs, "total_tokens": total},
         )
         for label, (times_ours, times_dense) in timed.items()
     ]
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the table; returns the forward and forward+backward rows of every document
-    length (baseline: dense); on a GPU, the Triton kernels against cuDNN instead."""
+    length (baseline: dense); on a GPU, the Triton kernels against cuDNN instead (the same
+    rows at either size). `full`: `python -m bench --full`'s sizes."""
     if jax.default_backend() in ("cuda", "rocm", "gpu"):
         from bench import attention_gpu
 
         return attention_gpu.main()
+    num_docs, doc_lens = FULL_SIZES if full else QUICK_SIZES
     print(
         f'Varlen attention (implementation="xla") vs dense masked attention\n'
-        f"{jax.default_backend()}: {NUM_DOCS} documents of {', '.join(map(str, DOC_LENS))} "
+        f"{jax.default_backend()}: {num_docs} documents of {', '.join(map(str, doc_lens))} "
         f"tokens, causal, {NUM_HEADS} heads x {HEAD_DIM}, float32, median of {REPEATS}"
     )
-    return [row for doc_len in DOC_LENS for row in _bench_size(doc_len)]
+    return [row for doc_len in doc_lens for row in _bench_size(num_docs, doc_len)]
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(full="--full" in sys.argv[1:])

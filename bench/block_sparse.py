@@ -2,10 +2,12 @@
 
 1. The sweep (no timing): for causal, sliding window (1024), chunked causal (2048),
    prefix-LM (2048 prompt), 16 causal documents and random 50% / 90% block sparsity, at
-   8k / 16k / 32k tokens and 128 x 128 blocks, the blocks `block_sparse_attention` visits
+   8k and 16k tokens (and 32k with `--full`: the random masks are predicates evaluated per
+   element, ~9 s each there) and 128 x 128 blocks, the blocks `block_sparse_attention` visits
    against the blocks of the dense grid (`jax_bridge.block_sparse.masks.block_counts`),
    and how many of the visited ones need an element mask (partial).
-2. Timed at 4096 tokens, 2 heads of 64, float32, forward + backward (jit, median of 3):
+2. Timed at 2048 tokens (4096 with `--full`: the dense baseline then takes ~2 s a call),
+   2 heads of 64, float32, forward + backward (jit, median of 3):
    `block_sparse_attention(implementation="xla")` against `jax.nn.dot_product_attention`
    with the dense boolean mask, and, for the document mask, against our
    `varlen_attention(implementation="xla")` too. Every row checks its output and
@@ -39,9 +41,10 @@ from pallas_tpu.splash import (
     PrefixLMMask,
 )
 
-SWEEP_TOKENS = (8192, 16384, 32768)
+# (sweep lengths, timed length) per mode.
+QUICK_TOKENS = ((8192, 16384), 2048)
+FULL_TOKENS = ((8192, 16384, 32768), 4096)
 BLOCK = 128
-TIMED_TOKENS = 4096
 HEADS, HEAD_DIM, REPEATS = 2, 64, 3
 TOLERANCE = 1e-4  # float32, HIGHEST: only the summation order differs
 
@@ -80,13 +83,13 @@ def masks(tokens: int) -> dict:
     }
 
 
-def sweep() -> None:
+def sweep(lengths: tuple[int, ...]) -> None:
     """Prints visited / dense blocks per mask and length."""
     print(f"blocks visited / dense grid ({BLOCK} x {BLOCK} blocks; partial in brackets):")
-    print(f"{'mask':18s}" + "".join(f"{t:>22d}" for t in SWEEP_TOKENS))
-    for name in masks(SWEEP_TOKENS[0]):
+    print(f"{'mask':18s}" + "".join(f"{t:>22d}" for t in lengths))
+    for name in masks(lengths[0]):
         cells = []
-        for tokens in SWEEP_TOKENS:
+        for tokens in lengths:
             c = block_counts(masks(tokens)[name], block_sizes=_blocks())
             cells.append(f"{c.visited}/{c.dense} ({c.partial}) {c.visited / c.dense:4.0%}")
         print(f"{name:18s}" + "".join(f"{cell:>22s}" for cell in cells))
@@ -144,21 +147,23 @@ def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
     return rows
 
 
-def main() -> list[BenchRow]:
+def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the sweep and the timed comparisons; returns the timed rows (on a GPU: the
-    Triton kernels', bench/block_sparse_gpu.py)."""
-    sweep()
+    Triton kernels', bench/block_sparse_gpu.py, at either size). `full`: `python -m bench
+    --full`'s sizes."""
+    lengths, timed_tokens = FULL_TOKENS if full else QUICK_TOKENS
+    sweep(lengths)
     if jax.default_backend() == "gpu":
         from bench import block_sparse_gpu
 
         return block_sparse_gpu.main()
     rng = np.random.default_rng(0)
-    shape = (1, TIMED_TOKENS, HEADS, HEAD_DIM)
+    shape = (1, timed_tokens, HEADS, HEAD_DIM)
     q, k, v, d_out = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
-    print(f"fwd+bwd at {TIMED_TOKENS} tokens, base/ours (> 1: ours is faster):")
+    print(f"fwd+bwd at {timed_tokens} tokens, base/ours (> 1: ours is faster):")
     chosen = ("causal", "16 documents", "random 90% sparse")
     return [
         row
         for name in chosen
-        for row in _timed_row(name, masks(TIMED_TOKENS)[name], q, k, v, d_out)
+        for row in _timed_row(name, masks(timed_tokens)[name], q, k, v, d_out)
     ]

@@ -2,12 +2,12 @@
 
 CPU: our XLA path (`grouped_matmul(implementation="xla")`, the tile loop of
 `jax_bridge.grouped_matmul.xla`) against `jax.lax.ragged_dot` and against a dense
-per-group loop (one jitted `lhs[rows] @ rhs[g]` per group, sizes static): 8192 tokens
+per-group loop (one jitted `lhs[rows] @ rhs[g]` per group, sizes static): tokens routed
 over 64, 16 and 8 experts, float32; times are medians. XLA's CPU backend runs
 `ragged_dot` as a dense product per group (num_groups times the FLOPs), so it is timed
-with one repeat only, and at the issue's k=2048, n=1408 (`--full`, several
-minutes) only forward. By default k and n are cut to 512 and 352 (same tokens, experts
-and aspect).
+forward only, with one repeat (its backward would take seconds a call). By default m, k
+and n are cut to 4096, 512 and 352 (same experts and aspect); `--full` runs the issue's
+m=8192, k=2048, n=1408 (several minutes).
 
 GPU (when present): the Triton kernels in bfloat16 at m8192 k2048 n1408 G64 and m32768
 k4096 n2048 G32 against `jax.lax.ragged_dot`, a dense matmul of the same FLOPs (cuBLAS,
@@ -35,7 +35,7 @@ from bench.report import BenchRow
 from jax_bridge.grouped_matmul.api import grouped_matmul
 
 M, K, N, GROUPS = 8192, 2048, 1408, 64
-CPU_K, CPU_N = 512, 352
+CPU_M, CPU_K, CPU_N = 4096, 512, 352
 CPU_GROUPS = (64, 16, 8)  # three group counts: time against groups in --plot
 FWD_BWD_FLOP_FACTOR = REPORT_FACTORS["matmul"]  # bench/report.py
 # float32 results of ours and of the dense loop differ by summation order only.
@@ -101,7 +101,7 @@ def _interleaved(fns: dict[str, Callable], args: tuple, repeats: int) -> dict[st
     }
 
 
-def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[BenchRow]:
+def _cpu(m: int, k: int, n: int, groups: int) -> list[BenchRow]:
     """Prints the CPU timings; returns rows of ours against the dense loop and ragged_dot."""
     sizes = _group_sizes(m, groups)
     rng = np.random.default_rng(1)
@@ -125,7 +125,7 @@ def _cpu(m: int, k: int, n: int, groups: int, *, full: bool) -> list[BenchRow]:
     for label, make, repeats in (("forward", jax.jit, 7), ("fwd+bwd", _loss_grad, 5)):
         made = {name: make(f) for name, f in methods.items()}
         timed = _interleaved(made, (lhs, rhs), repeats)
-        if not (full and label != "forward"):  # minutes per call at the full size
+        if label == "forward":
             # One timed call only: ragged_dot does num_groups times the dense work here.
             timed |= _interleaved({n: make(f) for n, f in ragged.items()}, (lhs, rhs), 1)
         for name, (first, median, _, _) in timed.items():
@@ -188,8 +188,8 @@ def main(*, full: bool = False) -> list[BenchRow]:
     """Prints the table; returns its rows (the CPU ones carry the check against the loop)."""
     if jax.default_backend() in ("cuda", "rocm", "gpu"):
         return _gpu()
-    k, n = (K, N) if full else (CPU_K, CPU_N)
-    return [f for groups in CPU_GROUPS for f in _cpu(M, k, n, groups, full=full)]
+    m, k, n = (M, K, N) if full else (CPU_M, CPU_K, CPU_N)
+    return [f for groups in CPU_GROUPS for f in _cpu(m, k, n, groups)]
 
 
 if __name__ == "__main__":

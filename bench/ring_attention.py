@@ -21,21 +21,24 @@ line and return a skipped row):
   written here with `jax.shard_map`: every device gathers K, V, segment ids and token
   positions (`lax.all_gather(tiled=True)`) and computes dense masked attention for its own
   query shard against the whole sequence in plain jnp (scores [B, Hq, seq / R, seq]).
-  Both are checked against `flash_attention(..., causal=True, implementation="xla")` on
-  the global arrays: outputs by max abs difference (<= 1e-4, float32), gradients by max
-  abs difference / max |reference| (<= 1e-4). Load-balanced inputs go through
+  Both are checked against dense masked attention on the global arrays (`dense_reference`:
+  the baseline's arithmetic without the sharding, float32 at HIGHEST precision): outputs
+  by max abs difference (<= 1e-4), gradients by max abs difference / max |reference|
+  (<= 1e-4). Load-balanced inputs go through
   `reorder_sequence` first and results back with `to_contiguous=True`; the reordering is
   outside the timed functions (a model keeps the balanced order throughout).
 
 On a CPU the R devices are fake (`--xla_force_host_platform_device_count`) and share the
 machine's cores, so the times measure the overhead of each sharded program, not a
 speed-up, and the ring's hops are memory copies, not links. This module never sets
-XLA_FLAGS (JAX may already be running). Every ring configuration compiles for 3-8 s
-(forward) or 14-18 s (forward + backward, load-balanced) on a CPU, so the quick default
-(seq 1024) times at the largest R (8) the forward of both layouts and the load-balanced
-forward + backward, and at R = 2 the contiguous forward only; bytes and balance are
-reported for every R. `python -m bench --full` uses seq 4096 and times every R
-and both layouts in both directions (many minutes on a CPU).
+XLA_FLAGS (JAX may already be running). A ring's program holds one attention per chunk
+pair (one pair contiguous, four load-balanced) and kind of pair: on a 2-core CPU the
+forwards compile in 5-10 s, the forward + backward in 8 s (contiguous) and 25 s
+(load-balanced), whatever R. So the quick default (seq 1024) times one ring size, R = 4
+(or the largest below it): the forward of both layouts and the contiguous forward +
+backward; bytes and balance are reported for every R.
+`python -m bench --full` uses seq 4096 and times every R and both layouts in both
+directions (many minutes on a CPU).
 
 Timed rows carry the useful FLOPs of the whole sequence (`_Bench.forward_flops`: allowed
 causal entries only, 4 * head_dim per entry and query head; forward + backward 3.5x; the
@@ -64,17 +67,16 @@ from jax.sharding import PartitionSpec as P
 from bench.report import FWD_BWD_FLOP_FACTOR as REPORT_FACTORS
 from bench.report import BenchRow
 from bench.timing import repeat_seconds
-from jax_bridge import flash_attention, reorder_sequence
+from jax_bridge import reorder_sequence
 from jax_bridge.attention.ring import ring_attention
 from jax_bridge.host.context_parallel import load_balanced_positions
 
 SECTION = "ring_attention"
 AXIS = "cp"
 BATCH, Q_HEADS, KV_HEADS, HEAD_DIM = 1, 4, 2, 64
-DTYPE = jnp.float32
 QUICK_SEQ, FULL_SEQ = 1024, 4096
 RING_SIZES = (1, 2, 4, 8)
-QUICK_SMALL_RING = 2  # quick: time this R and the largest one
+QUICK_RING = 4  # quick: time this R only (or the largest R there are devices for)
 LAYOUTS = ("contiguous", "load_balanced")
 # float32: ours and the reference differ by summation order only.
 OUTPUT_TOLERANCE = 1e-4  # max abs difference (outputs are O(1))
@@ -100,11 +102,10 @@ def segment_ids(seq: int, seed: int = 0) -> np.ndarray:
 
 
 def _inputs(seq: int) -> tuple[jax.Array, ...]:
-    keys = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(keys[0], (BATCH, seq, Q_HEADS, HEAD_DIM), DTYPE)
-    k = jax.random.normal(keys[1], (BATCH, seq, KV_HEADS, HEAD_DIM), DTYPE)
-    v = jax.random.normal(keys[2], (BATCH, seq, KV_HEADS, HEAD_DIM), DTYPE)
-    return q, k, v, jnp.asarray(segment_ids(seq))
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((BATCH, seq, Q_HEADS, HEAD_DIM), np.float32)
+    k, v = (rng.standard_normal((BATCH, seq, KV_HEADS, HEAD_DIM), np.float32) for _ in range(2))
+    return tuple(jax.device_put(x) for x in (q, k, v, segment_ids(seq)))
 
 
 def positions(seq: int, ring_size: int, layout: str) -> np.ndarray:
@@ -188,6 +189,33 @@ def imbalance(x: np.ndarray) -> float:
 # ----------------------------------------------------------------------- baseline
 
 
+def _dense_attention(q, k_all, v_all, ids, ids_all, pos, pos_all) -> jax.Array:
+    """Queries q [b, length, hq, d] (segment ids [b, length], natural positions [length])
+    attend every key of k_all / v_all [b, seq, hkv, d] (ids_all [b, seq], pos_all [seq])
+    of their document at or before their position; the scores as one dense array. Padding
+    queries (id <= 0) output 0."""
+    b, length, hq, d = q.shape
+    group = hq // k_all.shape[2]
+    qg = q.reshape(b, length, k_all.shape[2], group, d)
+    s = jnp.einsum("blhgd,bshd->bhgls", qg, k_all, precision=lax.Precision.HIGHEST)
+    s = s / np.sqrt(d).astype(np.float32)
+    allowed = (ids[:, :, None] == ids_all[:, None, :]) & (ids[:, :, None] > 0)
+    allowed &= pos_all[None, None, :] <= pos[None, :, None]  # [b, length, seq]
+    s = jnp.where(allowed[:, None, None], s, -jnp.inf)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    p = e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
+    out = jnp.einsum("bhgls,bshd->blhgd", p, v_all, precision=lax.Precision.HIGHEST)
+    return out.reshape(b, length, hq, d).astype(q.dtype)
+
+
+def dense_reference(q, k, v, ids) -> jax.Array:
+    """The oracle: causal attention within documents over the whole (unsharded) sequence
+    in natural order, [b, seq, hq, d]."""
+    pos = jnp.arange(q.shape[1])
+    return _dense_attention(q, k, v, ids, ids, pos, pos)
+
+
 def all_gather_attention(q, k, v, ids, pos, *, mesh: Mesh) -> jax.Array:
     """Causal attention with the sequence sharded over `AXIS`: each device all-gathers K,
     V, segment ids and positions, then attends its query shard to the whole sequence with
@@ -199,19 +227,7 @@ def all_gather_attention(q, k, v, ids, pos, *, mesh: Mesh) -> jax.Array:
         gather = functools.partial(lax.all_gather, axis_name=AXIS, tiled=True)
         k_all, v_all, ids_all = (gather(x, axis=1) for x in (k, v, ids))
         pos_all = gather(pos, axis=0)
-        b, length, hq, d = q.shape
-        group = hq // k.shape[2]
-        qg = q.reshape(b, length, k.shape[2], group, d)
-        s = jnp.einsum("blhgd,bshd->bhgls", qg, k_all, precision=lax.Precision.HIGHEST)
-        s = s / np.sqrt(d).astype(np.float32)
-        allowed = (ids[:, :, None] == ids_all[:, None, :]) & (ids[:, :, None] > 0)
-        allowed &= pos_all[None, None, :] <= pos[None, :, None]  # [b, length, seq]
-        s = jnp.where(allowed[:, None, None], s, -jnp.inf)
-        m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-        e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
-        p = e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
-        out = jnp.einsum("bhgls,bshd->blhgd", p, v_all, precision=lax.Precision.HIGHEST)
-        return out.reshape(b, length, hq, d).astype(q.dtype)
+        return _dense_attention(q, k_all, v_all, ids, ids_all, pos, pos_all)
 
     return jax.shard_map(body, mesh=mesh, in_specs=(seq, seq, seq, seq, P(AXIS)), out_specs=seq)(
         q, k, v, ids, pos
@@ -293,12 +309,9 @@ class _Bench:
         # Useful forward FLOPs: QK^T and PV (2 * HEAD_DIM each) per allowed entry and q head.
         self.forward_flops = 4.0 * HEAD_DIM * Q_HEADS * int(self.allowed.sum())
 
-        def fwd(q, k, v, ids):
-            return flash_attention(q, k, v, q_segment_ids=ids, causal=True, implementation="xla")
-
         args = (self.q, self.k, self.v, self.ids)
-        self.ref_out = jax.jit(fwd)(*args)
-        self.ref_grad = jax.jit(_grad(fwd))(*args)
+        self.ref_out = jax.jit(dense_reference)(*args)
+        self.ref_grad = jax.jit(_grad(dense_reference))(*args)
         self.shape = f"B{BATCH} S{seq} Hq{Q_HEADS}/kv{KV_HEADS} D{HEAD_DIM} f32 causal"
 
     def args(self, ring_size: int, layout: str) -> tuple:
@@ -489,13 +502,11 @@ def main(*, full: bool = False) -> list[BenchRow]:
     seq = FULL_SEQ if full else QUICK_SEQ
     devices = len(jax.devices())
     sizes = [r for r in RING_SIZES if r <= devices]
-    timed = sizes if full else sorted({min(QUICK_SMALL_RING, sizes[-1]), sizes[-1]})
-    every = dict.fromkeys((False, True), LAYOUTS)
-    # Quick (each ring compile is 4-17 s): at the largest R the forward of both layouts
-    # and the load-balanced fwd+bwd; at the small R the contiguous forward only.
-    plans = {r: every if full else {False: ("contiguous",)} for r in timed}
-    if not full:
-        plans[timed[-1]] = {False: LAYOUTS, True: ("load_balanced",)}
+    timed = sizes if full else [max(r for r in sizes if r <= QUICK_RING)]
+    # Quick: the forward of both layouts (both RingStats checked) and the contiguous
+    # fwd+bwd (the load-balanced one compiles for 25 s); full: everything at every R.
+    quick_plan = {False: LAYOUTS, True: ("contiguous",)}
+    plans = dict.fromkeys(timed, dict.fromkeys((False, True), LAYOUTS) if full else quick_plan)
     bench = _Bench(seq, repeats=5 if full else 3)
     print(
         f"ring_attention: {bench.shape}, ring sizes {sizes}, timed {timed}, "

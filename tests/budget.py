@@ -66,6 +66,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/test_bench_cli.py::test_host_layer_json_and_plot", "the whole host-layer section"),
     ("tests/test_bench_cli.py::test_kernel_report_lists_every_kernel_with_the_proxy", "compiles"),
     ("tests/test_bench_train_at_scale.py::*", "a 1B-parameter step compiled for a target"),
+    ("tests/test_bench_ring_attention.py::test_the_section_*", "three ring programs compiled"),
     ("tests/attention/test_pallas.py::test_block_sizes_as_config[blocks0]", "as blocks1"),
     ("tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[*", "QUICK: 2 cases"),
     ("tests/attention/test_shift.py::test_bottom_right_shift_is_no_shift[*", "shifts: QUICK"),

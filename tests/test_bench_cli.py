@@ -304,3 +304,15 @@ def test_full_reaches_the_sections_that_have_sizes(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GMM_BENCH_FULL", "1")
     assert cli._apply_size(cli.parse_args(["host_layer"])) == "full"
     assert cli._apply_size(cli.parse_args(["--quick", "host_layer"])) == "quick"
+
+
+def test_the_compiled_summary_runs_with_full_sizes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling for an H100 and a TPU takes over a minute on 2 cores: the quick run (make
+    bench) names the command instead; --full runs it."""
+    from bench import aot
+
+    calls = []
+    monkeypatch.setattr(aot, "summary_line", lambda: calls.append(1) or "compiled: 3x less")
+    quick = cli._compiled_summary("quick")
+    assert calls == [] and "python -m bench aot" in quick
+    assert "compiled: 3x less" in cli._compiled_summary("full") and calls == [1]
