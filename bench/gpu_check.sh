@@ -7,7 +7,7 @@
 #    $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
 # 3. one Nsight Compute profile per op (ours on one attention and one grouped matmul row):
 #    time per kernel, ours against the XLA work around them;
-# 4. the GPU conformance tests.
+# 4. the GPU conformance tests, and a TMA-descriptor kernel launched with its global scratch.
 # Every step has its own time limit and its own log under $OUT; a step failing does not
 # stop the next. BENCH_COMMIT=<hash> names the commit where the copy has no .git;
 # GPU_CHECK_ARGS adds arguments to gpu-check (on a CPU: "--dry-run --rows m64").
@@ -59,7 +59,7 @@ fi
 
 timeout 110 "$PY" -m pytest -n 4 -x -q \
   tests/attention/test_conformance.py tests/grouped_matmul/test_conformance.py \
-  tests/block_sparse/test_conformance.py >"$OUT/tests.txt" 2>&1
+  tests/block_sparse/test_conformance.py tests/launch/test_global_scratch.py >"$OUT/tests.txt" 2>&1
 rc=$?
 note "GPU tests (tests.txt): exit $rc -- $(tail -1 "$OUT/tests.txt")"
 note "done"

@@ -136,6 +136,9 @@ def _launch_v03(
 ) -> tuple[jax.Array, ...]:
     import jax_triton
 
+    from jax_bridge.launch.global_scratch import pass_global_scratch
+
+    pass_global_scratch()  # 0.3 never passes it: kernels with TMA descriptors need it
     args = tuple(_scalar(a, keep_float32=True) for a in args)
     # 0.3 counts only array operands in the input index of an alias.
     array_index = {i: sum(map(_is_array, args[:i])) for i in input_output_aliases}
