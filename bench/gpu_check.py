@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch's anchors out")
     parser.add_argument(
+        "--tma",
+        action="store_true",
+        help="time the TMA forward against the default on two varlen rows (on with --dry-run)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="KEY",
         help="ours alone on the first case matching KEY, 3 calls (for ncu)",
@@ -138,6 +143,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     from bench.runner import Timing, run_cases
 
     gpu_rows.USE_TORCH = not args.no_torch
+    gpu_rows.USE_TMA = args.tma or args.dry_run
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu

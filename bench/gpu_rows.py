@@ -137,12 +137,30 @@ def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
     return _to_numpy(result)
 
 
-def varlen_impl(spec: MaskSpec) -> Impl:
-    """Ours: the Triton varlen kernels on the packed documents."""
+def _tma_forward(head_dim: int, causal: bool):
+    """`AttentionConfigs` whose forward is the default tile of this launch target with
+    `tma` (K/V through tensor descriptors), the backward kernels at their defaults."""
+    from jax_bridge import AttentionConfigs
+    from jax_bridge.launch.target import launch_target
+    from triton_kernels.flash_attention.config import AttentionFeatures, default_attention_config
+
+    default = default_attention_config(
+        head_dim, "bfloat16", launch_target().compute_capability, "forward",
+        features=AttentionFeatures(causal=causal),
+    )  # fmt: skip
+    return AttentionConfigs(forward=dataclasses.replace(default, tma=True))
+
+
+def varlen_impl(spec: MaskSpec, tma: bool = False) -> Impl:
+    """Ours: the Triton varlen kernels on the packed documents; `tma`: the forward loads
+    K/V through tensor descriptors (an A/B row against the default, until measured)."""
     from jax_bridge import varlen_attention
 
     def fn(q, k, v, cu):
-        return varlen_attention(q, k, v, cu, cu, causal=spec.causal, implementation="triton")
+        config = _tma_forward(q.shape[-1], spec.causal) if tma else None
+        return varlen_attention(
+            q, k, v, cu, cu, causal=spec.causal, implementation="triton", config=config
+        )
 
     def prepare(host):
         import jax.numpy as jnp
@@ -150,7 +168,7 @@ def varlen_impl(spec: MaskSpec) -> Impl:
         q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
         return (q, k, v, jnp.asarray(spec.cu_seqlens())), d_out
 
-    return Impl("ours triton varlen", fn, prepare, _packed_canonical)
+    return Impl("ours triton varlen" + (" tma" if tma else ""), fn, prepare, _packed_canonical)
 
 
 def splash_mask(spec: MaskSpec):
@@ -234,6 +252,11 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 
 # ---------------------------------------------------------------------------- torch side
 
+
+# True: the first two varlen rows time the TMA forward as one more anchor (`gpu-check --tma`,
+# which bench/gpu_check.sh passes once a tensor-descriptor kernel ran on the device: a
+# kernel that faults there would take the rest of the run's rows with it).
+USE_TMA = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
 # CUDA libraries clash with JAX's in one process).
@@ -455,14 +478,14 @@ def torch_grouped_mm_impl() -> Impl:
 
 def _attention_case(
     section: str, op: str, key: str, spec: MaskSpec, heads: tuple[int, int], sizes: Sizes,
-    ours: Impl, torch_anchors: list[Impl],
+    ours: Impl, torch_anchors: list[Impl], variants: tuple[Impl, ...] = (),
 ) -> Case:  # fmt: skip
     q_heads, kv_heads = heads
     shape = (
         f"{key} h{q_heads}" + (f"/{kv_heads}kv" if kv_heads != q_heads else "")
         + f" d{sizes.head_dim} bf16"
     )  # fmt: skip
-    anchors = [jax_attention_impl(spec, sizes.attention_impl)]
+    anchors = [jax_attention_impl(spec, sizes.attention_impl), *variants]
     if torch_available():
         anchors += [*torch_anchors, flex_impl(spec)]
     return Case(
@@ -488,10 +511,12 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
     ]
+    # The TMA forward as one more anchor of the first two rows (ours/anchor: the default
+    # against TMA; ORDER runs them early).
     cases = [
-        _attention_case("attention", "varlen_attention", key, spec, h, sizes,
-                        varlen_impl(spec), _sdpa(spec))
-        for key, spec, h in rows
+        _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
+                        _sdpa(spec), variants=(varlen_impl(spec, tma=True),) * (USE_TMA and i < 2))
+        for i, (key, spec, h) in enumerate(rows)
     ]  # fmt: skip
     mixed = MaskSpec(sizes.mixed_docs)
     key = f"mixed {sizes.mixed_docs[0]}..{sizes.mixed_docs[-1]} causal"

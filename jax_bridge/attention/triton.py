@@ -82,6 +82,25 @@ def _config(
     )
 
 
+def _tma(config: AttentionKernelConfig, head_dim: int) -> bool:
+    """Whether the forward loads K/V through tensor descriptors: where the config asks
+    and the hardware and head_dim allow it (ValueError otherwise)."""
+    if not config.tma:
+        return False
+    capability = launch_target().compute_capability
+    if capability is not None and capability < 90:
+        raise ValueError(
+            f"varlen_attention: config tma=True needs a GPU of compute capability >= 9.0 "
+            f"(tensor memory accelerator), got {capability / 10:.1f}"
+        )
+    if block_d(head_dim) != head_dim:
+        raise ValueError(
+            f"varlen_attention: config tma=True needs a head_dim that is a power of two "
+            f"(a descriptor's tile is the whole row), got {head_dim}"
+        )
+    return True
+
+
 def _raw_score_max(spec: AttentionSpec, features: AttentionFeatures) -> bool:
     """Whether the forward may take its row max on raw q.k: max commutes with a positive
     scale and nothing else (a soft cap or ALiBi) transforms the scores."""
@@ -269,6 +288,7 @@ def forward(
         INPUT_PRECISION=_input_precision(options, q.dtype),
         RAW_SCORE_MAX=_raw_score_max(options.spec, features),
         PERSISTENT=persistent,
+        TMA=_tma(config, head_dim),
         **features.kernel_flags(),
     )
 

@@ -22,7 +22,12 @@ import triton
 
 pytest.importorskip("jax_triton")
 
-from jax_bridge import cuda_lowering, varlen_attention
+from jax_bridge import (
+    AttentionConfigs,
+    AttentionKernelConfig,
+    cuda_lowering,
+    varlen_attention,
+)
 from jax_bridge.launch import target
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import variant_report
@@ -236,3 +241,42 @@ def test_static_report_float32(head_dim, kind):
 def test_static_report_preprocess(head_dim):
     report = variant_report(attention_preprocess_variant(head_dim), 90)
     assert not report.spills, report.summary()
+
+
+def test_the_tma_forward_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
+    """A forward config with `tma` compiles its K/V descriptors for sm_90, and the launch
+    layer hands jaxlib the scratch they are written to (two descriptors of 128 bytes per
+    program); the backward kernels, which have no descriptors, get none."""
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    tile = AttentionKernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=True)
+    config = AttentionConfigs(forward=tile)
+    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
+                               config=config)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+    (forward,) = recorded.of("attention_forward_kernel")
+    assert forward[7:] == (256, 128)
+    backward = [c for c in recorded.calls if c[0] != "attention_forward_kernel"]
+    assert backward and all(len(call) == 7 for call in backward)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
+def test_static_report_of_the_tma_forward_shows_bulk_tensor_copies(persistent):
+    """The default sm_90 forward tile with `tma`: K and V arrive by bulk tensor copies
+    (UTMALDG) instead of per-thread asynchronous copies (LDGSTS); no spills, wgmma."""
+    default = attention_variant("forward", 128, 90, persistent=persistent)
+    config = AttentionKernelConfig(
+        default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
+        default.num_stages, tma=True,
+    )  # fmt: skip
+    report = variant_report(attention_variant("forward", 128, 90, config=config,
+                                              persistent=persistent), 90)  # fmt: skip
+    print(report.summary())
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
+    assert report.uses_wgmma and not report.spills, report.summary()

@@ -29,6 +29,7 @@ from jax_bridge.attention import triton as attention_triton
 from jax_bridge.attention.api import AttentionOptions
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.precision import DEFAULT_PRECISION
+from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
 from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from tests.attention.helpers import (
@@ -105,8 +106,9 @@ def test_register_heavy_calls_never_get_larger_tiles(compute_capability, feature
         ),
         (dict(block_m=16.0, block_n=16), TypeError, "AttentionKernelConfig.block_m"),
         (dict(block_m=16, block_n=16, fp32_dot_precision="ieee"), TypeError, "fp32_dot"),
+        (dict(block_m=16, block_n=16, tma=1), TypeError, "AttentionKernelConfig.tma"),
     ],
-    ids=["not_pow2", "too_small", "block_n", "warps", "stages", "float", "removed_field"],
+    ids=["not_pow2", "too_small", "block_n", "warps", "stages", "float", "removed_field", "tma"],
 )
 def test_kernel_config_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -144,12 +146,14 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             backward_dkdv=AttentionKernelConfig(block_m=32, block_n=16, num_warps=8),
             backward_dq=None,  # the default
         ),
+        AttentionConfigs(forward=AttentionKernelConfig(block_m=16, block_n=16, tma=True)),
     ],
-    ids=["one_for_all", "per_kernel"],
+    ids=["one_for_all", "per_kernel", "tma_forward"],
 )
 def test_config_overrides_give_the_same_numbers(config):
-    """Other tilings (unequal, larger than a sequence) give the reference's numbers and
-    the default configuration's, forward and backward."""
+    """Other tilings (unequal, larger than a sequence) and the forward's tensor-descriptor
+    loads (whose rows past a sequence's keys read 0) give the reference's numbers and the
+    default configuration's, forward and backward."""
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
     options = dict(causal=True, sliding_window=(13, None), return_lse=True)
@@ -289,11 +293,12 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
         assert_close(g, w, tol, name)
 
 
-@pytest.mark.parametrize("spare", [0, 3])
-def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
+@pytest.mark.parametrize("spare, tma", [(0, False), (3, False), (0, True)])
+def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     """More tile rows than programs (many short sequences, few spare programs): the
-    kernels launch persistent programs, each walking its share of the tile list; forward
-    and gradients still match the reference."""
+    kernels launch persistent programs, each walking its share of the tile list (with
+    `tma`, building each tile's K/V descriptors over its own sequence); forward and
+    gradients still match the reference."""
     monkeypatch.setattr(attention_triton, "_SPARE_PROGRAMS", spare)
     lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
     inputs = make_inputs(71, lengths, 2, 1, 32)
@@ -308,8 +313,11 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
     def run(fn):
         return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
 
+    config = AttentionConfigs(forward=AttentionKernelConfig(16, 16, tma=True)) if tma else None
     got = run(
-        lambda q, k, v, s: varlen_attention(q, k, v, cu_q, cu_k, implementation="triton", **options)
+        lambda q, k, v, s: varlen_attention(
+            q, k, v, cu_q, cu_k, implementation="triton", config=config, **options
+        )
     )
     want = oracle_value_and_grads(
         lambda q, k, v, s: attention_reference(q, k, v, cu_q, cu_k, **options),
@@ -325,3 +333,19 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare):
     pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
     for name, g, w in pairs:
         assert_close(g, w, tol, name)
+
+
+def test_tma_needs_a_power_of_two_head_dim_and_a_hopper_gpu():
+    inputs = make_inputs(5, [(20, 20)], 2, 1, 48)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    config = AttentionConfigs(forward=AttentionKernelConfig(16, 16, tma=True))
+    with pytest.raises(ValueError, match=r"varlen_attention: config tma=True.*power of two.*48"):
+        varlen_attention(q, k, v, cu_q, cu_k, implementation="triton", config=config)
+    q, k, v = (x[..., :32] for x in (q, k, v))
+    with pytest.raises(ValueError, match=r"varlen_attention: config tma=True.*9\.0.*8\.0"):
+        lower_for_cuda(
+            lambda q, k, v: varlen_attention(
+                q, k, v, cu_q, cu_k, implementation="triton", config=config
+            ),
+            q, k, v, compute_capability=80,
+        )  # fmt: skip

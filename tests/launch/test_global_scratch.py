@@ -15,6 +15,7 @@ import triton.language as tl
 from jax_bridge import lower_for_cuda, triton_call
 from jax_bridge.launch import global_scratch
 from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
+from tests.launch.recording import RecordedKernels, record_triton_kernels
 
 pytestmark = pytest.mark.skipif(
     jax_triton_api_version() != (0, 3), reason="jax_triton 0.4 passes the scratch itself"
@@ -41,36 +42,14 @@ def _copy(kernel, x: jax.Array, m: int, n: int) -> jax.Array:
     )
 
 
-class _RecordingKernels:
-    """Stands for jaxlib's `TritonKernel`: records each call's arguments and builds the
-    real kernel object from the first seven (this jaxlib takes no more)."""
-
-    def __init__(self, real):
-        self.real, self.calls = real, []
-
-    def __call__(self, *args):
-        self.calls.append(args)
-        return self.real(*args[:7])
-
-
 @pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> _RecordingKernels:
-    """jaxlib's TritonKernel recorded, and a fresh jax_triton kernel cache (a kernel built
-    by an earlier test would not be built again)."""
-    from jax._src.lib import gpu_triton
-    from jax_triton import triton_lib
-
-    recorder = _RecordingKernels(gpu_triton.TritonKernel)
-    monkeypatch.setattr(gpu_triton, "TritonKernel", recorder)
-    monkeypatch.setattr(triton_lib, "_COMPILED_KERNEL_CACHE", {})
-    return recorder
+def recorded(monkeypatch: pytest.MonkeyPatch) -> RecordedKernels:
+    """jaxlib's TritonKernel recorded, on a jaxlib that takes the scratch."""
+    return record_triton_kernels(monkeypatch, (0, 11, 2))
 
 
 @pytest.mark.parametrize("shape", [(32, 32), (16, 128)])
-def test_a_descriptor_kernel_gets_its_scratch_on_a_jaxlib_that_takes_it(
-    shape, recorded, monkeypatch
-) -> None:
-    monkeypatch.setattr(global_scratch, "jaxlib_version", lambda: (0, 11, 2))
+def test_a_descriptor_kernel_gets_its_scratch_on_a_jaxlib_that_takes_it(shape, recorded) -> None:
     x = jax.ShapeDtypeStruct(shape, jnp.float32)
     text = lower_for_cuda(lambda x: _copy(_descriptor_copy, x, *shape), x)
     assert "triton_kernel_call" in text
@@ -79,8 +58,7 @@ def test_a_descriptor_kernel_gets_its_scratch_on_a_jaxlib_that_takes_it(
     assert call[0] == "_descriptor_copy" and call[7:] == (256, 128)
 
 
-def test_a_kernel_without_scratch_is_built_as_before(recorded, monkeypatch) -> None:
-    monkeypatch.setattr(global_scratch, "jaxlib_version", lambda: (0, 11, 2))
+def test_a_kernel_without_scratch_is_built_as_before(recorded) -> None:
     x = jax.ShapeDtypeStruct((32, 32), jnp.float32)
     lower_for_cuda(lambda x: _copy(_plain_copy, x, 32, 32), x)
     (call,) = recorded.calls

@@ -258,13 +258,23 @@ def _load_rows(ptrs, row_ok, d_ok, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexp
 
 
 @triton.jit
+def _sequence_rows(rows_ptr, length, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK: tl.constexpr):  # fmt: skip
+    """A tensor descriptor over `length` rows of HEAD_DIM elements from `rows_ptr`, `STRIDE`
+    elements apart, loaded [BLOCK, HEAD_DIM] at a time; rows past `length` load as 0."""
+    return tl.make_tensor_descriptor(
+        rows_ptr, shape=[length, HEAD_DIM], strides=[STRIDE, 1], block_shape=[BLOCK, HEAD_DIM]
+    )
+
+
+@triton.jit
 def _forward_key_tiles(
     acc,
     m_i,
     l_i,
     q,
-    k_seq_ptr,
-    v_seq_ptr,
+    k_seq,
+    v_seq,
     start,
     end,
     rows,
@@ -289,25 +299,35 @@ def _forward_key_tiles(
     HAS_SINKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Online-softmax update of (acc [M, BLOCK_D], m_i [M], l_i [M]) over key tiles [start, end).
 
-    k_seq_ptr/v_seq_ptr point at key row 0 of the sequence, at this program's kv head.
+    k_seq/v_seq: the sequence's keys and values at this program's kv head: pointers to
+    key row 0, or with TMA tensor descriptors over its [len_k, HEAD_DIM] rows (whose
+    rows past len_k load as 0, as the masked loads do).
     Invariant: m_i is the running max of s2 (or -inf), l_i = sum exp2(s2 - m_i), acc =
     sum exp2(s2 - m_i) * v, all over the keys seen so far (and the sink, if any).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    k_tile_ptr = k_seq_ptr + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
-    v_tile_ptr = v_seq_ptr + start.to(tl.int64) * KV_STRIDE
+    if not TMA:
+        k_tile_ptr = k_seq + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
+        v_tile_ptr = v_seq + start.to(tl.int64) * KV_STRIDE
     for n in range(start, end, BLOCK_N):
         cols = n + offs_n
         col_ok = cols < len_k
-        k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        if TMA:
+            k = k_seq.load([n, 0])
+            v = v_seq.load([n, 0])
+        else:
+            k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+            v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+            k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+            v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+            k_tile_ptr += BLOCK_N * KV_STRIDE
+            v_tile_ptr += BLOCK_N * KV_STRIDE
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
         if RAW_SCORE_MAX:
             # The scale is positive and nothing else transforms a score, so the row max
@@ -337,8 +357,6 @@ def _forward_key_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
-        k_tile_ptr += BLOCK_N * KV_STRIDE
-        v_tile_ptr += BLOCK_N * KV_STRIDE
     return acc, m_i, l_i
 
 
@@ -373,6 +391,7 @@ def _forward_tile(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
+    TMA: tl.constexpr,
     chunk,
     seq,
     head,
@@ -411,31 +430,39 @@ def _forward_tile(
         m0, row_last, shift, len_k, window_left, window_right,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
     )  # fmt: skip
-    k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    if TMA:
+        # Descriptors over this sequence's rows only: the copy engine zero-fills rows past
+        # len_k, which are another sequence's (or past the array). Built per tile: a
+        # program's tiles may belong to different sequences (PERSISTENT).
+        k_seq = _sequence_rows(k_rows, len_k, KV_STRIDE, HEAD_DIM, BLOCK_N)
+        v_seq = _sequence_rows(v_rows, len_k, KV_STRIDE, HEAD_DIM, BLOCK_N)
+    else:
+        k_seq, v_seq = k_rows, v_rows
     # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
     # no key is allowed), so the first phase is empty.
     if HAS_WINDOW_LEFT:
         acc, m_i, l_i = _forward_key_tiles(
-            acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
+            acc, m_i, l_i, q, k_seq, v_seq, start, full_start, rows, shift, len_k,
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
             HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-            RAW_SCORE_MAX,
+            RAW_SCORE_MAX, TMA,
         )  # fmt: skip
     acc, m_i, l_i = _forward_key_tiles(
-        acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_start, full_end, rows, shift, len_k,
+        acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-        RAW_SCORE_MAX,
+        RAW_SCORE_MAX, TMA,
     )  # fmt: skip
     acc, m_i, l_i = _forward_key_tiles(
-        acc, m_i, l_i, q, k_seq_ptr, v_seq_ptr, full_end, end, rows, shift, len_k,
+        acc, m_i, l_i, q, k_seq, v_seq, full_end, end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-        RAW_SCORE_MAX,
+        RAW_SCORE_MAX, TMA,
     )  # fmt: skip
 
     out, lse = _final_rows(acc, m_i, l_i)
@@ -480,6 +507,7 @@ def attention_forward_kernel(
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
 
@@ -504,6 +532,9 @@ def attention_forward_kernel(
         without soft cap or ALiBi; the bridge decides).
       PERSISTENT: programs walk the tile list (for lists mostly of empty rows: one block
         launch a row would cost more than the work; the loop costs a few registers).
+      TMA: K and V tiles are loaded through device-side tensor descriptors (Hopper's bulk
+        tensor copies; the launch must pass the global scratch they are written to).
+        Needs HEAD_DIM == BLOCK_D and 16-byte aligned rows (the bridge decides).
     """
     head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -517,7 +548,7 @@ def attention_forward_kernel(
                 sinks_ptr, alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap, window_left,
                 window_right, shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
                 BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP,
-                HAS_SINKS, HAS_ALIBI, INPUT_PRECISION, RAW_SCORE_MAX, chunk, seq, head,
+                HAS_SINKS, HAS_ALIBI, INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -530,5 +561,5 @@ def attention_forward_kernel(
             alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap, window_left, window_right,
             shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N,
             BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_SINKS, HAS_ALIBI,
-            INPUT_PRECISION, RAW_SCORE_MAX, chunk, seq, head,
+            INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head,
         )  # fmt: skip
