@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tma",
         action="store_true",
-        help="time the TMA forward against the default on two varlen rows (on with --dry-run)",
+        help="time the TMA kernels against the default on two varlen rows (on with --dry-run)",
     )
     parser.add_argument(
         "--profile",

@@ -8,7 +8,7 @@
 # 3. one Nsight Compute profile per op (ours on one attention and one grouped matmul row):
 #    time per kernel, ours against the XLA work around them;
 # 4. the GPU conformance tests.
-# Before 2: a kernel with tensor descriptors (TMA) alone; if it runs, 2 also times the TMA forward.
+# Before 2: a kernel with tensor descriptors (TMA) alone; if it runs, 2 also times the TMA kernels.
 # Every step has its own time limit and its own log under $OUT; a step failing does not
 # stop the next. BENCH_COMMIT=<hash> names the commit where the copy has no .git;
 # GPU_CHECK_ARGS adds arguments to gpu-check (on a CPU: "--dry-run --rows m64").
@@ -31,7 +31,7 @@ if ! "$PY" -c "import jax_triton" 2>/dev/null; then
 fi
 
 # A kernel with device-side tensor descriptors (TMA) first, alone: only if it runs do the
-# bench rows time the TMA forward (a kernel faulting on the device would end the process).
+# bench rows time the TMA kernels (a kernel faulting on the device would end the process).
 timeout 60 "$PY" -m pytest -x -q tests/launch/test_global_scratch.py >"$OUT/tma.txt" 2>&1
 rc=$?
 note "TMA descriptor kernel (tma.txt): exit $rc -- $(tail -1 "$OUT/tma.txt")"

@@ -137,27 +137,36 @@ def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
     return _to_numpy(result)
 
 
-def _tma_forward(head_dim: int, causal: bool):
-    """`AttentionConfigs` whose forward is the default tile of this launch target with
-    `tma` (K/V through tensor descriptors), the backward kernels at their defaults."""
+def _tma_configs(head_dim: int, causal: bool):
+    """`AttentionConfigs`: each kernel at its default tile for this launch target, with
+    `tma` (streamed tiles through tensor descriptors)."""
     from jax_bridge import AttentionConfigs
     from jax_bridge.launch.target import launch_target
-    from triton_kernels.flash_attention.config import AttentionFeatures, default_attention_config
+    from triton_kernels.flash_attention.config import (
+        KINDS,
+        AttentionFeatures,
+        default_attention_config,
+    )
 
-    default = default_attention_config(
-        head_dim, "bfloat16", launch_target().compute_capability, "forward",
-        features=AttentionFeatures(causal=causal),
-    )  # fmt: skip
-    return AttentionConfigs(forward=dataclasses.replace(default, tma=True))
+    capability = launch_target().compute_capability
+    features = AttentionFeatures(causal=causal)
+    return AttentionConfigs(**{
+        kind: dataclasses.replace(
+            default_attention_config(head_dim, "bfloat16", capability, kind, features=features),
+            tma=True,
+        )
+        for kind in KINDS
+    })  # fmt: skip
 
 
 def varlen_impl(spec: MaskSpec, tma: bool = False) -> Impl:
-    """Ours: the Triton varlen kernels on the packed documents; `tma`: the forward loads
-    K/V through tensor descriptors (an A/B row against the default, until measured)."""
+    """Ours: the Triton varlen kernels on the packed documents; `tma`: every kernel loads
+    its streamed tiles through tensor descriptors (an A/B row against the default, until
+    measured)."""
     from jax_bridge import varlen_attention
 
     def fn(q, k, v, cu):
-        config = _tma_forward(q.shape[-1], spec.causal) if tma else None
+        config = _tma_configs(q.shape[-1], spec.causal) if tma else None
         return varlen_attention(
             q, k, v, cu, cu, causal=spec.causal, implementation="triton", config=config
         )
@@ -253,7 +262,7 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
-# True: the first two varlen rows time the TMA forward as one more anchor (`gpu-check --tma`,
+# True: the first two varlen rows time the TMA kernels as one more anchor (`gpu-check --tma`,
 # which bench/gpu_check.sh passes once a tensor-descriptor kernel ran on the device: a
 # kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
@@ -511,7 +520,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
     ]
-    # The TMA forward as one more anchor of the first two rows (ours/anchor: the default
+    # The TMA kernels as one more anchor of the first two rows (ours/anchor: the default
     # against TMA; ORDER runs them early).
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),

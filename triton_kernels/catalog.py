@@ -155,11 +155,11 @@ def attention_variant(
         constexprs["HAS_SINKS"] = features.sinks
         # A positive scale (the default 1/sqrt(d)) and no score transform: see the kernel.
         constexprs["RAW_SCORE_MAX"] = not (features.soft_cap or features.alibi)
-        constexprs["TMA"] = config.tma
+    constexprs["TMA"] = config.tma
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
-        + ("_tma" if config.tma and kind == "forward" else ""),
+        + ("_tma" if config.tma else ""),
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
         constexprs=constexprs,
@@ -170,13 +170,13 @@ def attention_variant(
     )
 
 
-def tma_forward_variant(head_dim: int, compute_capability: int) -> KernelVariant:
-    """The forward at its default tile (bf16, causal) with `tma`: K and V tiles through
-    device-side tensor descriptors (sm_90 and up)."""
-    default = default_attention_config(head_dim, "bfloat16", compute_capability, "forward",
+def tma_variant(kind: str, head_dim: int, compute_capability: int) -> KernelVariant:
+    """An attention kernel at its default tile (bf16, causal) with `tma`: its streamed
+    tiles through device-side tensor descriptors (sm_90 and up)."""
+    default = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
                                        features=CAUSAL)  # fmt: skip
     config = dataclasses.replace(default, tma=True)
-    return attention_variant("forward", head_dim, compute_capability, config=config)
+    return attention_variant(kind, head_dim, compute_capability, config=config)
 
 
 def attention_preprocess_variant(head_dim: int, dtype_name: str = "bfloat16") -> KernelVariant:
@@ -351,8 +351,10 @@ def default_variants(
             variants.append(attention_variant(kind, head_dim, compute_capability))
         for kind in ATTENTION_KERNELS:  # the launch of many sequences (segment ids)
             variants.append(attention_variant(kind, head_dim, compute_capability, persistent=True))
-        if compute_capability >= 90:  # the forward's K/V by tensor descriptors (TMA), to compare
-            variants.append(tma_forward_variant(head_dim, compute_capability))
+        if compute_capability >= 90:  # streamed tiles by tensor descriptors (TMA), to compare
+            variants += [
+                tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
+            ]
         variants.append(attention_preprocess_variant(head_dim))
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))

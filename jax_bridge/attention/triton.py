@@ -83,8 +83,8 @@ def _config(
 
 
 def _tma(config: AttentionKernelConfig, head_dim: int) -> bool:
-    """Whether the forward loads K/V through tensor descriptors: where the config asks
-    and the hardware and head_dim allow it (ValueError otherwise)."""
+    """Whether a kernel loads its streamed tiles through tensor descriptors: where its
+    config asks and the hardware and head_dim allow it (ValueError otherwise)."""
     if not config.tma:
         return False
     capability = launch_target().compute_capability
@@ -400,7 +400,7 @@ def backward(
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ),
         grid=(_programs(key_chunks.shape[0], total_k, config.block_n, persistent), num_kv_heads),
-        **_launch(config, "varlen_attention_bwd_dkdv"),
+        **_launch(config, "varlen_attention_bwd_dkdv", head_dim),
         PERSISTENT=persistent,
         **constexprs,
     )
@@ -416,7 +416,7 @@ def backward(
         kernel=attention_backward_dq_kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         grid=(_programs(query_chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
-        **_launch(config, "varlen_attention_bwd_dq"),
+        **_launch(config, "varlen_attention_bwd_dq", head_dim),
         PERSISTENT=persistent,
         **constexprs,
     )
@@ -424,12 +424,13 @@ def backward(
     return dq, dk, dv, d_sinks
 
 
-def _launch(config: AttentionKernelConfig, name: str) -> dict:
-    """The launch keywords of one kernel under `config`."""
+def _launch(config: AttentionKernelConfig, name: str, head_dim: int) -> dict:
+    """The launch keywords of one backward kernel under `config`."""
     return dict(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         name=name,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
+        TMA=_tma(config, head_dim),
     )

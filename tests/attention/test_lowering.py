@@ -243,15 +243,16 @@ def test_static_report_preprocess(head_dim):
     assert not report.spills, report.summary()
 
 
-def test_the_tma_forward_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
-    """A forward config with `tma` compiles its K/V descriptors for sm_90, and the launch
-    layer hands jaxlib the scratch they are written to (two descriptors of 128 bytes per
-    program); the backward kernels, which have no descriptors, get none."""
+def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
+    """Forward and dK/dV configs with `tma` compile their descriptors for sm_90 (two of
+    128 bytes a program: K and V, or Q and dO), and the launch layer hands jaxlib the
+    scratch they are written to; dQ without `tma` and the preprocess get none."""
     from tests.launch.recording import record_triton_kernels
 
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
     tile = AttentionKernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=True)
-    config = AttentionConfigs(forward=tile)
+    dkdv = AttentionKernelConfig(block_m=32, block_n=128, num_warps=8, num_stages=2, tma=True)
+    config = AttentionConfigs(forward=tile, backward_dkdv=dkdv)
     q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
 
     def loss(q, k, v, cu_q, cu_k):
@@ -260,23 +261,32 @@ def test_the_tma_forward_lowers_for_an_h100_with_its_global_scratch(monkeypatch)
         return out.astype(jnp.float32).sum()
 
     lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
-    (forward,) = recorded.of("attention_forward_kernel")
-    assert forward[7:] == (256, 128)
-    backward = [c for c in recorded.calls if c[0] != "attention_forward_kernel"]
-    assert backward and all(len(call) == 7 for call in backward)
+    with_scratch = {"attention_forward_kernel", "attention_backward_dkdv_kernel"}
+    for name in with_scratch:
+        (call,) = recorded.of(name)
+        assert call[7:] == (256, 128), name
+    others = [call for call in recorded.calls if call[0] not in with_scratch]
+    assert {call[0] for call in others} == {
+        "attention_backward_dq_kernel", "attention_backward_preprocess_kernel"
+    }  # fmt: skip
+    assert all(len(call) == 7 for call in others)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
-def test_static_report_of_the_tma_forward_shows_bulk_tensor_copies(persistent):
-    """The default sm_90 forward tile with `tma`: K and V arrive by bulk tensor copies
-    (UTMALDG) instead of per-thread asynchronous copies (LDGSTS); no spills, wgmma."""
-    default = attention_variant("forward", 128, 90, persistent=persistent)
+@pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
+def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent):
+    """Each kernel's default sm_90 tile with `tma`: its streamed tiles arrive by bulk
+    tensor copies (UTMALDG); no spills, wgmma. The forward and dQ stream nothing else
+    (no per-thread asynchronous copies, LDGSTS, left); dK/dV still streams lse and delta."""
+    default = attention_variant(kind, 128, 90, persistent=persistent)
     config = AttentionKernelConfig(
         default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
         default.num_stages, tma=True,
     )  # fmt: skip
-    report = variant_report(attention_variant("forward", 128, 90, config=config,
+    report = variant_report(attention_variant(kind, 128, 90, config=config,
                                               persistent=persistent), 90)  # fmt: skip
     print(report.summary())
-    assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0, report.summary()
+    if kind != "backward_dkdv":
+        assert "LDGSTS" not in report.sass_opcodes, report.summary()
     assert report.uses_wgmma and not report.spills, report.summary()

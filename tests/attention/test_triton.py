@@ -146,14 +146,18 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             backward_dkdv=AttentionKernelConfig(block_m=32, block_n=16, num_warps=8),
             backward_dq=None,  # the default
         ),
-        AttentionConfigs(forward=AttentionKernelConfig(block_m=16, block_n=16, tma=True)),
+        AttentionConfigs(
+            forward=AttentionKernelConfig(block_m=16, block_n=16, tma=True),
+            backward_dkdv=AttentionKernelConfig(block_m=16, block_n=32, tma=True),
+            backward_dq=AttentionKernelConfig(block_m=32, block_n=16, tma=True),
+        ),
     ],
-    ids=["one_for_all", "per_kernel", "tma_forward"],
+    ids=["one_for_all", "per_kernel", "tma"],
 )
 def test_config_overrides_give_the_same_numbers(config):
-    """Other tilings (unequal, larger than a sequence) and the forward's tensor-descriptor
-    loads (whose rows past a sequence's keys read 0) give the reference's numbers and the
-    default configuration's, forward and backward."""
+    """Other tilings (unequal, larger than a sequence) and tensor-descriptor loads (whose
+    rows past a sequence read 0; dK/dV's span the GQA group's heads) give the reference's
+    numbers and the default configuration's, forward and backward."""
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
     options = dict(causal=True, sliding_window=(13, None), return_lse=True)
@@ -297,8 +301,8 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
 def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     """More tile rows than programs (many short sequences, few spare programs): the
     kernels launch persistent programs, each walking its share of the tile list (with
-    `tma`, building each tile's K/V descriptors over its own sequence); forward and
-    gradients still match the reference."""
+    `tma`, building each tile's descriptors over its own sequence); forward and gradients
+    still match the reference."""
     monkeypatch.setattr(attention_triton, "_SPARE_PROGRAMS", spare)
     lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
     inputs = make_inputs(71, lengths, 2, 1, 32)
@@ -313,7 +317,7 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     def run(fn):
         return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
 
-    config = AttentionConfigs(forward=AttentionKernelConfig(16, 16, tma=True)) if tma else None
+    config = AttentionKernelConfig(16, 16, tma=True) if tma else None  # all three kernels
     got = run(
         lambda q, k, v, s: varlen_attention(
             q, k, v, cu_q, cu_k, implementation="triton", config=config, **options

@@ -26,10 +26,13 @@ from triton_kernels.flash_attention.forward import (
     _chunk_bounds,
     _column_phases,
     _diagonal_shift,
+    _key_cursors,
+    _key_value_tiles,
     _load_rows,
     _score_constants,
     _scores_log2,
     _sequence_of,
+    _sequence_rows,
     _tile_ptrs,
 )
 
@@ -100,8 +103,8 @@ def _dkdv_query_tiles(
     dv,
     k,
     v,
-    q_seq_ptr,
-    do_seq_ptr,
+    q_seq,
+    do_seq,
     lse_log2_seq_ptr,
     delta_seq_ptr,
     alibi_slopes_ptr,
@@ -129,15 +132,17 @@ def _dkdv_query_tiles(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
     of the GROUP query heads first_head, first_head + 1, ... that share this kv head.
 
     One flat loop over (query tile, head) pairs, heads innermost: a loop over heads
     around the tile loop would keep its own state live across three tile loops, which
-    costs registers the stationary dk, dv and the pipeline need. q_seq_ptr, do_seq_ptr:
-    row 0 of the sequence at head first_head; lse_log2_seq_ptr, delta_seq_ptr: row 0 of the
-    sequence in head first_head's row ([NUM_Q_HEADS, total_q] layout).
+    costs registers the stationary dk, dv and the pipeline need. q_seq, do_seq: row 0 of the
+    sequence at head first_head, as pointers or, with TMA, as tensor descriptors over its
+    [len_q, GROUP * HEAD_DIM] rows (rows past len_q load as 0); lse_log2_seq_ptr,
+    delta_seq_ptr: row 0 of the sequence in head first_head's row ([NUM_Q_HEADS, total_q]).
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift).
@@ -158,11 +163,15 @@ def _dkdv_query_tiles(
             m = start + (step // GROUP) * BLOCK_M
         cols = m + offs_m  # query positions within the sequence
         col_ok = cols < len_q
-        tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM  # row m, head first_head + g
-        q_ptrs = _tile_ptrs(q_seq_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        do_ptrs = _tile_ptrs(do_seq_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        if TMA:
+            q = q_seq.load([m, g * HEAD_DIM])
+            do = do_seq.load([m, g * HEAD_DIM])
+        else:
+            tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM  # row m, head first_head + g
+            q_ptrs = _tile_ptrs(q_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+            do_ptrs = _tile_ptrs(do_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+            q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+            do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         stats = g.to(tl.int64) * total_q + cols  # [NUM_Q_HEADS, total_q] rows
         lse2, delta = _load_row_stats(
             lse_log2_seq_ptr + stats, delta_seq_ptr + stats, col_ok, APPLY_MASK
@@ -220,6 +229,7 @@ def _dkdv_tile(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
     chunk,
     seq,
     kv_head,
@@ -260,32 +270,37 @@ def _dkdv_tile(
         HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, BLOCK_M,
     )  # fmt: skip
     first_head = kv_head * GROUP
-    q_seq_ptr = q_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
-    do_seq_ptr = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    q_rows = q_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    do_rows = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    if TMA:  # over the GROUP heads of this kv head, this sequence's rows only
+        q_seq = _sequence_rows(q_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
+        do_seq = _sequence_rows(do_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
+    else:
+        q_seq, do_seq = q_rows, do_rows
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
     # Without a right window start == 0 and full_start == min(0, end) <= 0.
     if HAS_WINDOW_RIGHT:
         dk, dv = _dkdv_query_tiles(
-            dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+            dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
             first_head, total_q, start, full_start, keys, shift, len_q, window_left,
             window_right, qk_scale_log2, scale_over_cap, cap_log2,
             Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
         )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
         first_head, total_q, full_start, full_end, keys, shift, len_q, window_left,
         window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, q_seq_ptr, do_seq_ptr, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
+        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
         first_head, total_q, full_end, end, keys, shift, len_q, window_left,
         window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.
@@ -329,14 +344,16 @@ def attention_backward_dkdv_kernel(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
 
     Grid: (P, NUM_KV_HEADS) over the (sequence, key tile) rows of `chunk_indices` (from
     cu_seqlens_k), as the forward kernel walks its query tiles (PERSISTENT included).
     lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the preprocess kernel
-    writes them; dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. Other
-    arguments (shift_ptr included) as the forward kernel.
+    writes them; dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. TMA: the
+    streamed Q and dO tiles come through tensor descriptors. Other arguments (shift_ptr
+    included) as the forward kernel.
     """
     kv_head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -350,7 +367,8 @@ def attention_backward_dkdv_kernel(
                 cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
                 logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
-                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq,
+                kv_head,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -363,7 +381,7 @@ def attention_backward_dkdv_kernel(
             cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
             logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
             NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT,
-            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, kv_head,
+            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq, kv_head,
         )  # fmt: skip
 
 
@@ -374,8 +392,8 @@ def _dq_key_tiles(
     do,
     lse2,
     delta,
-    k_seq_ptr,
-    v_seq_ptr,
+    k_seq,
+    v_seq,
     start,
     end,
     rows,
@@ -398,20 +416,20 @@ def _dq_key_tiles(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
-    """Accumulates dq ([BLOCK_M, BLOCK_D], float32, unscaled) over key tiles [start, end)."""
+    """Accumulates dq ([BLOCK_M, BLOCK_D], float32, unscaled) over key tiles [start, end);
+    k_seq, v_seq: pointers or descriptors, as the forward's key loop takes them."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    k_tile_ptr = k_seq_ptr + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
-    v_tile_ptr = v_seq_ptr + start.to(tl.int64) * KV_STRIDE
+    k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
     for n in range(start, end, BLOCK_N):
         cols = n + offs_n
-        col_ok = cols < len_k
-        k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        k, v, k_at, v_at = _key_value_tiles(
+            k_at, v_at, n, cols < len_k, offs_n, offs_d, d_ok,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
+        )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
         s2, t = _scores_log2(
             qk, rows, cols, shift, len_k, window_left, window_right,
@@ -424,8 +442,6 @@ def _dq_key_tiles(
         if HAS_SOFT_CAP:
             ds *= 1.0 - t * t
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-        k_tile_ptr += BLOCK_N * KV_STRIDE
-        v_tile_ptr += BLOCK_N * KV_STRIDE
     return dq
 
 
@@ -459,6 +475,7 @@ def _dq_tile(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
     chunk,
     seq,
     head,
@@ -500,27 +517,32 @@ def _dq_tile(
         m0, row_last, shift, len_k, window_left, window_right,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
     )  # fmt: skip
-    k_seq_ptr = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    v_seq_ptr = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    if TMA:  # this sequence's rows only, as in the forward
+        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+    else:
+        k_seq, v_seq = k_rows, v_rows
     # Without a left window start == 0 and full_start == min(0, end) <= 0: no first phase.
     if HAS_WINDOW_LEFT:
         dq = _dq_key_tiles(
-            dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, start, full_start, rows, shift, len_k,
+            dq, q, do, lse2, delta, k_seq, v_seq, start, full_start, rows, shift, len_k,
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
         )  # fmt: skip
     dq = _dq_key_tiles(
-        dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, full_start, full_end, rows, shift, len_k,
+        dq, q, do, lse2, delta, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
     )  # fmt: skip
     dq = _dq_key_tiles(
-        dq, q, do, lse2, delta, k_seq_ptr, v_seq_ptr, full_end, end, rows, shift, len_k,
+        dq, q, do, lse2, delta, k_seq, v_seq, full_end, end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     # Rows past len_q and padded dims are never stored.
@@ -561,6 +583,7 @@ def attention_backward_dq_kernel(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """dq of one [BLOCK_M]-row query tile of one sequence, for one query head.
 
@@ -579,7 +602,7 @@ def attention_backward_dq_kernel(
                 cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
                 logits_soft_cap, window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS,
                 NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
-                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, head,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq, head,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -592,5 +615,5 @@ def attention_backward_dq_kernel(
             cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
             logits_soft_cap, window_left, window_right, shift_ptr, dq_ptr, NUM_Q_HEADS,
             NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT,
-            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, chunk, seq, head,
+            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq, head,
         )  # fmt: skip

@@ -45,10 +45,10 @@ class AttentionKernelConfig(KernelConfig):
       block_n: key rows per tile. The dK/dV kernel owns one such tile per program; the
         forward and dQ kernels step through key tiles of this size.
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
-      tma: the forward kernel loads its K and V tiles through device-side tensor
-        descriptors (Hopper's bulk tensor copies, sm_90 and up; the interpreter runs them
-        too). Needs a head_dim that is a power of two. Off in the default tables until a
-        GPU run measures it; the other kernels ignore it.
+      tma: the kernel loads the tiles its loop streams (the forward and dQ kernels: K and
+        V; dK/dV: Q and dO) through device-side tensor descriptors (Hopper's bulk tensor
+        copies, sm_90 and up; the interpreter runs them too). Needs a head_dim that is a
+        power of two. Off in the default tables until a GPU run measures it.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """

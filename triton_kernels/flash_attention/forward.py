@@ -258,13 +258,47 @@ def _load_rows(ptrs, row_ok, d_ok, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexp
 
 
 @triton.jit
-def _sequence_rows(rows_ptr, length, STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK: tl.constexpr):  # fmt: skip
-    """A tensor descriptor over `length` rows of HEAD_DIM elements from `rows_ptr`, `STRIDE`
-    elements apart, loaded [BLOCK, HEAD_DIM] at a time; rows past `length` load as 0."""
+def _sequence_rows(rows_ptr, length, WIDTH: tl.constexpr, STRIDE: tl.constexpr,
+                   BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """A tensor descriptor over `length` rows of WIDTH elements from `rows_ptr`, `STRIDE`
+    elements apart (WIDTH: one head, or a GQA group's heads side by side), loaded
+    [BLOCK, HEAD_DIM] at a time (one head of BLOCK rows); rows past `length` load as 0."""
     return tl.make_tensor_descriptor(
-        rows_ptr, shape=[length, HEAD_DIM], strides=[STRIDE, 1], block_shape=[BLOCK, HEAD_DIM]
+        rows_ptr, shape=[length, WIDTH], strides=[STRIDE, 1], block_shape=[BLOCK, HEAD_DIM]
     )
+
+
+@triton.jit
+def _key_cursors(k_seq, v_seq, start, KV_STRIDE: tl.constexpr, TMA: tl.constexpr):
+    """Where a key loop from row `start` reads: the descriptors themselves (TMA), or
+    pointers to row `start` of the sequence (then stepped by the loop)."""
+    if TMA:
+        k_at, v_at = k_seq, v_seq
+    else:
+        k_at = k_seq + start.to(tl.int64) * KV_STRIDE
+        v_at = v_seq + start.to(tl.int64) * KV_STRIDE
+    return k_at, v_at
+
+
+@triton.jit
+def _key_value_tiles(
+    k_at, v_at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, APPLY_MASK: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """(K, V, next k_at, next v_at): the tiles [BLOCK_N, BLOCK_D] of key rows n + offs_n,
+    through the descriptors `k_at`, `v_at` (TMA; rows past the sequence read 0; they are
+    also the next cursors) or from the pointers `k_at`, `v_at` to row n (rows failing
+    col_ok read 0 where APPLY_MASK; the next cursors point BLOCK_N rows on)."""
+    if TMA:
+        k, v, k_next, v_next = k_at.load([n, 0]), v_at.load([n, 0]), k_at, v_at
+    else:
+        k_ptrs = _tile_ptrs(k_at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        k_next, v_next = k_at + BLOCK_N * KV_STRIDE, v_at + BLOCK_N * KV_STRIDE
+    return k, v, k_next, v_next
 
 
 @triton.jit
@@ -312,22 +346,13 @@ def _forward_key_tiles(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    if not TMA:
-        k_tile_ptr = k_seq + start.to(tl.int64) * KV_STRIDE  # row `start` of the sequence
-        v_tile_ptr = v_seq + start.to(tl.int64) * KV_STRIDE
+    k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
     for n in range(start, end, BLOCK_N):
         cols = n + offs_n
-        col_ok = cols < len_k
-        if TMA:
-            k = k_seq.load([n, 0])
-            v = v_seq.load([n, 0])
-        else:
-            k_ptrs = _tile_ptrs(k_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-            v_ptrs = _tile_ptrs(v_tile_ptr, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-            k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-            v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-            k_tile_ptr += BLOCK_N * KV_STRIDE
-            v_tile_ptr += BLOCK_N * KV_STRIDE
+        k, v, k_at, v_at = _key_value_tiles(
+            k_at, v_at, n, cols < len_k, offs_n, offs_d, d_ok,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
+        )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
         if RAW_SCORE_MAX:
             # The scale is positive and nothing else transforms a score, so the row max
@@ -436,8 +461,8 @@ def _forward_tile(
         # Descriptors over this sequence's rows only: the copy engine zero-fills rows past
         # len_k, which are another sequence's (or past the array). Built per tile: a
         # program's tiles may belong to different sequences (PERSISTENT).
-        k_seq = _sequence_rows(k_rows, len_k, KV_STRIDE, HEAD_DIM, BLOCK_N)
-        v_seq = _sequence_rows(v_rows, len_k, KV_STRIDE, HEAD_DIM, BLOCK_N)
+        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
     else:
         k_seq, v_seq = k_rows, v_rows
     # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
