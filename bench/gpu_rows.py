@@ -262,9 +262,10 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
-# True: the first two varlen rows time the TMA kernels as one more anchor (`gpu-check --tma`,
-# which bench/gpu_check.sh passes once a tensor-descriptor kernel ran on the device: a
-# kernel that faults there would take the rest of the run's rows with it).
+# True: the first two varlen rows and the grouped matmul rows time our kernels with TMA
+# loads as one more anchor (`gpu-check --tma`, which bench/gpu_check.sh passes once a
+# tensor-descriptor kernel ran on the device: a kernel that faults there would take the
+# rest of the run's rows with it).
 USE_TMA = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
@@ -426,10 +427,28 @@ def _gmm_jax(fn: Callable, name: str) -> Impl:
     return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
 
 
-def grouped_matmul_impl() -> Impl:
+def grouped_matmul_impl(tma: bool = False) -> Impl:
+    """Ours; `tma`: gmm's default tile with its tiles through tensor descriptors (an A/B
+    row against the default, until measured)."""
     from jax_bridge import grouped_matmul
 
-    return _gmm_jax(lambda a, b, s: grouped_matmul(a, b, s, implementation="triton"), "ours triton")
+    def fn(lhs, rhs, sizes):
+        config = _gmm_tma_config(*lhs.shape, rhs.shape[2]) if tma else None
+        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+
+    return _gmm_jax(fn, "ours triton" + (" tma" if tma else ""))
+
+
+def _gmm_tma_config(m: int, k: int, n: int):
+    """gmm's default bf16 config for this launch target (and the default tiling), with
+    `tma`; tgmm (the weight gradient) ignores the flag."""
+    from jax_bridge.launch.target import launch_target
+    from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config
+
+    capability = launch_target().compute_capability
+    default = gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
+                         tiling=DEFAULT_TILING)  # fmt: skip
+    return dataclasses.replace(default, tma=True)
 
 
 def ragged_dot_impl() -> Impl:
@@ -560,6 +579,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
     cases = []
     for m, k, n, groups in sizes.matmuls:
         anchors = [ragged_dot_impl(), dense_matmul_impl()]
+        anchors += [grouped_matmul_impl(tma=True)] * USE_TMA
         if torch_available():
             anchors.append(torch_grouped_mm_impl())
         cases.append(

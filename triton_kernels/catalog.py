@@ -296,6 +296,8 @@ GMM_KERNELS = {
     "tgmm_token_major": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False)),
     "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
 }
+# The gmm launches that can take their tiles through tensor descriptors (tgmm cannot yet).
+GMM_TMA_KERNELS = ("gmm", "gmm_transposed_accumulate")
 
 
 def grouped_matmul_variant(
@@ -328,15 +330,17 @@ def grouped_matmul_variant(
         INPUT_PRECISION="ieee" if dtype_name == "float32" else "tf32",
         **layout,
     )
+    if kernel is gmm_kernel:
+        constexprs["TMA"] = config.tma
     return KernelVariant(
-        name=name,
+        name=name + ("_tma" if config.tma else ""),
         kernel=kernel,
         signature=signature,
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
-        f"{config.block_m}x{config.block_k}x{config.block_n}",
+        f"{config.block_m}x{config.block_k}x{config.block_n}" + (" tma" if config.tma else ""),
     )
 
 
@@ -359,4 +363,16 @@ def default_variants(
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
+    if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
+        variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
     return variants
+
+
+def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:
+    """A gmm kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`."""
+    _, make_config, _ = GMM_KERNELS[name]
+    m, k, n = GMM_PROBLEM
+    default = make_config(m, k, n, element_bytes=2, compute_capability=compute_capability,
+                          tiling=DEFAULT_TILING)  # fmt: skip
+    config = dataclasses.replace(default, tma=True)
+    return grouped_matmul_variant(name, compute_capability, config=config)

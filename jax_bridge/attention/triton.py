@@ -30,7 +30,11 @@ from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.host.cu_seqlens import prepare_chunk_indices
-from jax_bridge.launch.target import follow_lowering_platform, launch_target
+from jax_bridge.launch.target import (
+    follow_lowering_platform,
+    launch_target,
+    require_tensor_descriptors,
+)
 from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
@@ -87,12 +91,7 @@ def _tma(config: AttentionKernelConfig, head_dim: int) -> bool:
     config asks and the hardware and head_dim allow it (ValueError otherwise)."""
     if not config.tma:
         return False
-    capability = launch_target().compute_capability
-    if capability is not None and capability < 90:
-        raise ValueError(
-            f"varlen_attention: config tma=True needs a GPU of compute capability >= 9.0 "
-            f"(tensor memory accelerator), got {capability / 10:.1f}"
-        )
+    require_tensor_descriptors("varlen_attention")
     if block_d(head_dim) != head_dim:
         raise ValueError(
             f"varlen_attention: config tma=True needs a head_dim that is a power of two "

@@ -16,7 +16,11 @@ from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
 from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
 from jax_bridge.grouped_matmul.options import MatmulOptions
-from jax_bridge.launch.target import follow_lowering_platform, launch_target
+from jax_bridge.launch.target import (
+    follow_lowering_platform,
+    launch_target,
+    require_tensor_descriptors,
+)
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
@@ -34,6 +38,22 @@ def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> Grou
         compute_capability=launch_target().compute_capability,
         tiling=checks.resolve_tiling(options.tiling, m, k, n),
     )
+
+
+def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype) -> bool:
+    """Whether gmm loads its tiles through tensor descriptors: where the config asks and
+    the hardware and row sizes allow it (ValueError otherwise)."""
+    if not config.tma:
+        return False
+    require_tensor_descriptors("grouped_matmul")
+    itemsize = np.dtype(dtype).itemsize
+    if (k * itemsize) % 16 or (n * itemsize) % 16:
+        raise ValueError(
+            f"grouped_matmul: config tma=True needs rows of k and n elements that span "
+            f"multiples of 16 bytes (a descriptor's stride), got k={k}, n={n} of "
+            f"{itemsize} bytes"
+        )
+    return True
 
 
 def _input_precision(options: MatmulOptions, dtype) -> str:
@@ -109,6 +129,7 @@ def gmm(
         TRANSPOSE_RHS=options.transpose_rhs,
         ACCUMULATE=accumulate,
         INPUT_PRECISION=_input_precision(options, lhs.dtype),
+        TMA=_tma(config, k, n, lhs.dtype),
     )
 
 

@@ -193,3 +193,15 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
         return jax.lax.platform_dependent(cuda=gpu, rocm=gpu, default=host)
 
     return for_lowering_platform
+
+
+def require_tensor_descriptors(op: str) -> None:
+    """ValueError naming `op` where kernels launch on a GPU without Hopper's tensor memory
+    accelerator (compute capability < 9.0), which device-side tensor descriptors need;
+    Triton's interpreter runs them anywhere."""
+    capability = launch_target().compute_capability
+    if capability is not None and capability < 90:
+        raise ValueError(
+            f"{op}: config tma=True needs a GPU of compute capability >= 9.0 "
+            f"(tensor memory accelerator), got {capability / 10:.1f}"
+        )

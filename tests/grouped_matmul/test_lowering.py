@@ -17,7 +17,12 @@ import pytest
 from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import KernelReport, variant_report
-from triton_kernels.catalog import GMM_KERNELS, grouped_matmul_variant
+from triton_kernels.catalog import (
+    GMM_KERNELS,
+    GMM_TMA_KERNELS,
+    gmm_tma_variant,
+    grouped_matmul_variant,
+)
 
 SDS = jax.ShapeDtypeStruct
 M, K, N, GROUPS = 8192, 2048, 1408, 64  # a Mixtral-like expert layer
@@ -130,3 +135,43 @@ def test_default_precision_compiles_exact_float32_products():
     assert len(default) == 1
     assert default == kernel_calls(precision="highest")
     assert default != kernel_calls(precision=jax.lax.Precision.DEFAULT)
+
+
+def test_tma_gmm_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
+    """A config with `tma`: both gmm launches of forward + backward (the forward and d_lhs)
+    carry the scratch of their two descriptors (lhs and rhs, 128 bytes each) to jaxlib;
+    tgmm (d_rhs), which has none, is built as before."""
+    pytest.importorskip("jax_triton")
+    from jax_bridge import GroupedMatmulConfig
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    config = GroupedMatmulConfig(block_m=128, block_k=64, block_n=128, num_warps=8, tma=True)
+
+    def loss(lhs, rhs, sizes):
+        out = grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(
+        jax.value_and_grad(loss, argnums=(0, 1)),  # the value keeps the forward's launch
+        SDS((512, 256), jnp.bfloat16),
+        SDS((8, 256, 384), jnp.bfloat16),
+        SDS((8,), jnp.int32),
+        compute_capability=90,
+    )
+    gmm = recorded.of("gmm_kernel")
+    assert len(gmm) == 2 and all(call[7:] == (256, 128) for call in gmm)
+    (tgmm,) = recorded.of("tgmm_kernel")
+    assert len(tgmm) == 7
+
+
+@pytest.mark.parametrize("variant", GMM_TMA_KERNELS)
+def test_static_report_of_tma_gmm_shows_bulk_tensor_copies(variant):
+    """gmm's default sm_90 tile with `tma`: lhs and rhs tiles by bulk tensor copies
+    (UTMALDG, no per-thread LDGSTS), wgmma, no spills, and fewer loop instructions per
+    MFLOP than the same tile by pointers."""
+    report = variant_report(gmm_tma_variant(variant, 90), 90)
+    print(report.summary())
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
+    assert report.uses_wgmma and not report.spills, report.summary()
+    assert report.instructions_per_mflop < _report(variant, 90).instructions_per_mflop

@@ -132,9 +132,11 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
 # --- the kernel writes exactly its rows --------------------------------------------------
 
 
-def test_gmm_kernel_writes_exactly_the_rows_of_its_groups():
+@pytest.mark.parametrize("tma", [False, True])
+def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
     """Launched bare, the output starts NaN (triton_call's poison): afterwards every row of
-    a local group must hold its product, every other row must be untouched."""
+    a local group must hold its product, every other row must be untouched (with `tma`
+    too, where tiles read other groups' rows; k = 24 also leaves a partial k tile)."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
     sizes = jnp.asarray([3, 20, 1, 0, 17, 6, 2], jnp.int32)  # 49 rows < m
@@ -159,6 +161,7 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups():
         TRANSPOSE_RHS=False,
         ACCUMULATE=False,
         INPUT_PRECISION="ieee",
+        TMA=tma,
     )
     out = np.asarray(out)
     local_rows = (np.arange(m) >= 3) & (np.arange(m) < 41)
@@ -175,8 +178,9 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups():
         (dict(block_m=16, block_k=16, block_n=16.0), TypeError, "GroupedMatmulConfig.block_n"),
         (dict(block_m=16, block_k=16, block_n=16, num_warps=6), ValueError, "num_warps"),
         (dict(block_m=16, block_k=16, block_n=16, num_stages=0), ValueError, "num_stages"),
+        (dict(block_m=16, block_k=16, block_n=16, tma=1), TypeError, "GroupedMatmulConfig.tma"),
     ],
-    ids=["block_m", "block_k", "block_n_float", "warps", "stages"],
+    ids=["block_m", "block_k", "block_n_float", "warps", "stages", "tma"],
 )
 def test_config_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -214,3 +218,48 @@ def test_config_is_used_as_given_for_the_op_and_its_gradient(monkeypatch):
     tgmm = transposed_grouped_matmul(lhs.T, weight, sizes, config=config, implementation="triton")
     assert len(seen) == 4
     assert_close(tgmm, tgmm_float64(lhs.T, weight, sizes, num_groups=5))
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_tma_tiles_give_the_float64_numbers(transpose_rhs):
+    """`tma=True` (tiles through tensor descriptors, whose rows and columns past the arrays
+    read 0): k and n with partial tiles, an empty group, rows past the groups; the forward
+    and both gradients (d_lhs: gmm with the other rhs layout; d_rhs: tgmm, which ignores
+    `tma`)."""
+    rng = np.random.default_rng()
+    m, k, n = 61, 40, 24
+    sizes = jnp.asarray([9, 0, 17, 1, 20], jnp.int32)  # 47 rows < m
+    rhs_shape = (5, n, k) if transpose_rhs else (5, k, n)
+    lhs, rhs, weight = normal(rng, (m, k)), normal(rng, rhs_shape), normal(rng, (m, n))
+    config = GroupedMatmulConfig(block_m=16, block_k=16, block_n=16, tma=True)
+
+    def loss(lhs, rhs):
+        out = grouped_matmul(lhs, rhs, sizes, config=config, transpose_rhs=transpose_rhs,
+                             implementation="triton")  # fmt: skip
+        return jnp.sum(out * weight), out
+
+    (d_lhs, d_rhs), out = jax.grad(loss, (0, 1), has_aux=True)(lhs, rhs)
+    assert_close(out, gmm_float64(lhs, rhs, sizes, transpose_rhs=transpose_rhs))
+    rhs_for_d_lhs = rhs if transpose_rhs else jnp.swapaxes(rhs, 1, 2)
+    assert_close(d_lhs, gmm_float64(weight, rhs_for_d_lhs, sizes))
+    # d rhs[g] = lhs_g^T weight_g, or its transpose (weight_g^T lhs_g) for [G, n, k].
+    a, b = (weight.T, lhs) if transpose_rhs else (lhs.T, weight)
+    assert_close(d_rhs, tgmm_float64(a, b, sizes, num_groups=5))
+
+
+def test_tma_needs_16_byte_rows_and_a_hopper_gpu():
+    from jax_bridge.launch.lowering import lower_for_cuda
+
+    rng = np.random.default_rng()
+    sizes = jnp.asarray([3, 5], jnp.int32)
+    config = GroupedMatmulConfig(block_m=16, block_k=16, block_n=16, tma=True)
+
+    def gmm(lhs, rhs):
+        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+
+    lhs, rhs = normal(rng, (8, 20)).astype(jnp.bfloat16), normal(rng, (2, 20, 16))
+    with pytest.raises(ValueError, match=r"grouped_matmul: config tma=True.*16 bytes.*k=20"):
+        gmm(lhs, rhs.astype(jnp.bfloat16))
+    lhs, rhs = normal(rng, (8, 32)), normal(rng, (2, 32, 16))
+    with pytest.raises(ValueError, match=r"grouped_matmul: config tma=True.*9\.0.*8\.0"):
+        lower_for_cuda(gmm, lhs, rhs, compute_capability=80)

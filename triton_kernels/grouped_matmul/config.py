@@ -40,6 +40,10 @@ class GroupedMatmulConfig(KernelConfig):
       block_k, block_n: tile sizes along k and n. In gmm `block_k` is the reduction step;
         in tgmm a program owns a `[block_k, block_n]` output tile.
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
+      tma: gmm loads its lhs and rhs tiles through device-side tensor descriptors
+        (Hopper's bulk tensor copies, sm_90 and up; the interpreter runs them too). Needs
+        rows of k and n elements to span multiples of 16 bytes. Off by default until a
+        GPU run measures it; tgmm ignores it.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -49,6 +53,12 @@ class GroupedMatmulConfig(KernelConfig):
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.tma, bool):
+            raise TypeError(f"GroupedMatmulConfig.tma must be a bool, got {self.tma!r}.")
 
     @property
     def tiling(self) -> tuple[int, int, int]:

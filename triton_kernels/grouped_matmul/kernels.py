@@ -19,6 +19,71 @@ import triton.language as tl
 
 
 @triton.jit
+def _gmm_tiles_by_descriptor(
+    acc, lhs_ptr, rhs_group, row0, col0, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc += lhs[row0 : row0 + BLOCK_M] @ rhs_group[:, col0 : col0 + BLOCK_N] through tensor
+    descriptors over lhs [M, K] and the group's [K, N] (or [N, K]) weights, whose rows and
+    columns past the arrays read 0 (so K and N need no masks)."""
+    lhs = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1],
+                                    block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
+    if TRANSPOSE_RHS:
+        rhs = tl.make_tensor_descriptor(rhs_group, shape=[N, K], strides=[K, 1],
+                                        block_shape=[BLOCK_N, BLOCK_K])  # fmt: skip
+    else:
+        rhs = tl.make_tensor_descriptor(rhs_group, shape=[K, N], strides=[N, 1],
+                                        block_shape=[BLOCK_K, BLOCK_N])  # fmt: skip
+    for k0 in range(0, K, BLOCK_K):
+        a = lhs.load([row0, k0])
+        if TRANSPOSE_RHS:
+            b = tl.trans(rhs.load([col0, k0]))
+        else:
+            b = rhs.load([k0, col0])
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _gmm_tiles_by_pointer(
+    acc, lhs_ptr, rhs_group, rows64, in_group, cols, in_cols, K: tl.constexpr,
+    N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc += lhs[rows] @ rhs_group[:, cols] by masked loads: rows outside the group, and
+    k and columns past K and N, read 0."""
+    offs_k = tl.arange(0, BLOCK_K)
+    lhs_ptrs = lhs_ptr + rows64[:, None] * K + offs_k[None, :]
+    if TRANSPOSE_RHS:
+        rhs_ptrs = rhs_group + cols[None, :] * K + offs_k[:, None]
+        rhs_step = BLOCK_K
+    else:
+        rhs_ptrs = rhs_group + offs_k[:, None] * N + cols[None, :]
+        rhs_step = BLOCK_K * N
+    # Shapes are constexpr: when BLOCK_K divides K (and BLOCK_N divides N) the loop's
+    # k (and column) masks are all-true, and compiling them away leaves only the group's
+    # row mask in the loop.
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
+    EVEN_N: tl.constexpr = N % BLOCK_N == 0
+    for k_block in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(lhs_ptrs, mask=in_group[:, None], other=0.0)
+            if EVEN_N:
+                b = tl.load(rhs_ptrs)
+            else:
+                b = tl.load(rhs_ptrs, mask=in_cols[None, :], other=0.0)
+        else:
+            in_k = offs_k < K - k_block * BLOCK_K
+            a = tl.load(lhs_ptrs, mask=in_group[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(rhs_ptrs, mask=in_k[:, None] & in_cols[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        lhs_ptrs += BLOCK_K
+        rhs_ptrs += rhs_step
+    return acc
+
+
+@triton.jit
 def gmm_kernel(
     lhs_ptr,
     rhs_ptr,
@@ -38,6 +103,7 @@ def gmm_kernel(
     TRANSPOSE_RHS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """One [BLOCK_M, BLOCK_N] output tile of one group; grid (num_slots, cdiv(N, BLOCK_N)).
 
@@ -47,6 +113,10 @@ def gmm_kernel(
     chunk_group, chunk_row_block: int32 [num_slots], the tile list; num_chunks: int32 [1],
     how many of its entries are real. Surplus slots exit at once.
     ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting.
+    TMA: lhs and rhs tiles through device-side tensor descriptors (Hopper's bulk tensor
+    copies; the launch passes their global scratch). lhs rows of other groups are then
+    read and multiplied too: an output row depends on its own lhs row only, and theirs
+    are never stored. Needs K and N rows 16-byte aligned (the bridge decides).
     """
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -56,44 +126,26 @@ def gmm_kernel(
     row_begin = tl.load(group_start_ptr + group)
     row_end = tl.load(group_end_ptr + group)
 
-    rows = tl.load(chunk_row_block_ptr + slot) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row0 = tl.load(chunk_row_block_ptr + slot) * BLOCK_M
+    rows = row0 + tl.arange(0, BLOCK_M)
     # Rows of this block that belong to other groups are another program's business:
-    # they are neither read (loaded as 0) nor written here.
+    # they are never written here (nor read, but with TMA).
     in_group = (rows >= row_begin) & (rows < row_end)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_cols = cols < N
-    offs_k = tl.arange(0, BLOCK_K)
-
     rows64 = rows.to(tl.int64)
-    lhs_ptrs = lhs_ptr + rows64[:, None] * K + offs_k[None, :]
     rhs_group = rhs_ptr + group.to(tl.int64) * (K * N)
-    if TRANSPOSE_RHS:
-        rhs_ptrs = rhs_group + cols[None, :] * K + offs_k[:, None]
-        rhs_step = BLOCK_K
-    else:
-        rhs_ptrs = rhs_group + offs_k[:, None] * N + cols[None, :]
-        rhs_step = BLOCK_K * N
-
-    # Shapes are constexpr: when BLOCK_K divides K (and BLOCK_N divides N) the loop's
-    # k (and column) masks are all-true, and compiling them away leaves only the group's
-    # row mask in the loop.
-    EVEN_K: tl.constexpr = K % BLOCK_K == 0
-    EVEN_N: tl.constexpr = N % BLOCK_N == 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_block in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(lhs_ptrs, mask=in_group[:, None], other=0.0)
-            if EVEN_N:
-                b = tl.load(rhs_ptrs)
-            else:
-                b = tl.load(rhs_ptrs, mask=in_cols[None, :], other=0.0)
-        else:
-            in_k = offs_k < K - k_block * BLOCK_K
-            a = tl.load(lhs_ptrs, mask=in_group[:, None] & in_k[None, :], other=0.0)
-            b = tl.load(rhs_ptrs, mask=in_k[:, None] & in_cols[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        lhs_ptrs += BLOCK_K
-        rhs_ptrs += rhs_step
+    if TMA:
+        acc = _gmm_tiles_by_descriptor(
+            acc, lhs_ptr, rhs_group, row0, pid_n * BLOCK_N,
+            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION,
+        )  # fmt: skip
+    else:
+        acc = _gmm_tiles_by_pointer(
+            acc, lhs_ptr, rhs_group, rows64, in_group, cols, in_cols,
+            K, N, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION,
+        )  # fmt: skip
 
     out_offsets = rows64[:, None] * N + cols[None, :]
     out_mask = in_group[:, None] & in_cols[None, :]
