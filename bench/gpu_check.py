@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tma",
         action="store_true",
-        help="time the TMA kernels against the default on two varlen rows (on with --dry-run)",
+        help="time our kernels with TMA loads against the defaults on two varlen rows and "
+        "the grouped matmul rows (on with --dry-run)",
     )
     parser.add_argument(
         "--profile",

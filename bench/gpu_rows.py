@@ -273,9 +273,10 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
-# True: the first two varlen rows and the grouped matmul rows time our kernels with TMA
-# loads as one more anchor (`gpu-check --tma`, which bench/gpu_check.sh passes once a
-# tensor-descriptor kernel ran on the device: a kernel that faults there would take the
+# True: the first two varlen rows time our kernels with TMA loads as two more anchors (every
+# kernel at its default tile, and with dK/dV at 64x128), the grouped matmul rows gmm with
+# TMA as one more, forward only (`gpu-check --tma`, which bench/gpu_check.sh passes once
+# tensor-descriptor kernels ran on the device: a kernel that faults there would take the
 # rest of the run's rows with it).
 USE_TMA = False
 
@@ -439,20 +440,22 @@ def _gmm_jax(fn: Callable, name: str) -> Impl:
 
 
 def grouped_matmul_impl(tma: bool = False) -> Impl:
-    """Ours; `tma`: gmm's default tile with its tiles through tensor descriptors (an A/B
-    row against the default, until measured)."""
+    """Ours; `tma`: gmm's default tile with its tiles through tensor descriptors, forward
+    only (an A/B row against the default, until measured: a `config=` reaches the
+    weight gradient's tgmm launch as well, which would then run at gmm's tile)."""
     from jax_bridge import grouped_matmul
 
     def fn(lhs, rhs, sizes):
         config = _gmm_tma_config(*lhs.shape, rhs.shape[2]) if tma else None
         return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
 
-    return _gmm_jax(fn, "ours triton" + (" tma" if tma else ""))
+    impl = _gmm_jax(fn, "ours triton" + (" tma" if tma else ""))
+    return dataclasses.replace(impl, grad=False) if tma else impl
 
 
 def _gmm_tma_config(m: int, k: int, n: int):
     """gmm's default bf16 config for this launch target (and the default tiling), with
-    `tma`; tgmm (the weight gradient) ignores the flag."""
+    `tma`."""
     from jax_bridge.launch.target import launch_target
     from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config
 
@@ -536,9 +539,11 @@ def _attention_case(
     )  # fmt: skip
 
 
-# With TMA, dK/dV at d=128 fits a 64x128 tile without spills on sm_90 (bench report, bf16,
+# With TMA, dK/dV at d=128 fits a 64x128 tile without spills on sm_90 (static report, bf16,
 # causal, not persistent: 348 warp-instructions per MFLOP against 540 for today's 32x128;
-# by pointers 64x128 spills 76 B), so the TMA rows time it too.
+# by pointers 64x128 spills 76 B: `variant_report(attention_variant("backward_dkdv", 128,
+# 90, config=AttentionKernelConfig(64, 128, 8, 2, tma=True)), 90)`), so the TMA rows time
+# it too. Persistent launches and non-causal calls spill at this tile even with TMA.
 _TMA_DKDV_TILE = (64, 128)
 
 
@@ -564,7 +569,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # against TMA; ORDER runs them early).
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
-                        _sdpa(spec), variants=_tma_variants(spec) * (USE_TMA and i < 2))
+                        _sdpa(spec), variants=_tma_variants(spec) if USE_TMA and i < 2 else ())
         for i, (key, spec, h) in enumerate(rows)
     ]  # fmt: skip
     mixed = MaskSpec(sizes.mixed_docs)
@@ -600,7 +605,8 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
     cases = []
     for m, k, n, groups in sizes.matmuls:
         anchors = [ragged_dot_impl(), dense_matmul_impl()]
-        anchors += [grouped_matmul_impl(tma=True)] * USE_TMA
+        if USE_TMA:
+            anchors.append(grouped_matmul_impl(tma=True))
         if torch_available():
             anchors.append(torch_grouped_mm_impl())
         cases.append(

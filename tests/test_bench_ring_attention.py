@@ -44,9 +44,11 @@ def test_the_oracle_is_causal_attention_within_documents() -> None:
     assert not got[0, -5:].any()
 
 
-def test_segment_ids_cross_every_shard_boundary_and_end_in_padding() -> None:
+def test_the_bench_segment_ids_cross_every_shard_boundary_and_end_in_padding() -> None:
+    """The section's own documents (seed 0): some run across every shard boundary at
+    every ring size (another seed can put a boundary exactly on a shard's edge)."""
     seq = 256
-    ids = ring_attention.segment_ids(seq, seed=np.random.default_rng().integers(1000))
+    ids = ring_attention.segment_ids(seq)
     assert ids.shape == (ring_attention.BATCH, seq)
     assert (ids[:, -(seq // 32) :] == 0).all() and (ids[:, : -(seq // 32)] > 0).all()
     for ring_size in ring_attention.RING_SIZES[1:]:

@@ -111,7 +111,9 @@ class _ScratchPassingLib:
     def TritonKernel(self, name: str, *args: Any) -> Any:  # jaxlib's name for it
         compiled_name, scratch = getattr(_compiled, "last", (None, None))
         _compiled.last = (None, None)
-        if compiled_name != name or scratch is None or scratch.size == 0:
+        # jax_triton 0.3 builds a kernel from 7 arguments; any other count already says
+        # what it says about scratch, and is passed on untouched.
+        if compiled_name != name or scratch is None or scratch.size == 0 or len(args) != 6:
             return self._lib.TritonKernel(name, *args)
         return kernel_with_scratch(self._lib, name, args, scratch)
 
@@ -122,8 +124,10 @@ def pass_global_scratch() -> None:
     Idempotent; a no-op where jax_triton is not 0.3 (0.4 passes it itself)."""
     from jax_triton import triton_lib
 
-    if not hasattr(triton_lib, "compile_ttir_to_ptx_inplace"):
-        return  # not the 0.3 layout
+    from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
+
+    if jax_triton_api_version() != (0, 3):
+        return
     triton_lib.compile_ttir_to_ptx_inplace = _recording_compile(
         triton_lib.compile_ttir_to_ptx_inplace
     )

@@ -197,9 +197,12 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def require_tensor_descriptors(op: str) -> None:
     """ValueError naming `op` where kernels launch on a GPU without Hopper's tensor memory
-    accelerator (compute capability < 9.0), which device-side tensor descriptors need;
-    Triton's interpreter runs them anywhere."""
-    capability = launch_target().compute_capability
+    accelerator (compute capability < 9.0, or none reported: ROCm), which device-side
+    tensor descriptors need; Triton's interpreter runs them anywhere."""
+    target = launch_target()
+    capability = target.compute_capability
+    if target.on_gpu and capability is None:
+        raise ValueError(f"{op}: config tma=True needs an NVIDIA GPU of compute capability >= 9.0")
     if capability is not None and capability < 90:
         raise ValueError(
             f"{op}: config tma=True needs a GPU of compute capability >= 9.0 "

@@ -297,7 +297,9 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
         assert_close(g, w, tol, name)
 
 
-@pytest.mark.parametrize("spare, tma", [(0, False), (3, False), (0, True)])
+@pytest.mark.parametrize(
+    "spare, tma", [(0, False), (3, False), (0, True)], ids=["spare0", "spare3", "spare0-tma"]
+)
 def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     """More tile rows than programs (many short sequences, few spare programs): the
     kernels launch persistent programs, each walking its share of the tile list (with

@@ -132,16 +132,21 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
 # --- the kernel writes exactly its rows --------------------------------------------------
 
 
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
     """Launched bare, the output starts NaN (triton_call's poison): afterwards every row of
-    a local group must hold its product, every other row must be untouched (with `tma`
-    too, where tiles read other groups' rows; k = 24 also leaves a partial k tile)."""
+    a local group must hold its product, every other row must be untouched. With `tma`
+    tiles read (and multiply) other groups' rows too: those hold NaN and Inf here, and
+    must reach no row of a local group. k = 24 also leaves a partial k tile."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
     sizes = jnp.asarray([3, 20, 1, 0, 17, 6, 2], jnp.int32)  # 49 rows < m
     offset, local = 1, 4  # groups 1..4: rows [3, 41)
     lhs, rhs = normal(rng, (m, k)), normal(rng, (local, k, n))
+    local_rows = (np.arange(m) >= 3) & (np.arange(m) < 41)
+    poisoned = np.where(local_rows[:, None], np.asarray(lhs), np.nan)
+    poisoned[::7][~local_rows[::7]] = np.inf
+    lhs = jnp.asarray(poisoned)
     config = gmm_config(m, k, n, element_bytes=4, compute_capability=None, tiling=(block,) * 3)
     meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
     out = triton_call(
@@ -164,7 +169,6 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
         TMA=tma,
     )
     out = np.asarray(out)
-    local_rows = (np.arange(m) >= 3) & (np.arange(m) < 41)
     assert np.isnan(out[~local_rows]).all()
     expected = gmm_float64(lhs, rhs, sizes, offset=offset)
     assert_close(out[local_rows], expected[local_rows])

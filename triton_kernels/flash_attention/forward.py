@@ -262,10 +262,13 @@ def _sequence_rows(rows_ptr, length, WIDTH: tl.constexpr, STRIDE: tl.constexpr,
                    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
     """A tensor descriptor over `length` rows of WIDTH elements from `rows_ptr`, `STRIDE`
     elements apart (WIDTH: one head, or a GQA group's heads side by side), loaded
-    [BLOCK, HEAD_DIM] at a time (one head of BLOCK rows); rows past `length` load as 0."""
+    [BLOCK, HEAD_DIM] at a time (one head of BLOCK rows); rows past `length` load as 0.
+    An empty sequence gets one row: a descriptor has no zero extent, and nothing loads
+    from it (its loops are empty)."""
     return tl.make_tensor_descriptor(
-        rows_ptr, shape=[length, WIDTH], strides=[STRIDE, 1], block_shape=[BLOCK, HEAD_DIM]
-    )
+        rows_ptr, shape=[tl.maximum(length, 1), WIDTH], strides=[STRIDE, 1],
+        block_shape=[BLOCK, HEAD_DIM],
+    )  # fmt: skip
 
 
 @triton.jit
