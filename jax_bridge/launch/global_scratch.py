@@ -121,13 +121,11 @@ class _ScratchPassingLib:
 @functools.cache
 def pass_global_scratch() -> None:
     """Makes jax_triton 0.3 pass each kernel's global scratch to jaxlib (module docstring).
-    Idempotent; a no-op where jax_triton is not 0.3 (0.4 passes it itself)."""
+    Idempotent. For jax_triton 0.3 only: its launch (`jax_triton_compat._launch_v03`) is
+    the one caller; 0.4 passes the scratch itself (and builds its kernels from more
+    arguments, which `_ScratchPassingLib` would pass on untouched anyway)."""
     from jax_triton import triton_lib
 
-    from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
-
-    if jax_triton_api_version() != (0, 3):
-        return
     triton_lib.compile_ttir_to_ptx_inplace = _recording_compile(
         triton_lib.compile_ttir_to_ptx_inplace
     )
