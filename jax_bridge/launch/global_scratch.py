@@ -122,8 +122,8 @@ class _ScratchPassingLib:
 def pass_global_scratch() -> None:
     """Makes jax_triton 0.3 pass each kernel's global scratch to jaxlib (module docstring).
     Idempotent. For jax_triton 0.3 only: its launch (`jax_triton_compat._launch_v03`) is
-    the one caller; 0.4 passes the scratch itself (and builds its kernels from more
-    arguments, which `_ScratchPassingLib` would pass on untouched anyway)."""
+    the one caller; 0.4 passes the scratch itself (as 9 arguments, which
+    `_ScratchPassingLib` would pass on untouched anyway)."""
     from jax_triton import triton_lib
 
     triton_lib.compile_ttir_to_ptx_inplace = _recording_compile(
