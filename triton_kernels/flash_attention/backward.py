@@ -98,28 +98,6 @@ def _load_row_stats(lse_log2_ptrs, delta_ptrs, ok, CHECK: tl.constexpr):
 
 
 @triton.jit
-def _query_tiles(
-    q_seq, do_seq, m, g, col_ok, offs_m, offs_d, d_ok, Q_STRIDE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr,
-    APPLY_MASK: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
-    """The Q and dO tiles of query rows m + offs_m at head first_head + g: through the
-    descriptors q_seq, do_seq over the GQA group's heads side by side (TMA; rows past the
-    sequence read 0), or from the pointers to the sequence's row 0 (rows failing col_ok
-    read 0 where APPLY_MASK)."""
-    if TMA:
-        q = q_seq.load([m, g * HEAD_DIM])
-        do = do_seq.load([m, g * HEAD_DIM])
-    else:
-        tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM  # row m, head first_head + g
-        q_ptrs = _tile_ptrs(q_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        do_ptrs = _tile_ptrs(do_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-        q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-    return q, do
-
-
-@triton.jit
 def _dkdv_query_tiles(
     dk,
     dv,
@@ -185,10 +163,17 @@ def _dkdv_query_tiles(
             m = start + (step // GROUP) * BLOCK_M
         cols = m + offs_m  # query positions within the sequence
         col_ok = cols < len_q
-        q, do = _query_tiles(
-            q_seq, do_seq, m, g, col_ok, offs_m, offs_d, d_ok,
-            Q_STRIDE, HEAD_DIM, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
-        )  # fmt: skip
+        # Inline, not a helper: as a call it costs the non-TMA kernel spills under
+        # register-heavy options with GQA groups that are not powers of two.
+        if TMA:
+            q = q_seq.load([m, g * HEAD_DIM])
+            do = do_seq.load([m, g * HEAD_DIM])
+        else:
+            tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM  # row m, head first_head + g
+            q_ptrs = _tile_ptrs(q_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+            do_ptrs = _tile_ptrs(do_seq + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+            q = _load_rows(q_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+            do = _load_rows(do_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
         stats = g.to(tl.int64) * total_q + cols  # [NUM_Q_HEADS, total_q] rows
         lse2, delta = _load_row_stats(
             lse_log2_seq_ptr + stats, delta_seq_ptr + stats, col_ok, APPLY_MASK
