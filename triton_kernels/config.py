@@ -31,7 +31,7 @@ class KernelConfig:
     """Base of the kernels' launch configurations; subclasses declare the fields.
 
     Subclasses are frozen dataclasses with `block_*` fields, `num_warps` and
-    `num_stages`; `__post_init__` validates them all.
+    `num_stages`, and optionally a bool `tma`; `__post_init__` validates them all.
     """
 
     def __post_init__(self) -> None:
@@ -45,6 +45,8 @@ class KernelConfig:
         num_stages = getattr(self, "num_stages", 1)
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"{kind}.num_stages must be an int >= 1, got {num_stages!r}.")
+        if not isinstance(getattr(self, "tma", False), bool):
+            raise TypeError(f"{kind}.tma must be a bool, got {self.tma!r}.")
 
     def replace(self, **changes: Any) -> KernelConfig:
         """A copy with `changes` applied (validated like the original)."""

@@ -201,10 +201,9 @@ def require_tensor_descriptors(op: str) -> None:
     tensor descriptors need; Triton's interpreter runs them anywhere."""
     target = launch_target()
     capability = target.compute_capability
-    if target.on_gpu and capability is None:
-        raise ValueError(f"{op}: config tma=True needs an NVIDIA GPU of compute capability >= 9.0")
-    if capability is not None and capability < 90:
+    if target.on_gpu and (capability is None or capability < 90):
+        got = "none reported" if capability is None else f"{capability / 10:.1f}"
         raise ValueError(
             f"{op}: config tma=True needs a GPU of compute capability >= 9.0 "
-            f"(tensor memory accelerator), got {capability / 10:.1f}"
+            f"(tensor memory accelerator), got {got}"
         )

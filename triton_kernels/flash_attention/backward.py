@@ -31,6 +31,7 @@ from triton_kernels.flash_attention.forward import (
     _load_rows,
     _score_constants,
     _scores_log2,
+    _sequence_keys,
     _sequence_of,
     _sequence_rows,
     _tile_ptrs,
@@ -519,13 +520,9 @@ def _dq_tile(
         m0, row_last, shift, len_k, window_left, window_right,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
     )  # fmt: skip
-    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    if TMA:  # this sequence's rows only, as in the forward
-        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
-        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
-    else:
-        k_seq, v_seq = k_rows, v_rows
+    k_seq, v_seq = _sequence_keys(
+        k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE, HEAD_DIM, BLOCK_N, TMA
+    )
     # Without a left window start == 0 and full_start == min(0, end) <= 0: no first phase.
     if HAS_WINDOW_LEFT:
         dq = _dq_key_tiles(

@@ -59,11 +59,6 @@ class AttentionKernelConfig(KernelConfig):
     num_stages: int = 2
     tma: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.tma, bool):
-            raise TypeError(f"AttentionKernelConfig.tma must be a bool, got {self.tma!r}.")
-
 
 @dataclasses.dataclass(frozen=True)
 class AttentionFeatures:

@@ -272,6 +272,23 @@ def _sequence_rows(rows_ptr, length, WIDTH: tl.constexpr, STRIDE: tl.constexpr,
 
 
 @triton.jit
+def _sequence_keys(k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """A sequence's keys and values at head `kv_head`, as key loops take them: pointers
+    to its row 0, or (TMA) descriptors over its rows only, so that the copy engine
+    zero-fills rows past len_k, which are another sequence's (or past the array). Built
+    per tile: a program's tiles may belong to different sequences (PERSISTENT)."""
+    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+    if TMA:
+        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+    else:
+        k_seq, v_seq = k_rows, v_rows
+    return k_seq, v_seq
+
+
+@triton.jit
 def _key_cursors(k_seq, v_seq, start, KV_STRIDE: tl.constexpr, TMA: tl.constexpr):
     """Where a key loop from row `start` reads: the descriptors themselves (TMA), or
     pointers to row `start` of the sequence (then stepped by the loop)."""
@@ -458,16 +475,9 @@ def _forward_tile(
         m0, row_last, shift, len_k, window_left, window_right,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
     )  # fmt: skip
-    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    if TMA:
-        # Descriptors over this sequence's rows only: the copy engine zero-fills rows past
-        # len_k, which are another sequence's (or past the array). Built per tile: a
-        # program's tiles may belong to different sequences (PERSISTENT).
-        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
-        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
-    else:
-        k_seq, v_seq = k_rows, v_rows
+    k_seq, v_seq = _sequence_keys(
+        k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE, HEAD_DIM, BLOCK_N, TMA
+    )
     # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
     # no key is allowed), so the first phase is empty.
     if HAS_WINDOW_LEFT:

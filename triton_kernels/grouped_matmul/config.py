@@ -55,11 +55,6 @@ class GroupedMatmulConfig(KernelConfig):
     num_stages: int = 2
     tma: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.tma, bool):
-            raise TypeError(f"GroupedMatmulConfig.tma must be a bool, got {self.tma!r}.")
-
     @property
     def tiling(self) -> tuple[int, int, int]:
         return (self.block_m, self.block_k, self.block_n)
