@@ -210,16 +210,19 @@ def _dense_attention(q, k_all, v_all, ids, ids_all, pos, pos_all) -> jax.Array:
     return out.reshape(b, length, hq, d).astype(q.dtype)
 
 
-def dense_reference(q, k, v, ids) -> jax.Array:
+def dense_reference(q, k, v, ids, allowed) -> jax.Array:
     """The oracle: causal attention within documents over the whole (unsharded) sequence
     in natural order, [b, seq, hq, d], by `jax.nn.dot_product_attention` with the dense
-    boolean mask (JAX's code, not the baseline's); padding queries (id 0) output 0."""
-    pos = jnp.arange(ids.shape[1])
-    allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] > 0)
-    allowed &= pos[None, None, :] <= pos[None, :, None]  # [b, seq, seq]: as allowed_mask
-    allowed = allowed[:, None]  # one mask for every head
+    boolean mask `allowed` [b, seq, seq] (`allowed_mask(ids)`; JAX's code, not the
+    baseline's); padding queries (id 0) output 0."""
     with jax.default_matmul_precision("highest"):
-        out = jax.nn.dot_product_attention(q, k, v, mask=allowed, implementation="xla")
+        out = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=allowed[:, None],
+            implementation="xla",  # one mask for every head
+        )
     return jnp.where((ids > 0)[:, :, None, None], out, 0.0)
 
 
@@ -316,7 +319,7 @@ class _Bench:
         # Useful forward FLOPs: QK^T and PV (2 * HEAD_DIM each) per allowed entry and q head.
         self.forward_flops = 4.0 * HEAD_DIM * Q_HEADS * int(self.allowed.sum())
 
-        args = (self.q, self.k, self.v, self.ids)
+        args = (self.q, self.k, self.v, self.ids, self.allowed)
         self.ref_out = jax.jit(dense_reference)(*args)
         self.ref_grad = jax.jit(_grad(dense_reference))(*args)
         self.shape = f"B{BATCH} S{seq} Hq{Q_HEADS}/kv{KV_HEADS} D{HEAD_DIM} f32 causal"
