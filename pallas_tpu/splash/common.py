@@ -501,7 +501,14 @@ def pallas_call(kernel: Callable[..., None], *, interpret: bool | None, like, **
     """
 
     def call(mode: bool, *operands):
-        return pl.pallas_call(kernel, interpret=_interpret_mode(mode, like), **params)(*operands)
+        launch = pl.pallas_call(kernel, interpret=_interpret_mode(mode, like), **params)
+        if not mode:
+            return launch(*operands)
+        # Interpreted, the kernels' dots are XLA's on the host platform, fixed when traced:
+        # at default precision a GPU takes float32 products in TF32 (~1e-3). The
+        # interpreter stands in for the TPU kernels' arithmetic: exact products everywhere.
+        with jax.default_matmul_precision("highest"):
+            return launch(*operands)
 
     def run(*operands):
         if interpret is not None:
