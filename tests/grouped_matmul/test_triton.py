@@ -134,8 +134,9 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
-    """Launched bare, the output starts NaN (triton_call's poison): afterwards every row of
-    a local group must hold its product, every other row must be untouched. With `tma`
+    """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
+    the interpreter), every row of a local group must hold its product afterwards and every
+    other row must be untouched. With `tma`
     tiles read (and multiply) other groups' rows too: those hold NaN and Inf here, and
     must reach no row of a local group. k = 24 also leaves a partial k tile."""
     rng = np.random.default_rng(20)
@@ -152,11 +153,12 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
     out = triton_call(
         lhs,
         rhs,
-        jnp.zeros((1,), jnp.float32),
+        jnp.full((m, n), jnp.nan, jnp.float32),  # not read: ACCUMULATE is off
         *meta,
         kernel=gmm_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
+        input_output_aliases={2: 0},
         M=m,
         K=k,
         N=n,
