@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu$(comma)test,test)
 comma := ,
 
-.PHONY: bench test test-all lint gpu-check gpu-check-dry
+.PHONY: bench test test-all lint gpu-check gpu-tests gpu-check-dry
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
@@ -34,12 +34,16 @@ test: $(STAMP)
 test-all: test
 	HYPOTHESIS_PROFILE=thorough $(PYTEST) -m "slow or hypothesis"
 
-# On a GPU machine: the bench rows against their anchors, two Nsight profiles and the GPU
-# tests, within 8 minutes (bench/gpu_check.sh; results under $$OUT). It uses the machine's
+# On a GPU machine: the bench rows against their anchors, two Nsight profiles and the
+# Triton backend's GPU tests, within 8 minutes (bench/gpu_check.sh; results under $$OUT). It uses the machine's
 # own python3 and installs nothing but the carried jax-triton wheel (no network there), so
 # it does not build .venv. The dry run is the same command at toy sizes on a CPU.
 gpu-check:
 	bash bench/gpu_check.sh
+
+# Every GPU conformance test on the device (about 5 minutes; its own device call).
+gpu-tests:
+	bash bench/gpu_check.sh tests
 
 gpu-check-dry: $(STAMP)
 	$(VENV)/bin/python -m bench gpu-check --dry-run

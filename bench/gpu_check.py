@@ -75,6 +75,7 @@ def our_kernel_names() -> frozenset[str]:
 
 
 _TIME = re.compile(r"^\s*gpu__time_duration\.sum\s+(\w+)\s+([\d.,]+)(?:\s+([\d.,]+)\s+([\d.,]+))?")
+_KERNEL = re.compile(r"^\s*(\S+) (\([\d, ]+\))x\([\d, ]+\), (?:Context|Device) \d")
 _UNIT = {
     "ns": 1e-9,
     "nsecond": 1e-9,
@@ -88,18 +89,20 @@ _UNIT = {
 
 
 def parse_ncu_summary(text: str) -> dict[str, float]:
-    """{kernel name: average seconds per launch} from `ncu --print-summary per-kernel`
-    text: each kernel's block starts with its name line (the one naming its Context and
-    Stream), and its `gpu__time_duration.sum` line gives the unit and (min, max, average)
-    or one value."""
+    """{kernel name and grid: average seconds per launch} from `ncu --print-summary
+    per-kernel` text: each kernel's block starts with its name line ("name (grid)x(block),"
+    then "Context 1, Stream 13, Device 0, CC 9.0" or, from the ncu on the H100 machine,
+    "Device 0, CC 9.0, Invocations 4"), and its `gpu__time_duration.sum` line gives the unit
+    and (min, max, average) or one value. The grid is part of the key: one kernel launched
+    on two grids (gmm for the output and for the input gradient) is two entries."""
     kernels, name = {}, None
     for line in text.splitlines():
         match = _TIME.match(line)
         if match and name is not None:
             values = [v for v in match.groups()[1:] if v is not None]
             kernels[name] = float(values[-1].replace(",", "")) * _UNIT.get(match[1], 1e-9)
-        elif ", Context " in line:  # "  kernel_name (grid)x(block), Context 1, Stream ..."
-            name = line.split(" (")[0].strip()
+        elif header := _KERNEL.match(line):
+            name = f"{header[1]} {header[2]}"
     return kernels
 
 
@@ -148,12 +151,12 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu
-    timing = Timing(repeats=1, calls=1) if quick else Timing()
+    timing = Timing(repeats=1, calls=1, warmup_repeats=0) if quick else Timing()
     chosen = _select(gpu_rows.cases(sizes), [args.profile] if args.profile else args.rows)
     if args.profile:
         if not chosen:
             raise SystemExit(f"gpu-check --profile: no case matches {args.profile!r}")
-        timing = Timing(repeats=1, calls=1)
+        timing = Timing(repeats=1, calls=1, warmup_repeats=0)
         return run_cases(chosen[:1], timing, anchors=False)
     print(
         f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "

@@ -1,81 +1,108 @@
 #!/usr/bin/env bash
-# The whole device check, one command, under 8 minutes on one H100:
-#   bash bench/gpu_check.sh            (from anywhere; OUT=<dir> to choose where results go)
-# 1. installs the carried jax-triton wheel (bench/wheels/, committed: 17 KB) if jax_triton
-#    does not import (the GPU machine has no network: nothing is downloaded);
-# 2. `python -m bench gpu-check`: every GPU row with its anchors, JSON under
-#    $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
-# 3. one Nsight Compute profile per op (ours on one attention and one grouped matmul row):
-#    time per kernel, ours against the XLA work around them;
-# 4. the GPU conformance tests.
-# Before 2: kernels with tensor descriptors (TMA) alone; if they run, 2 also times them.
-# Every step has its own time limit and its own log under $OUT; a step failing does not
-# stop the next. BENCH_COMMIT=<hash> names the commit where the copy has no .git;
-# GPU_CHECK_ARGS adds arguments to gpu-check (on a CPU: "--dry-run --rows m64").
+# The device check, under 8 minutes on one H100:
+#   bash bench/gpu_check.sh [STEP...]      (from anywhere; OUT=<dir> to choose where results go)
+# STEPs, in this order, all of the first four by default:
+#   tma    kernels with tensor descriptors (TMA) alone, on the device; if they pass, `bench`
+#          also times the TMA variants;
+#   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
+#          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
+#   ncu    one Nsight Compute profile per op (ours on one attention and one grouped matmul
+#          row): time per kernel, ours against the XLA work around them;
+#   quick-tests  the conformance tests of the Triton backend on the device;
+#   tests  (alone: `bash bench/gpu_check.sh tests`, about 5 minutes) every GPU conformance
+#          test but the Pallas backend's (the TPU kernels, interpreted off a TPU: the CPU
+#          suite runs them).
+# The carried jax-triton wheel (bench/wheels/, committed: 17 KB) is installed first if
+# jax_triton does not import (the GPU machine has no network). Every step has its own time
+# limit; a step failing does not stop the next. $OUT ends with summary.txt, the JSON and
+# one archive of the logs (gpu_check_logs.tgz), as the device tool returns 8 files at most.
+# BENCH_COMMIT=<hash> names the commit where the copy has no .git; GPU_CHECK_ARGS adds
+# arguments to gpu-check. On a CPU: GPU_TEST_PLATFORMS=cpu GPU_CHECK_ARGS="--dry-run --rows
+# m64" bash bench/gpu_check.sh tma bench ncu (the `tma` gate stays shut: the copy skips).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
 PY="${PYTHON:-python3}"
-# JAX and PyTorch (the anchors) share the GPU in one process: no preallocation.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-mkdir -p "$OUT/bench/results"
+steps=" ${*:-tma bench ncu quick-tests} "
+# JAX and PyTorch (the anchors) share the GPU in one process: no preallocation. The tests'
+# conftest picks the CPU unless told otherwise. Inductor compiles FlexAttention in its own
+# process, not a pool of workers left running beside the timed calls.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false TORCHINDUCTOR_COMPILE_THREADS=1
+logs="$OUT/logs"
+mkdir -p "$OUT/bench/results" "$logs"
 summary="$OUT/summary.txt"
 note() { echo "[gpu_check $(date -u +%T)] $*" | tee -a "$summary"; }
+pack() { tar czf "$OUT/gpu_check_logs.tgz" -C "$OUT" logs && rm -r "$logs"; }
+trap pack EXIT
+# pytest on the device (GPU_TEST_PLATFORMS=cpu to try the script on a CPU), failures with
+# their tracebacks:
+gpu_pytest=(env JAX_PLATFORMS="${GPU_TEST_PLATFORMS:-cuda}" "$PY" -m pytest -q --tb=short
+  -p no:cacheprovider)
 
-note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); steps:$steps"
 if ! "$PY" -c "import jax_triton" 2>/dev/null; then
   "$PY" -m pip install --no-deps --no-index bench/wheels/jax_triton-0.3.1-py3-none-any.whl \
-    >"$OUT/pip.txt" 2>&1
-  rc=$?
-  note "installed the carried jax-triton wheel: exit $rc"
+    >"$logs/pip.txt" 2>&1
+  note "installed the carried jax-triton wheel: exit $?"
 fi
 
-# Kernels with device-side tensor descriptors (TMA) first, in their own process: a copy,
-# then our attention and gmm kernels with `tma` against their references. Only if the copy
-# ran on the device (not skipped) and all passed do the bench rows time the TMA kernels:
-# a kernel that faults on the device ends its process.
-timeout 75 "$PY" -m pytest -x -q -rA tests/launch/test_global_scratch.py \
-  tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "tma or hopper" \
-  >"$OUT/tma.txt" 2>&1
-rc=$?
-note "TMA kernels (tma.txt): exit $rc -- $(tail -1 "$OUT/tma.txt")"
+# Kernels with device-side tensor descriptors first, in their own process: a copy, then our
+# attention and gmm kernels with `tma` against their references. Only if the copy ran on
+# the device (not skipped) and all passed do the bench rows time the TMA variants: a
+# kernel that faults on the device ends its process.
 tma_flag=""
-if [ "$rc" -eq 0 ] && grep -q "^PASSED .*test_a_descriptor_kernel_copies_on_a_hopper_gpu" "$OUT/tma.txt"; then
-  tma_flag="--tma"
-fi
-
-stamp="$(date -u +%Y%m%dT%H%MZ)"
-json="$OUT/bench/results/gpu-check-$stamp.json"
-timeout 220 "$PY" -m bench gpu-check --budget-s 170 --json "$json" $tma_flag ${GPU_CHECK_ARGS:-} \
-  >"$OUT/gpu_check.txt" 2>&1
-rc=$?
-note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
-if [ "$rc" -gt 1 ] && [ "$rc" -ne 124 ]; then
-  # A crash, not a failed check or the time limit: again without PyTorch in the process.
-  timeout 150 "$PY" -m bench gpu-check --no-torch --budget-s 110 --json "${json%.json}-no-torch.json" \
-    ${GPU_CHECK_ARGS:-} >"$OUT/gpu_check_no_torch.txt" 2>&1
+if [[ $steps == *" tma "* ]]; then
+  timeout 75 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_global_scratch.py \
+    tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "tma or hopper" \
+    >"$logs/tma.txt" 2>&1
   rc=$?
-  note "bench rows without PyTorch (gpu_check_no_torch.txt): exit $rc"
+  note "TMA kernels (tma.txt): exit $rc -- $(tail -1 "$logs/tma.txt")"
+  if [ "$rc" -eq 0 ] && grep -q "^PASSED .*copies_on_a_hopper_gpu" "$logs/tma.txt"; then
+    tma_flag="--tma"
+  fi
 fi
 
-if command -v ncu >/dev/null; then
-  for key in "16x1024 causal" "m8192 G64"; do
-    name="ncu_${key// /_}"
-    # Autotuning off: under ncu every candidate kernel XLA tries would be profiled.
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 50 \
-      ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-      "$PY" -m bench gpu-check --profile "$key" >"$OUT/$name.txt" 2>&1
-    rc=$?
-    note "ncu $key ($name.txt): exit $rc"
-    "$PY" -m bench gpu-check --ncu-summary "$OUT/$name.txt" >"$OUT/${name}_summary.txt" 2>&1
-  done
-else
-  note "ncu not found: no kernel profile"
+if [[ $steps == *" bench "* ]]; then
+  json="$OUT/bench/results/gpu-check-$(date -u +%Y%m%dT%H%MZ).json"
+  timeout 220 "$PY" -m bench gpu-check --budget-s 190 --json "$json" $tma_flag \
+    ${GPU_CHECK_ARGS:-} >"$logs/gpu_check.txt" 2>&1
+  rc=$?
+  note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
+  if [ "$rc" -gt 1 ] && [ "$rc" -ne 124 ]; then
+    # A crash, not a failed check or the time limit: again without PyTorch in the process.
+    timeout 120 "$PY" -m bench gpu-check --no-torch --budget-s 90 \
+      --json "${json%.json}-no-torch.json" ${GPU_CHECK_ARGS:-} >"$logs/gpu_check_no_torch.txt" 2>&1
+    note "bench rows without PyTorch (gpu_check_no_torch.txt): exit $?"
+  fi
 fi
 
-timeout 90 "$PY" -m pytest -n 4 -x -q \
-  tests/attention/test_conformance.py tests/grouped_matmul/test_conformance.py \
-  tests/block_sparse/test_conformance.py >"$OUT/tests.txt" 2>&1
-rc=$?
-note "GPU tests (tests.txt): exit $rc -- $(tail -1 "$OUT/tests.txt")"
+if [[ $steps == *" ncu "* ]]; then
+  if command -v ncu >/dev/null; then
+    for key in "16x1024 causal" "m8192 G64"; do
+      name="ncu_${key// /_}"
+      # Autotuning off: under ncu every candidate kernel XLA tries would be profiled.
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 45 \
+        ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+        "$PY" -m bench gpu-check --profile "$key" >"$logs/$name.txt" 2>&1
+      note "ncu $key ($name.txt): exit $?"
+      "$PY" -m bench gpu-check --ncu-summary "$logs/$name.txt" | tee "$logs/${name}_summary.txt" \
+        | tail -1 | while read -r line; do note "  $line"; done
+    done
+  else
+    note "ncu not found: no kernel profile"
+  fi
+fi
+
+conformance=(tests/attention/test_conformance.py tests/grouped_matmul/test_conformance.py
+  tests/block_sparse/test_conformance.py)
+if [[ $steps == *" quick-tests "* ]]; then
+  timeout 100 "${gpu_pytest[@]}" -rfE -n 12 "${conformance[@]}" -k "triton" >"$logs/quick_tests.txt" 2>&1
+  note "GPU tests, Triton backend (quick_tests.txt): exit $? -- $(tail -1 "$logs/quick_tests.txt")"
+fi
+if [[ $steps == *" tests "* ]]; then
+  timeout 540 "${gpu_pytest[@]}" -rfE -n 12 "${conformance[@]}" tests/launch/test_global_scratch.py \
+    tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "not pallas" \
+    >"$logs/tests.txt" 2>&1
+  note "GPU tests (tests.txt): exit $? -- $(tail -1 "$logs/tests.txt")"
+fi
 note "done"

@@ -43,12 +43,15 @@ PASSES = ("forward", "fwd+bwd")
 class Timing:
     """How to time: `repeats` repeats of about `target_s` seconds each (at least one call,
     at most `max_calls`), or of exactly `calls` calls where given (no sizing call: what a
-    slow interpreter or a profiler wants); the row keeps every repeat's per-call time."""
+    slow interpreter or a profiler wants); the row keeps every repeat's per-call time.
+    `warmup_repeats` repeats run first, untimed: on an H100 the first repeats of a row
+    ran up to 4x slower than the last (clocks and caches settling), which moved medians."""
 
     repeats: int = 5
     target_s: float = 0.02
     max_calls: int = 200
     calls: int | None = None
+    warmup_repeats: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +103,9 @@ def back_to_back_seconds(
     """(per-call seconds of each repeat, the warm-up call's result, calls per repeat).
 
     One warm-up (compile) call and, unless `timing.calls` is given, one synchronised call
-    to size the repeats; then each repeat issues `calls` calls and synchronises on the last
-    result only (a device runs one stream in order: the last result ready means all are).
+    to size the repeats; then each repeat (the untimed warm-up repeats first) issues `calls`
+    calls and synchronises on the last result only (a device runs one stream in order: the
+    last result ready means all are).
     """
     result = fn(*args)
     sync(result)
@@ -112,13 +116,13 @@ def back_to_back_seconds(
         once = time.perf_counter() - start
         calls = max(1, min(timing.max_calls, math.ceil(timing.target_s / max(once, 1e-9))))
     times = []
-    for _ in range(timing.repeats):
+    for _ in range(timing.warmup_repeats + timing.repeats):
         start = time.perf_counter()
         for _ in range(calls):
             last = fn(*args)
         sync(last)
         times.append((time.perf_counter() - start) / calls)
-    return tuple(times), result, calls
+    return tuple(times[timing.warmup_repeats :]), result, calls
 
 
 def relative_error(result: np.ndarray, reference: np.ndarray) -> float:

@@ -40,13 +40,29 @@ class FakeClock:
 def test_back_to_back_syncs_once_per_repeat(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
-    timing = runner.Timing(repeats=3, calls=10)
+    timing = runner.Timing(repeats=3, calls=10, warmup_repeats=0)
     times, result, calls = runner.back_to_back_seconds(clock.fn, (7,), clock.sync, timing)
     assert result == 7 and calls == 10
     # Warm-up (1 call, 1 sync), then 3 repeats of 10 calls and one sync each.
     assert clock.calls == 1 + 30 and clock.syncs == 1 + 3
     # Per call: 1 ms of work + 5 ms of sync shared by 10 calls, not 6 ms.
     assert times == pytest.approx((1.5e-3,) * 3)
+
+
+def test_warm_up_repeats_run_and_are_not_kept(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
+    slow_first = iter([9e-3] * 4)  # the warm-up repeat's 4 calls are slow; the rest 1 ms
+
+    def fn(x):
+        clock.calls += 1
+        clock.now += next(slow_first, 1e-3)
+        return x
+
+    timing = runner.Timing(repeats=2, calls=4, warmup_repeats=1)
+    times, _, _ = runner.back_to_back_seconds(fn, (1,), clock.sync, timing)
+    assert clock.calls == 1 + 3 * 4 and clock.syncs == 1 + 3
+    assert len(times) == 2 and max(times) < 3e-3  # (4 ms + 5 ms sync) / 4 calls each
 
 
 def test_back_to_back_sizes_repeats_to_the_target(monkeypatch):
@@ -142,9 +158,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
         "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
     }  # fmt: skip
-    # --dry-run adds our kernels with TMA loads as an anchor (grouped matmul rows here).
+    # --dry-run adds our kernels with TMA loads as anchors: gmm's, and on causal varlen rows
+    # dK/dV's alone at 64x128.
     assert {r["baseline"] for r in found} == {
-        "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma"
+        "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
+        "ours triton varlen tma(dkdv) dkdv 64x128",
     }  # fmt: skip
     for row in found:
         assert row["times"] and row["baseline_times"]
@@ -168,10 +186,42 @@ def test_ncu_summary_splits_our_kernels_from_the_rest():
 """
     kernels = gpu_check.parse_ncu_summary(text)
     assert kernels == pytest.approx(
-        {"attention_forward_kernel": 730.5e-6, "loop_convert_fusion": 4.2e-6}
+        {
+            "attention_forward_kernel (128, 16, 1)": 730.5e-6,
+            "loop_convert_fusion (64, 1, 1)": 4.2e-6,
+        }
     )
     summary = gpu_check.summarise_ncu(kernels, gpu_check.our_kernel_names())
     assert "our kernels 730.5 us (99%), other kernels 4.2 us" in summary
+
+
+def test_ncu_summary_reads_the_h100_machines_format():
+    """Lines as the ncu of the H100 machine wrote them (2026-11-27): no Context or Stream,
+    an invocation count; one kernel on two grids stays two entries."""
+    text = """[1831] python3.12@127.0.0.1
+  gmm_kernel (127, 11, 1)x(256, 1, 1), Device 0, CC 9.0, Invocations 4
+    Section: Command line profiler metrics
+    ---------------------- ----------- ------- ------- -------
+    Metric Name            Metric Unit Minimum Maximum Average
+    ---------------------- ----------- ------- ------- -------
+    gpu__time_duration.sum          us  268.83  270.98  270.14
+    ---------------------- ----------- ------- ------- -------
+
+  gmm_kernel (127, 16, 1)x(256, 1, 1), Device 0, CC 9.0, Invocations 2
+    gpu__time_duration.sum          us  257.86  259.04  258.45
+  loop_clamp_fusion (1, 1, 1)x(127, 1, 1), Device 0, CC 9.0, Invocations 2
+    gpu__time_duration.sum          us    2.94    3.30    2.99
+"""
+    kernels = gpu_check.parse_ncu_summary(text)
+    assert kernels == pytest.approx(
+        {
+            "gmm_kernel (127, 11, 1)": 270.14e-6,
+            "gmm_kernel (127, 16, 1)": 258.45e-6,
+            "loop_clamp_fusion (1, 1, 1)": 2.99e-6,
+        }
+    )
+    summary = gpu_check.summarise_ncu(kernels, gpu_check.our_kernel_names())
+    assert "our kernels 528.6 us (99%), other kernels 3.0 us" in summary
 
 
 def test_our_kernel_names_are_the_triton_kernels():
