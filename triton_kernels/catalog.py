@@ -171,10 +171,12 @@ def attention_variant(
 
 
 def tma_variant(kind: str, head_dim: int, compute_capability: int) -> KernelVariant:
-    """An attention kernel at its default tile (bf16, causal) with `tma`: its streamed
-    tiles through device-side tensor descriptors (sm_90 and up)."""
+    """An attention kernel (bf16, causal) with `tma`, its streamed tiles through
+    device-side tensor descriptors (sm_90 and up): its default config where descriptors
+    can be launched (dK/dV at sm_90, d=128: 64x128 with `tma`, what a GPU with a recent
+    jaxlib runs), with `tma` set on the others' default tiles."""
     default = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
-                                       features=CAUSAL)  # fmt: skip
+                                       features=CAUSAL, descriptors=True)  # fmt: skip
     config = dataclasses.replace(default, tma=True)
     return attention_variant(kind, head_dim, compute_capability, config=config)
 

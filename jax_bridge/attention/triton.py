@@ -34,6 +34,7 @@ from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
     require_tensor_descriptors,
+    tensor_descriptors_available,
 )
 from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.flash_attention.backward import (
@@ -82,8 +83,9 @@ def _config(
     capability = launch_target().compute_capability
     name = jnp.dtype(dtype).name
     return default_attention_config(
-        head_dim, name, capability, kind, features=features, persistent=persistent
-    )
+        head_dim, name, capability, kind, features=features, persistent=persistent,
+        descriptors=tensor_descriptors_available(),
+    )  # fmt: skip
 
 
 def _tma(config: AttentionKernelConfig, head_dim: int) -> bool:

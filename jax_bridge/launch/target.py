@@ -195,6 +195,24 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
     return for_lowering_platform
 
 
+def tensor_descriptors_available() -> bool:
+    """Whether kernels launched now can use device-side tensor descriptors with nothing
+    raised: on a GPU of compute capability >= 9.0 whose jaxlib allocates the descriptors'
+    global scratch (`global_scratch.FIRST_JAXLIB_WITH_SCRATCH`). What default configs that
+    take TMA check; an explicit `tma=True` elsewhere gets the errors of
+    `require_tensor_descriptors` and `global_scratch` instead."""
+    from jax_bridge.launch import global_scratch
+
+    target = launch_target()
+    capability = target.compute_capability
+    return (
+        target.on_gpu
+        and capability is not None
+        and capability >= 90
+        and global_scratch.jaxlib_version() >= global_scratch.FIRST_JAXLIB_WITH_SCRATCH
+    )
+
+
 def require_tensor_descriptors(op: str) -> None:
     """ValueError naming `op` where kernels launch on a GPU without Hopper's tensor memory
     accelerator (compute capability < 9.0, or none reported: ROCm), which device-side

@@ -272,6 +272,36 @@ def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
     assert all(len(call) == 7 for call in others)
 
 
+@pytest.mark.parametrize(
+    "jaxlib, causal, dkdv_scratch",
+    [((0, 11, 2), True, True), ((0, 11, 2), False, False), ((0, 10, 2), True, False)],
+    ids=["causal", "not-causal", "old-jaxlib"],
+)
+def test_default_dkdv_takes_tma_on_an_h100_whose_jaxlib_takes_the_scratch(
+    monkeypatch, jaxlib, causal, dkdv_scratch
+):
+    """By default only dK/dV of a causal call builds descriptors on sm_90 (`tma` in
+    `default_attention_config`), and only where jaxlib can allocate their scratch: an
+    older jaxlib gets the kernel by pointers, not an error."""
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, jaxlib)
+    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=causal, implementation="triton")
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+    scratch = {call[0]: call[7:] for call in recorded.calls}
+    assert scratch.pop("attention_backward_dkdv_kernel") == ((256, 128) if dkdv_scratch else ())
+    assert set(scratch) == {
+        "attention_forward_kernel", "attention_backward_dq_kernel",
+        "attention_backward_preprocess_kernel",
+    }  # fmt: skip
+    assert all(extra == () for extra in scratch.values())
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent):

@@ -92,6 +92,39 @@ def test_register_heavy_calls_never_get_larger_tiles(compute_capability, feature
                 assert config == base
 
 
+def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
+    """dK/dV at d=128 on sm_90 loads through TMA at 64x128 for light calls bounded on the
+    right, one program a tile, where descriptors can be launched; every other call keeps
+    its tile by pointers (that tile is spill-free by pointers only under some Tritons)."""
+    causal = AttentionFeatures(causal=True)
+    tma = default_attention_config(128, "bfloat16", 90, "backward_dkdv", features=causal,
+                                   descriptors=True)  # fmt: skip
+    assert (tma.block_m, tma.block_n, tma.tma) == (64, 128, True)
+    window = AttentionFeatures(window_right=True)
+    assert default_attention_config(128, "float16", 90, "backward_dkdv", features=window,
+                                    descriptors=True) == tma  # fmt: skip
+    no_tma = [
+        dict(descriptors=False),
+        dict(features=AttentionFeatures()),  # no right bound: spills
+        dict(persistent=True),
+        dict(features=AttentionFeatures(causal=True, soft_cap=True)),  # register-heavy
+        dict(head_dim=96),  # not a power of two
+        dict(head_dim=64),
+        dict(compute_capability=100),
+        dict(compute_capability=80),
+        dict(kind="forward"),
+        dict(kind="backward_dq"),
+        dict(dtype_name="float32"),
+    ]
+    for change in no_tma:
+        args = dict(head_dim=128, dtype_name="bfloat16", compute_capability=90,
+                    kind="backward_dkdv", features=causal, descriptors=True) | change  # fmt: skip
+        assert not default_attention_config(**args).tma, change
+    assert not default_attention_config(
+        128, "bfloat16", None, "backward_dkdv", descriptors=True
+    ).tma
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

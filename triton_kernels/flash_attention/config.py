@@ -48,7 +48,8 @@ class AttentionKernelConfig(KernelConfig):
       tma: the kernel loads the tiles its loop streams (the forward and dQ kernels: K and
         V; dK/dV: Q and dO) through device-side tensor descriptors (Hopper's bulk tensor
         copies, sm_90 and up; the interpreter runs them too). Needs a head_dim that is a
-        power of two. Off in the default tables until a GPU run measures it.
+        power of two. The default tables take it for Hopper's dK/dV only
+        (`_HOPPER_DKDV_TMA`): on an H100 the other kernels ran 1-5% slower with it.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -175,6 +176,16 @@ _AMPERE_16BIT_LIGHT: _Table = {
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
+# sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
+# tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
+# through TMA at 64x128. By pointers that tile spills under Triton 3.9 (76 B) and takes 595
+# warp-instructions per MFLOP under Triton 3.6; with TMA it is spill-free under both (348 /
+# 554, against 540 / 710 for 32x128 by pointers). Not without a right bound (spills 8 / 36
+# B), nor persistent (44 / 20 B). On the H100 (Triton 3.6, 2026-11-27,
+# bench/results/gpu-check-20261127T0221Z-tma.json) 4 x 4096 causal fwd+bwd took 3.46 ms
+# with it against 3.74 by default, though the other two kernels ran with TMA too, which
+# alone made them 1-5% slower; 16 x 1024: 1.35 ms against 1.33.
+_HOPPER_DKDV_TMA = AttentionKernelConfig(64, 128, 8, 2, tma=True)
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
 _BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
@@ -197,6 +208,21 @@ _FLOAT32: _Table = {
     "backward_dq": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (16, 16, 8, 1)},
 }
 
+
+def _takes_hopper_dkdv_tma(
+    head_dim: int, compute_capability: int, kind: str, features: AttentionFeatures, descriptors
+) -> bool:
+    """`_HOPPER_DKDV_TMA`'s conditions, past the light-call check (16-bit inputs)."""
+    bounded_right = features.causal or features.window_right
+    return (
+        descriptors
+        and compute_capability == 90
+        and kind == "backward_dkdv"
+        and head_dim == 128  # a descriptor's tile is the whole row: a power of two
+        and bounded_right
+    )
+
+
 # Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
 # query and key blocks, so every loop phase (masked edges, unmasked middle) runs.
 _INTERPRETER_CONFIG = AttentionKernelConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
@@ -210,6 +236,7 @@ def default_attention_config(
     *,
     features: AttentionFeatures = AttentionFeatures(),
     persistent: bool = False,
+    descriptors: bool = False,
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
 
@@ -221,6 +248,9 @@ def default_attention_config(
       features: the call's code-changing options (larger tiles where they do not spill).
       persistent: the kernel walks its tile list (PERSISTENT): the loop holds registers,
         so the larger tiles of light calls are not taken.
+      descriptors: the launch can use device-side tensor descriptors
+        (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
+        may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -242,6 +272,8 @@ def default_attention_config(
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability in _LIGHT_TABLES and not (features.register_heavy or persistent):
+        if _takes_hopper_dkdv_tma(head_dim, compute_capability, kind, features, descriptors):
+            return _HOPPER_DKDV_TMA
         light = _LIGHT_TABLES[compute_capability]
         config = light.get(kind, {}).get(tile_d, config)
     if not hopper and persistent and features.register_heavy:
