@@ -34,9 +34,9 @@ test: $(STAMP)
 test-all: test
 	HYPOTHESIS_PROFILE=thorough $(PYTEST) -m "slow or hypothesis"
 
-# On a GPU machine: the bench rows against their anchors, two Nsight profiles and the
-# Triton backend's GPU tests, within 8 minutes (bench/gpu_check.sh; results under $$OUT). It uses the machine's
-# own python3 and installs nothing but the carried jax-triton wheel (no network there), so
+# On a GPU machine: the TMA kernels' tests, the bench rows against their anchors and two
+# Nsight profiles, within 8 minutes (bench/gpu_check.sh; results under $$OUT). It uses the
+# machine's own python3 and installs nothing but the carried jax-triton wheel (no network there), so
 # it does not build .venv. The dry run is the same command at toy sizes on a CPU.
 gpu-check:
 	bash bench/gpu_check.sh

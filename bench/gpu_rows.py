@@ -139,47 +139,12 @@ def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
     return _to_numpy(result)
 
 
-def _tma_configs(
-    head_dim: int, causal: bool, kinds: tuple[str, ...], dkdv_tile: tuple[int, int] | None
-):
-    """`AttentionConfigs`: each kernel at its default tile for this launch target, the
-    `kinds` among them with `tma` (streamed tiles through tensor descriptors); `dkdv_tile`:
-    the dK/dV kernel's (block_m, block_n) instead of its default."""
-    from jax_bridge import AttentionConfigs
-    from jax_bridge.launch.target import launch_target
-    from triton_kernels.flash_attention.config import (
-        KINDS,
-        AttentionFeatures,
-        default_attention_config,
-    )
-
-    capability = launch_target().compute_capability
-    features = AttentionFeatures(causal=causal)
-    configs = {
-        kind: dataclasses.replace(
-            default_attention_config(head_dim, "bfloat16", capability, kind, features=features),
-            tma=kind in kinds,
-        )
-        for kind in KINDS
-    }
-    if dkdv_tile is not None:
-        block_m, block_n = dkdv_tile
-        configs["backward_dkdv"] = dataclasses.replace(
-            configs["backward_dkdv"], block_m=block_m, block_n=block_n
-        )
-    return AttentionConfigs(**configs)
-
-
-def varlen_impl(
-    spec: MaskSpec, tma: tuple[str, ...] = (), dkdv_tile: tuple[int, int] | None = None
-) -> Impl:
-    """Ours: the Triton varlen kernels on the packed documents; `tma`: the kernels (of
-    `KINDS`) that load their streamed tiles through tensor descriptors, with `dkdv_tile` as
-    the dK/dV kernel's tile (A/B rows against the default, until measured)."""
+def varlen_impl(spec: MaskSpec, config=None, label: str = "") -> Impl:
+    """Ours: the Triton varlen kernels on the packed documents, at their defaults or at
+    `config` (an `AttentionConfigs`, for A/B rows: `label` names it)."""
     from jax_bridge import varlen_attention
 
     def fn(q, k, v, cu):
-        config = _tma_configs(q.shape[-1], spec.causal, tma, dkdv_tile) if tma else None
         return varlen_attention(
             q, k, v, cu, cu, causal=spec.causal, implementation="triton", config=config
         )
@@ -190,10 +155,8 @@ def varlen_impl(
         q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
         return (q, k, v, jnp.asarray(spec.cu_seqlens())), d_out
 
-    short = {"forward": "fwd", "backward_dq": "dq", "backward_dkdv": "dkdv"}
-    name = "ours triton varlen" + (f" tma({'+'.join(short[k] for k in tma)})" if tma else "")
-    name += f" dkdv {dkdv_tile[0]}x{dkdv_tile[1]}" if dkdv_tile else ""
-    return Impl(name, fn, prepare, _packed_canonical)
+    return Impl("ours triton varlen" + (f" {label}" if label else ""), fn, prepare,
+                _packed_canonical)  # fmt: skip
 
 
 def splash_mask(spec: MaskSpec):
@@ -278,11 +241,10 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
-# True: the causal varlen rows time our kernels with dK/dV's loads through TMA at 64x128 as
-# one more anchor (`_tma_variants`), the grouped matmul rows gmm with TMA as one more,
-# forward only (`gpu-check --tma`, which bench/gpu_check.sh passes once
-# tensor-descriptor kernels ran on the device: a kernel that faults there would take the
-# rest of the run's rows with it).
+# True: the first two varlen rows time the dK/dV default before TMA as one more anchor
+# (`_tma_variants`), the grouped matmul rows gmm with TMA as one more, forward only
+# (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
+# the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
@@ -454,30 +416,39 @@ def _gmm_jax(fn: Callable, name: str) -> Impl:
     return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
 
 
-def grouped_matmul_impl(tma: bool = False) -> Impl:
-    """Ours; `tma`: gmm's default tile with its tiles through tensor descriptors, forward
-    only (an A/B row against the default, until measured: a `config=` reaches the
-    weight gradient's tgmm launch as well, which would then run at gmm's tile)."""
+def grouped_matmul_impl(tma: bool = False, tiling: tuple[int, int, int] | None = None) -> Impl:
+    """Ours; `tma` or `tiling`: gmm's tiles through tensor descriptors, or at `tiling`
+    (`grouped_matmul`'s argument), forward only (A/B rows against the default: a
+    `config=` reaches the weight gradient's tgmm launch as well, which would then run at
+    gmm's tile)."""
     from jax_bridge import grouped_matmul
 
     def fn(lhs, rhs, sizes):
-        config = _gmm_tma_config(*lhs.shape, rhs.shape[2]) if tma else None
+        config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling) if tma or tiling else None
         return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
 
-    impl = _gmm_jax(fn, "ours triton" + (" tma" if tma else ""))
-    return dataclasses.replace(impl, grad=False) if tma else impl
+    name = "ours triton" + (" tma" if tma else "")
+    name += f" {'x'.join(map(str, tiling))}" if tiling else ""
+    impl = _gmm_jax(fn, name)
+    return dataclasses.replace(impl, grad=False) if tma or tiling else impl
 
 
-def _gmm_tma_config(m: int, k: int, n: int):
-    """gmm's default bf16 config for this launch target (and the default tiling), with
-    `tma`."""
+def _gmm_config(m: int, k: int, n: int, tma: bool, tiling: tuple[int, int, int] | None):
+    """gmm's bf16 config for this launch target at `tiling` (None: the default), with
+    `tma` as given."""
     from jax_bridge.launch.target import launch_target
     from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config
 
     capability = launch_target().compute_capability
-    default = gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
-                         tiling=DEFAULT_TILING)  # fmt: skip
-    return dataclasses.replace(default, tma=True)
+    config = gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
+                        tiling=tiling or DEFAULT_TILING)  # fmt: skip
+    return dataclasses.replace(config, tma=tma)
+
+
+# 64 groups of ~128 rows in 128-row tiles leave about half of each tile's rows to another
+# group (the H100's ncu: gmm's grid 127 x 11 for 64 x 11 tiles of work); 64-row tiles
+# multiply ~25% fewer rows. An A/B anchor until a GPU says which wins.
+_GMM_SMALL_GROUP_TILING = (64, 128, 128)
 
 
 def ragged_dot_impl() -> Impl:
@@ -554,21 +525,16 @@ def _attention_case(
     )  # fmt: skip
 
 
-# With TMA, dK/dV at d=128 fits a 64x128 tile without spills on sm_90 (static report, bf16,
-# causal, not persistent: 348 warp-instructions per MFLOP against 540 for today's 32x128;
-# by pointers 64x128 spills 76 B: `variant_report(attention_variant("backward_dkdv", 128,
-# 90, config=AttentionKernelConfig(64, 128, 8, 2, tma=True)), 90)`). Persistent launches and
-# non-causal calls spill at this tile even with TMA.
-_TMA_DKDV_TILE = (64, 128)
-
-
 def _tma_variants(spec: MaskSpec) -> tuple[Impl, ...]:
-    """On the H100 (2026-11-27, bench/results/gpu-check-20261127T0221Z-tma.json) every
-    kernel with TMA was 1-5% slower than by pointers (forward and fwd+bwd, 16 x 1k and
-    4 x 4k causal), and all with TMA plus dK/dV at 64x128 8% faster in fwd+bwd on 4 x 4k
-    (1.01x on 16 x 1k, a persistent launch where that tile spills): so the anchor now is
-    dK/dV alone with TMA at 64x128, the forward and dQ by pointers."""
-    return (varlen_impl(spec, tma=("backward_dkdv",), dkdv_tile=_TMA_DKDV_TILE),)
+    """The A/B of the sm_90 dK/dV default: since 2026-11-27 light causal calls at d=128
+    take it at 64x128 with TMA where jaxlib passes the descriptors' scratch
+    (`default_attention_config`); the anchor is the tile before, 32x128 by pointers. (On
+    the H100 that day, with the forward and dQ on TMA too: 4 x 4096 fwd+bwd 3.46 ms
+    against 3.74, 16 x 1024 1.35 against 1.33; TMA alone made every kernel 1-5% slower.)"""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    before = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 2))
+    return (varlen_impl(spec, before, "dkdv 32x128 by pointers"),)
 
 
 def _sdpa(spec: MaskSpec) -> list[Impl]:
@@ -585,13 +551,11 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
     ]
-    # The TMA variant as one more anchor of the causal rows (ours/anchor: the default
-    # against it), where its dK/dV tile is spill-free.
-    tma = lambda spec: _tma_variants(spec) if USE_TMA and spec.causal else ()
+    # The dK/dV default before TMA as one more anchor of the first two (causal) rows.
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
-                        _sdpa(spec), variants=tma(spec))
-        for key, spec, h in rows
+                        _sdpa(spec), variants=_tma_variants(spec) if USE_TMA and i < 2 else ())
+        for i, (key, spec, h) in enumerate(rows)
     ]  # fmt: skip
     mixed = MaskSpec(sizes.mixed_docs)
     key = f"mixed {sizes.mixed_docs[0]}..{sizes.mixed_docs[-1]} causal"
@@ -628,6 +592,8 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         anchors = [ragged_dot_impl(), dense_matmul_impl()]
         if USE_TMA:
             anchors.append(grouped_matmul_impl(tma=True))
+        if m // groups <= 256:
+            anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING))
         if torch_available():
             anchors.append(torch_grouped_mm_impl())
         cases.append(
