@@ -75,7 +75,9 @@ def our_kernel_names() -> frozenset[str]:
 
 
 _TIME = re.compile(r"^\s*gpu__time_duration\.sum\s+(\w+)\s+([\d.,]+)(?:\s+([\d.,]+)\s+([\d.,]+))?")
-_KERNEL = re.compile(r"^\s*(\S+) (\([\d, ]+\))x\([\d, ]+\), (?:Context|Device) \d")
+# Demangled C++ names hold spaces ("void cub::DeviceRadixSortKernel<...>(...)"): the
+# name is everything before the last "(grid)x(block), ".
+_KERNEL = re.compile(r"^\s*(.+?) (\([\d, ]+\))x\([\d, ]+\), (?:Context|Device) \d")
 _UNIT = {
     "ns": 1e-9,
     "nsecond": 1e-9,
@@ -101,6 +103,7 @@ def parse_ncu_summary(text: str) -> dict[str, float]:
         if match and name is not None:
             values = [v for v in match.groups()[1:] if v is not None]
             kernels[name] = float(values[-1].replace(",", "")) * _UNIT.get(match[1], 1e-9)
+            name = None  # a time belongs to the header just above it, never to an older one
         elif header := _KERNEL.match(line):
             name = f"{header[1]} {header[2]}"
     return kernels
@@ -151,12 +154,12 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu
-    timing = Timing(repeats=1, calls=1, warmup_repeats=0) if quick else Timing()
+    timing = Timing(repeats=1, calls=1, warmup_repeats=0, warmup_s=0.0) if quick else Timing()
     chosen = _select(gpu_rows.cases(sizes), [args.profile] if args.profile else args.rows)
     if args.profile:
         if not chosen:
             raise SystemExit(f"gpu-check --profile: no case matches {args.profile!r}")
-        timing = Timing(repeats=1, calls=1, warmup_repeats=0)
+        timing = Timing(repeats=1, calls=1, warmup_repeats=0, warmup_s=0.0)
         return run_cases(chosen[:1], timing, anchors=False)
     print(
         f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "

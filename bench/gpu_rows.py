@@ -530,7 +530,8 @@ def _tma_variants(spec: MaskSpec) -> tuple[Impl, ...]:
     take it at 64x128 with TMA where jaxlib passes the descriptors' scratch
     (`default_attention_config`); the anchor is the tile before, 32x128 by pointers. (On
     the H100 that day, with the forward and dQ on TMA too: 4 x 4096 fwd+bwd 3.46 ms
-    against 3.74, 16 x 1024 1.35 against 1.33; TMA alone made every kernel 1-5% slower.)"""
+    against 3.74, 16 x 1024 1.35 against 1.33; TMA at the default tiles alone made the
+    forward 5% and fwd+bwd 3-12% slower.)"""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     before = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 2))

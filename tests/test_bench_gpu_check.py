@@ -40,7 +40,7 @@ class FakeClock:
 def test_back_to_back_syncs_once_per_repeat(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
-    timing = runner.Timing(repeats=3, calls=10, warmup_repeats=0)
+    timing = runner.Timing(repeats=3, calls=10, warmup_repeats=0, warmup_s=0.0)
     times, result, calls = runner.back_to_back_seconds(clock.fn, (7,), clock.sync, timing)
     assert result == 7 and calls == 10
     # Warm-up (1 call, 1 sync), then 3 repeats of 10 calls and one sync each.
@@ -52,17 +52,26 @@ def test_back_to_back_syncs_once_per_repeat(monkeypatch):
 def test_warm_up_repeats_run_and_are_not_kept(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
-    slow_first = iter([9e-3] * 4)  # the warm-up repeat's 4 calls are slow; the rest 1 ms
+    slow_first = iter([9e-3] * 4)  # the compile call and 3 warm-up calls; the rest 1 ms
 
     def fn(x):
         clock.calls += 1
         clock.now += next(slow_first, 1e-3)
         return x
 
-    timing = runner.Timing(repeats=2, calls=4, warmup_repeats=1)
+    timing = runner.Timing(repeats=2, calls=4, warmup_repeats=1, warmup_s=0.0)
     times, _, _ = runner.back_to_back_seconds(fn, (1,), clock.sync, timing)
     assert clock.calls == 1 + 3 * 4 and clock.syncs == 1 + 3
     assert len(times) == 2 and max(times) < 3e-3  # (4 ms + 5 ms sync) / 4 calls each
+
+
+def test_warm_up_lasts_at_least_warmup_s(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runner.time, "perf_counter", clock.perf_counter)
+    timing = runner.Timing(repeats=2, calls=4, warmup_repeats=1, warmup_s=0.05)
+    runner.back_to_back_seconds(clock.fn, (1,), clock.sync, timing)
+    # A repeat is 4 calls and a sync: 9 ms; six of them pass 50 ms, then the two timed.
+    assert clock.syncs == 1 + 6 + 2
 
 
 def test_back_to_back_sizes_repeats_to_the_target(monkeypatch):
@@ -149,21 +158,20 @@ def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     path = tmp_path / "results" / "dry.json"
-    rows = ["4x16 causal GQA", "m64 G4", "64 tok random 50%"]
+    rows = ["4x16 causal", "m64 G4", "64 tok random 50%"]  # 4x16 causal: also its GQA row
     status = gpu_check.main(["--dry-run", "--rows", *rows, "--json", str(path)])
     assert status == 0
     document = json.loads(path.read_text())
     assert {"commit", "torch", "jax_cuda_plugin"} <= document["machine"].keys()
     found = document["rows"]
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
-        "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
+        "4x16 causal", "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
     }  # fmt: skip
-    # --dry-run adds the TMA A/B anchors: gmm with TMA (grouped matmul rows here; the
-    # attention rows chosen are not among the first two, which get the dK/dV one); small
-    # groups add gmm at 64-row tiles.
+    # --dry-run adds the A/B anchors: on the second varlen row the dK/dV tile before TMA,
+    # on grouped matmul gmm with TMA and, its groups being small, at 64-row tiles.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
-        "ours triton 64x128x128",
+        "ours triton 64x128x128", "ours triton varlen dkdv 32x128 by pointers",
     }  # fmt: skip
     for row in found:
         assert row["times"] and row["baseline_times"]
@@ -212,6 +220,8 @@ def test_ncu_summary_reads_the_h100_machines_format():
     gpu__time_duration.sum          us  257.86  259.04  258.45
   loop_clamp_fusion (1, 1, 1)x(127, 1, 1), Device 0, CC 9.0, Invocations 2
     gpu__time_duration.sum          us    2.94    3.30    2.99
+  void cub::Sort<int, (bool)0>(int *, int) (4, 1, 1)x(256, 1, 1), Device 0, CC 9.0, Invocations 1
+    gpu__time_duration.sum          us    5.00    5.00    5.00
 """
     kernels = gpu_check.parse_ncu_summary(text)
     assert kernels == pytest.approx(
@@ -219,10 +229,11 @@ def test_ncu_summary_reads_the_h100_machines_format():
             "gmm_kernel (127, 11, 1)": 270.14e-6,
             "gmm_kernel (127, 16, 1)": 258.45e-6,
             "loop_clamp_fusion (1, 1, 1)": 2.99e-6,
+            "void cub::Sort<int, (bool)0>(int *, int) (4, 1, 1)": 5e-6,
         }
     )
     summary = gpu_check.summarise_ncu(kernels, gpu_check.our_kernel_names())
-    assert "our kernels 528.6 us (99%), other kernels 3.0 us" in summary
+    assert "our kernels 528.6 us (99%), other kernels 8.0 us" in summary
 
 
 def test_our_kernel_names_are_the_triton_kernels():

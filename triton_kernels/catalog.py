@@ -130,14 +130,17 @@ def attention_variant(
     features: AttentionFeatures = CAUSAL,
     config: AttentionKernelConfig | None = None,
     persistent: bool = False,
+    descriptors: bool = False,
 ) -> KernelVariant:
     """One attention kernel (`kind` in forward/backward_dkdv/backward_dq) at its default
     configuration for the problem, or at `config`; `persistent`: the launch that walks
-    the tile list (segment ids' mostly empty lists)."""
+    the tile list (segment ids' mostly empty lists); `descriptors`: the default where
+    tensor descriptors can be launched (`default_attention_config`'s)."""
     if config is None:
         config = default_attention_config(
-            head_dim, dtype_name, compute_capability, kind, features=features, persistent=persistent
-        )
+            head_dim, dtype_name, compute_capability, kind, features=features,
+            persistent=persistent, descriptors=descriptors,
+        )  # fmt: skip
     kernel = ATTENTION_KERNELS[kind]
     constexprs = dict(
         NUM_Q_HEADS=_Q_HEADS,

@@ -70,21 +70,22 @@ def _features(spec: AttentionSpec, sinks: Any, alibi_slopes: Any) -> AttentionFe
 
 def _config(
     options: AttentionOptions,
-    head_dim: int,
-    dtype: jnp.dtype,
+    q: jax.Array,
+    k: jax.Array,
     kind: str,
     features: AttentionFeatures,
     persistent: bool,
 ) -> AttentionKernelConfig:
-    """The launch configuration of kernel `kind`: the caller's, or the default."""
+    """The launch configuration of kernel `kind` for q [Tq, Hq, D] and k [Tk, Hkv, D]:
+    the caller's, or the default."""
     config = None if options.config is None else getattr(options.config, kind)
     if config is not None:
         return config
     capability = launch_target().compute_capability
-    name = jnp.dtype(dtype).name
     return default_attention_config(
-        head_dim, name, capability, kind, features=features, persistent=persistent,
-        descriptors=tensor_descriptors_available(),
+        q.shape[2], jnp.dtype(q.dtype).name, capability, kind, features=features,
+        persistent=persistent, descriptors=tensor_descriptors_available(),
+        gqa_group=q.shape[1] // k.shape[1],
     )  # fmt: skip
 
 
@@ -255,7 +256,7 @@ def forward(
     features = _features(options.spec, sinks, alibi_slopes)
     cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
     persistent = _persistent(cu_q.shape[0] - 1)
-    config = _config(options, head_dim, q.dtype, "forward", features, persistent)
+    config = _config(options, q, k, "forward", features, persistent)
     chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     scalars = _spec_arguments(options.spec, shift)
     return triton_call(
@@ -386,7 +387,7 @@ def backward(
         **features.kernel_flags(),
     )
     persistent = _persistent(cu_q.shape[0] - 1)  # cu_q and cu_k list the same sequences
-    config = _config(options, head_dim, q.dtype, "backward_dkdv", features, persistent)
+    config = _config(options, q, k, "backward_dkdv", features, persistent)
     key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
     dk, dv = triton_call(
         *inputs,
@@ -405,7 +406,7 @@ def backward(
         PERSISTENT=persistent,
         **constexprs,
     )
-    config = _config(options, head_dim, q.dtype, "backward_dq", features, persistent)
+    config = _config(options, q, k, "backward_dq", features, persistent)
     query_chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
     dq = triton_call(
         *inputs,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import jax
 import jax.numpy as jnp
 
+from jax_bridge.launch.target import tensor_descriptors_available
 from jax_bridge.tuning.cache import TuningCache
 from jax_bridge.tuning.device import (
     device_compute_capability,
@@ -365,7 +366,9 @@ def tune_attention(
     head_dim, dtype = q.shape[2], q.dtype
     capability = device_compute_capability()
     features = AttentionFeatures(causal=bool(causal))
-    defaults = default_attention_configs(head_dim, dtype, capability, features)
+    # The defaults untuned calls run (dK/dV may take TMA); candidates inherit their `tma`.
+    descriptors = tensor_descriptors_available()
+    defaults = default_attention_configs(head_dim, dtype, capability, features, descriptors)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k)
     attention = lambda config, *a: varlen_attention(
         *a, causal=causal, implementation="triton", config=config
@@ -389,6 +392,7 @@ def tune_attention(
             dtype=dtype,
             compute_capability=capability,
             features=features,
+            descriptors=descriptors,
         )
         results[kind] = autotune(
             f"varlen_attention.{kind}",

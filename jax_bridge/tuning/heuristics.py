@@ -150,12 +150,17 @@ def default_attention_configs(
     dtype: object,
     compute_capability: int | None,
     features: AttentionFeatures | Collection[str] = (),
+    descriptors: bool = False,
 ) -> AttentionConfigs:
-    """The complete default `AttentionConfigs` (the kernels' tables) of one problem."""
+    """The complete default `AttentionConfigs` (the kernels' tables) of one problem;
+    `descriptors`: as `default_attention_config`'s (what `varlen_attention` passes:
+    `jax_bridge.launch.target.tensor_descriptors_available()`)."""
     name, on = _dtype_name(dtype), attention_features(features)
     return AttentionConfigs(
         *(
-            default_attention_config(head_dim, name, compute_capability, kind, features=on)
+            default_attention_config(
+                head_dim, name, compute_capability, kind, features=on, descriptors=descriptors
+            )
             for kind in KINDS
         )
     )
@@ -245,6 +250,7 @@ def attention_candidates(
     dtype: object,
     compute_capability: int | None,
     features: AttentionFeatures | Collection[str] = (),
+    descriptors: bool = False,
 ) -> list[FwdParams] | list[BwdParams]:
     """Configs of one attention kernel to time, the default first.
 
@@ -253,7 +259,7 @@ def attention_candidates(
     A grid of tiles, each with `select_num_warps` warps and two stage counts, the larger
     one from `select_num_stages` for the tiles a loop step streams (two
     `[rows, head_dim]` operands per stage) on `compute_capability`. The default is
-    the kernels' table entry for `features`.
+    the kernels' table entry for `features` and `descriptors` (`default_attention_config`).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -267,8 +273,9 @@ def attention_candidates(
         stationary, streamed = _ATTENTION_TILES_16BIT[kind]
     limit = shared_memory_limit_for(compute_capability)
     default = default_attention_config(
-        head_dim, name, compute_capability, kind, features=attention_features(features)
-    )
+        head_dim, name, compute_capability, kind, features=attention_features(features),
+        descriptors=descriptors,
+    )  # fmt: skip
     configs = [(default.block_m, default.block_n, default.num_warps, default.num_stages)]
     for rows in stationary:
         for step in streamed:

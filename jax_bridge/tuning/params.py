@@ -140,6 +140,7 @@ class FwdParams(_Params):
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
+            tma=default.tma,
         )
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
@@ -151,6 +152,7 @@ class FwdParams(_Params):
             block_n=self._pick("blocksize_n", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
+            tma=default.tma,
         )
 
 
@@ -215,12 +217,13 @@ class BwdParams(_Params):
         )
 
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
-        """The dK/dV kernel's config: the set fields, the rest from `default`."""
+        """The dK/dV kernel's config: the set fields, the rest (`tma` too) from `default`."""
         return AttentionKernelConfig(
             block_m=self._pick("q_blocksize", default.block_m),
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
+            tma=default.tma,
         )
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
@@ -230,6 +233,7 @@ class BwdParams(_Params):
             block_n=self._pick("dq_kv_blocksize", default.block_n),
             num_warps=self._pick("dq_num_warps", default.num_warps),
             num_stages=self._pick("dq_num_stages", default.num_stages),
+            tma=default.tma,
         )
 
 

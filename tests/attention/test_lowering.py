@@ -227,6 +227,24 @@ def test_dkdv_groups_not_a_power_of_two(group, features):
         assert report.instructions_per_mflop <= DKDV_GROUPS_TARGET, report.summary()
 
 
+@pytest.mark.parametrize("group", [1, 2, 8])
+def test_dkdv_tma_default_has_no_spills_and_a_shorter_loop(group):
+    """Hopper's dK/dV default where descriptors launch (64x128, Q and dO through TMA;
+    causal; GQA groups that are powers of two, as the default requires): no spills under
+    Triton 3.6 or 3.9, bulk tensor copies, and a causal loop within the pointer tile's
+    target."""
+    variant = attention_variant("backward_dkdv", 128, 90, descriptors=True)
+    assert variant.name.endswith("_tma") and variant.constexprs["BLOCK_M"] == 64
+    heads = dict(NUM_Q_HEADS=group * variant.constexprs["NUM_KV_HEADS"])
+    report = variant_report(
+        dataclasses.replace(variant, constexprs={**variant.constexprs, **heads}), 90
+    )
+    print(report.summary())
+    assert not report.spills, report.summary()
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0, report.summary()
+    assert report.instructions_per_mflop <= DKDV_GROUPS_TARGET, report.summary()
+
+
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_static_report_float32(head_dim, kind):

@@ -102,12 +102,13 @@ def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
     assert (tma.block_m, tma.block_n, tma.tma) == (64, 128, True)
     window = AttentionFeatures(window_right=True)
     assert default_attention_config(128, "float16", 90, "backward_dkdv", features=window,
-                                    descriptors=True) == tma  # fmt: skip
+                                    descriptors=True, gqa_group=4) == tma  # fmt: skip
     no_tma = [
         dict(descriptors=False),
         dict(features=AttentionFeatures()),  # no right bound: spills
         dict(persistent=True),
         dict(features=AttentionFeatures(causal=True, soft_cap=True)),  # register-heavy
+        dict(gqa_group=3),  # carries its (tile, head) pair: spills under Triton 3.6
         dict(head_dim=96),  # not a power of two
         dict(head_dim=64),
         dict(compute_capability=100),
@@ -217,6 +218,39 @@ def test_config_overrides_give_the_same_numbers(config):
         assert_close(got, ref, tol, name)
         # Two float32 runs, each within tol of the oracle.
         assert_close(got, same, 2 * tol, f"{name} vs the default config")
+
+
+def _hopper_with_scratch() -> bool:
+    from jax_bridge.launch.target import tensor_descriptors_available
+
+    return jax.default_backend() == "gpu" and tensor_descriptors_available()
+
+
+@pytest.mark.skipif(
+    not _hopper_with_scratch(), reason="runs on a Hopper GPU whose jaxlib takes the scratch"
+)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
+    """The default that only such a device takes (dK/dV at 64x128 with Q and dO through
+    TMA; d=128, causal, GQA groups of 4): gradients of unequal, empty and one-token
+    documents, and a document longer than its tile, against the float64 oracle."""
+    lengths = [(300, 300), (1, 1), (0, 0), (517, 517), (64, 64)]
+    inputs = make_inputs(42, lengths, 8, 2, 128, dtype=dtype)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+
+    def fn(q, k, v, s):
+        return varlen_attention(q, k, v, cu_q, cu_k, causal=True, return_lse=True,
+                                implementation="triton")  # fmt: skip
+
+    def reference(q, k, v, s):
+        return attention_reference(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+
+    got = value_and_grads(fn, q, k, v, None, inputs["d_out"])
+    expected = oracle_value_and_grads(reference, q, k, v, None, inputs["d_out"])
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (*got[:2], *got[2]),
+                          (*expected[:2], *expected[2]), strict=True):  # fmt: skip
+        assert_close(a, b, tol, name)
 
 
 # --- NaN poisoning ------------------------------------------------------------------------

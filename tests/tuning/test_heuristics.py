@@ -258,3 +258,24 @@ def test_a_lone_feature_name_is_one_feature_not_its_letters():
     assert default_params("attention", features="causal", **attention) == default_params(
         "attention", features={"causal"}, **attention
     )
+
+
+def test_tuning_sees_the_tma_default_where_descriptors_launch():
+    """Where descriptors can be launched, the tuner's default is what untuned calls run
+    (Hopper's dK/dV with TMA at 64x128), its first candidate is that tile, and params
+    that set only tiles keep the default's `tma`."""
+    from jax_bridge.tuning.params import attention_configs
+
+    causal = {"causal"}
+    defaults = default_attention_configs(128, jnp.bfloat16, 90, causal, descriptors=True)
+    dkdv = defaults.backward_dkdv
+    assert (dkdv.block_m, dkdv.block_n, dkdv.tma) == (64, 128, True)
+    assert not default_attention_configs(128, jnp.bfloat16, 90, causal).backward_dkdv.tma
+    first = attention_candidates(
+        "backward_dkdv", head_dim=128, dtype=jnp.bfloat16, compute_capability=90,
+        features=causal, descriptors=True,
+    )[0]  # fmt: skip
+    assert (first.q_blocksize, first.kv_blocksize) == (64, 128)
+    tuned = attention_configs(FwdParams(num_stages=3), BwdParams(num_stages=3), defaults)
+    assert tuned.backward_dkdv.tma and tuned.backward_dkdv.num_stages == 3
+    assert not tuned.forward.tma and not tuned.backward_dq.tma

@@ -49,7 +49,8 @@ class AttentionKernelConfig(KernelConfig):
         V; dK/dV: Q and dO) through device-side tensor descriptors (Hopper's bulk tensor
         copies, sm_90 and up; the interpreter runs them too). Needs a head_dim that is a
         power of two. The default tables take it for Hopper's dK/dV only
-        (`_HOPPER_DKDV_TMA`): on an H100 the other kernels ran 1-5% slower with it.
+        (`_HOPPER_DKDV_TMA`): on an H100 all three at their default tiles ran slower with
+        it (forward 5%, fwd+bwd 3-12%).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -183,8 +184,10 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # 554, against 540 / 710 for 32x128 by pointers). Not without a right bound (spills 8 / 36
 # B), nor persistent (44 / 20 B). On the H100 (Triton 3.6, 2026-11-27,
 # bench/results/gpu-check-20261127T0221Z-tma.json) 4 x 4096 causal fwd+bwd took 3.46 ms
-# with it against 3.74 by default, though the other two kernels ran with TMA too, which
-# alone made them 1-5% slower; 16 x 1024: 1.35 ms against 1.33.
+# with it against 3.74 by default, though the other two kernels ran with TMA too (all
+# three with TMA at their default tiles: forward 5% slower, fwd+bwd 3%); 16 x 1024: 1.35
+# ms against 1.33 (12% slower with the default tiles on TMA). This tile alone is not timed
+# yet (`gpu-check --tma` does it), nor with GQA; groups that are not powers of two spill.
 _HOPPER_DKDV_TMA = AttentionKernelConfig(64, 128, 8, 2, tma=True)
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
@@ -210,16 +213,24 @@ _FLOAT32: _Table = {
 
 
 def _takes_hopper_dkdv_tma(
-    head_dim: int, compute_capability: int, kind: str, features: AttentionFeatures, descriptors
+    head_dim: int,
+    compute_capability: int,
+    kind: str,
+    features: AttentionFeatures,
+    descriptors: bool,
+    gqa_group: int,
 ) -> bool:
-    """`_HOPPER_DKDV_TMA`'s conditions, past the light-call check (16-bit inputs)."""
-    bounded_right = features.causal or features.window_right
+    """`_HOPPER_DKDV_TMA`'s conditions, past the light-call check (16-bit inputs): where
+    the static report found that tile spill-free under Triton 3.6 and 3.9. Other GQA
+    groups than powers of two carry the dK/dV walk's (tile, head) pair in registers: 44-64
+    B of spills under 3.6. d=64 has its own light tile; others were not measured."""
     return (
         descriptors
         and compute_capability == 90
         and kind == "backward_dkdv"
-        and head_dim == 128  # a descriptor's tile is the whole row: a power of two
-        and bounded_right
+        and head_dim == 128
+        and bool(features.causal or features.window_right)
+        and gqa_group & (gqa_group - 1) == 0
     )
 
 
@@ -237,6 +248,7 @@ def default_attention_config(
     features: AttentionFeatures = AttentionFeatures(),
     persistent: bool = False,
     descriptors: bool = False,
+    gqa_group: int = 1,
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
 
@@ -251,6 +263,7 @@ def default_attention_config(
       descriptors: the launch can use device-side tensor descriptors
         (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
+      gqa_group: query heads per key/value head (`_HOPPER_DKDV_TMA` takes powers of two).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -272,7 +285,9 @@ def default_attention_config(
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability in _LIGHT_TABLES and not (features.register_heavy or persistent):
-        if _takes_hopper_dkdv_tma(head_dim, compute_capability, kind, features, descriptors):
+        if _takes_hopper_dkdv_tma(
+            head_dim, compute_capability, kind, features, descriptors, gqa_group
+        ):
             return _HOPPER_DKDV_TMA
         light = _LIGHT_TABLES[compute_capability]
         config = light.get(kind, {}).get(tile_d, config)
