@@ -169,6 +169,9 @@ _TRITON_3_6_SPILLS = {
     (90, 128, "backward_dkdv", AttentionFeatures(causal=True), 7): 4,
     (90, 128, "backward_dkdv", HEAVY, 3): 100,
     (90, 128, "backward_dkdv", HEAVY, 7): 100,
+    # Opt-in `tma` at the pointer defaults' tiles (not defaults themselves).
+    (90, 128, "forward_tma", AttentionFeatures(causal=True), None): 4,
+    (90, 128, "backward_dkdv_tma_persistent", AttentionFeatures(causal=True), None): 4,
 }
 # The dK/dV loop's issue target on sm_90 at d=128, causal; under 3.6 the same tiles
 # measure 648 warp-instructions per MFLOP with 3 or 7 query heads per kv head.
@@ -324,8 +327,9 @@ def test_default_dkdv_takes_tma_on_an_h100_whose_jaxlib_takes_the_scratch(
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent):
     """Each kernel's default sm_90 tile with `tma`: its streamed tiles arrive by bulk
-    tensor copies (UTMALDG); no spills, wgmma. The forward and dQ stream nothing else
-    (no per-thread asynchronous copies, LDGSTS, left); dK/dV still streams lse and delta."""
+    tensor copies (UTMALDG); no spills (4 B in two under Triton 3.6), wgmma. The forward
+    and dQ stream nothing else (no per-thread asynchronous copies, LDGSTS, left); dK/dV
+    still streams lse and delta."""
     default = attention_variant(kind, 128, 90, persistent=persistent)
     config = AttentionKernelConfig(
         default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
@@ -337,4 +341,6 @@ def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent)
     assert report.sass_opcodes.get("UTMALDG", 0) > 0, report.summary()
     if kind != "backward_dkdv":
         assert "LDGSTS" not in report.sass_opcodes, report.summary()
-    assert report.uses_wgmma and not report.spills, report.summary()
+    assert report.uses_wgmma, report.summary()
+    name = f"{kind}_tma" + ("_persistent" if persistent else "")
+    assert_spills_expected(report, (90, 128, name, AttentionFeatures(causal=True), None))
