@@ -31,8 +31,8 @@ from bench.runner import Case, Impl
 # bfloat16 on both sides: probabilities and outputs rounded to 8 mantissa bits, so their
 # difference relative to the largest magnitude stays within a few units of 2^-8.
 ATTENTION_TOLERANCE = 3e-2
-# Grouped matmul accumulates in float32 on both sides; the output is float32, the
-# gradients bfloat16 (one rounding: 2^-8 relative).
+# Grouped matmul accumulates in float32 on every side; the output and the gradients are
+# bfloat16, as torch._grouped_mm's (one rounding each: 2^-8 relative).
 MATMUL_TOLERANCE = 2e-2
 
 
@@ -407,11 +407,14 @@ def _matmul_inputs(m: int, k: int, n: int, groups: int):
 
 
 def _gmm_jax(fn: Callable, name: str) -> Impl:
+    """A JAX grouped matmul row: bf16 lhs, rhs and output cotangent (an MoE layer's, and
+    torch._grouped_mm's); `fn` returns bf16 (accumulating in float32)."""
+
     def prepare(host):
         import jax.numpy as jnp
 
-        lhs, rhs = _jax_bf16(host["lhs"], host["rhs"])
-        return (lhs, rhs, jnp.asarray(host["sizes"])), jnp.asarray(host["d_out"])
+        lhs, rhs, d_out = _jax_bf16(host["lhs"], host["rhs"], host["d_out"])
+        return (lhs, rhs, jnp.asarray(host["sizes"])), d_out
 
     return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
 
@@ -425,7 +428,8 @@ def grouped_matmul_impl(tma: bool = False, tiling: tuple[int, int, int] | None =
 
     def fn(lhs, rhs, sizes):
         config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling) if tma or tiling else None
-        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton",
+                              preferred_element_type=lhs.dtype)  # fmt: skip
 
     name = "ours triton" + (" tma" if tma else "")
     name += f" {'x'.join(map(str, tiling))}" if tiling else ""
@@ -456,7 +460,7 @@ def ragged_dot_impl() -> Impl:
     import jax.numpy as jnp
 
     return _gmm_jax(
-        lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=jnp.float32),
+        lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=jnp.bfloat16),
         "jax ragged_dot",
     )
 
@@ -467,16 +471,16 @@ def dense_matmul_impl() -> Impl:
 
     def prepare(host):
         lhs, rhs = _jax_bf16(host["lhs"], host["rhs"][0])
-        return (lhs, rhs), jnp.asarray(host["d_out"])
+        return (lhs, rhs), _jax_bf16(host["d_out"])[0]
 
     def fn(a, b):
-        return jnp.dot(a, b, preferred_element_type=jnp.float32)
+        return jnp.dot(a, b, preferred_element_type=jnp.bfloat16)
 
     return Impl("dense matmul (roofline)", fn, prepare, None)
 
 
 def torch_grouped_mm_impl() -> Impl:
-    """`torch._grouped_mm(a, b, offs=cumsum(sizes) int32)`, float32 output cast."""
+    """`torch._grouped_mm(a, b, offs=cumsum(sizes) int32)`: bf16 out (its only output)."""
 
     def prepare(host):
         import torch
