@@ -56,14 +56,21 @@ def _resolve_total_tokens(cu_seqlens: jax.Array, total_tokens: int | None, calle
     return total_tokens
 
 
+COMPARE_ALL_LIMIT = 1 << 16
+"""`count_at_or_below` compares every pair up to this many (boundaries x outputs)."""
+
+
 def count_at_or_below(boundaries: jax.Array, length: int) -> jax.Array:
     """``out[t] = #{i : boundaries[i] <= t}`` for ``t in range(length)``, loop-free.
 
     For sorted ``boundaries`` this is ``searchsorted(boundaries, arange(length),
-    side="right")``, computed as a scatter-add of ones at the boundaries and a cumsum:
-    O(len(boundaries) + length) work and no ``while`` loop (``jnp.searchsorted``'s default
-    is one, which a GPU runs with a host round trip per iteration). It holds for any
-    order of ``boundaries``.
+    side="right")``, with no ``while`` loop (``jnp.searchsorted``'s default is one, which a
+    GPU runs with a host round trip per iteration). It holds for any order of
+    ``boundaries``. Up to `COMPARE_ALL_LIMIT` pairs it is one comparison of every
+    (boundary, t) pair summed per t: a single fused reduction, where the scatter-add of
+    ones at the boundaries and the cumsum used beyond it (O(n + length) work) are two
+    kernels on a GPU, each a few microseconds of launch on the short lists of a call's
+    tiles (16 documents of 1k tokens: 22 boundaries, 147 tiles).
 
     Args:
       boundaries: int ``[n]``.
@@ -72,6 +79,9 @@ def count_at_or_below(boundaries: jax.Array, length: int) -> jax.Array:
     Returns:
       int32 ``[length]`` (a count of at most ``n`` boundaries).
     """
+    if boundaries.shape[0] * length <= COMPARE_ALL_LIMIT:
+        t = jnp.arange(length, dtype=boundaries.dtype)
+        return jnp.sum(boundaries[None, :] <= t[:, None], axis=1, dtype=jnp.int32)
     # A boundary below 0 counts for every t (bin 0); one at or past `length` for none
     # (the last bin, never summed).
     bins = jnp.clip(boundaries, 0, length)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 from jax_bridge.core.validation import check_cu_seqlens
+from jax_bridge.host import cu_seqlens as cu_seqlens_module
 from jax_bridge.host.cu_seqlens import (
     FILL_INDEX,
     chunk_bound,
@@ -344,12 +345,14 @@ def _count_jitted(boundaries, length):
 @given(
     boundaries=st.lists(st.integers(-3, 40), min_size=0, max_size=12),
     sort=st.booleans(),
+    compare_all=st.booleans(),
 )
-def test_count_at_or_below_is_searchsorted_right_without_a_loop(boundaries, sort):
+def test_count_at_or_below_is_searchsorted_right_without_a_loop(boundaries, sort, compare_all):
     """Sorted: searchsorted(side="right"), as the index helpers used it; any order: the
-    count it is defined as. Boundaries below 0 and at or past `length` included."""
+    count it is defined as. Boundaries below 0 and at or past `length` included. Both
+    forms: every pair compared (short lists) and the scatter-add and cumsum."""
     values = np.asarray(sorted(boundaries) if sort else boundaries, np.int32)
-    length = 32
+    length = 32 if compare_all else cu_seqlens_module.COMPARE_ALL_LIMIT // 12 + 1
     # Padded to a fixed size with boundaries past `length` (never counted): one compile.
     padded = np.concatenate([values, np.full(12 - len(values), length + 5, np.int32)])
     got = np.asarray(_count_jitted(jnp.asarray(padded), length))
