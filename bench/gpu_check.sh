@@ -62,7 +62,7 @@ fi
 # on an H100 whatever this step says: should it fail, read the bench rows with that in mind.
 tma_flag=""
 if [[ $steps == *" tma "* ]]; then
-  timeout 75 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_global_scratch.py \
+  timeout 100 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_global_scratch.py \
     tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "tma or hopper" \
     >"$logs/tma.txt" 2>&1
   rc=$?
