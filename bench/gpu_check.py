@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tma",
         action="store_true",
-        help="time our kernels with TMA loads against the defaults on two varlen rows and "
-        "the grouped matmul rows (on with --dry-run)",
+        help="A/B anchors of tensor-descriptor (TMA) loads: the dK/dV tile before its TMA "
+        "default on two varlen rows, gmm with TMA on the grouped matmul rows (on with "
+        "--dry-run)",
     )
     parser.add_argument(
         "--profile",
@@ -154,13 +155,13 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu
-    timing = Timing(repeats=1, calls=1, warmup_repeats=0, warmup_s=0.0) if quick else Timing()
+    one_call = Timing(repeats=1, calls=1, warmup_repeats=0, warmup_s=0.0)
+    timing = one_call if quick else Timing()
     chosen = _select(gpu_rows.cases(sizes), [args.profile] if args.profile else args.rows)
     if args.profile:
         if not chosen:
             raise SystemExit(f"gpu-check --profile: no case matches {args.profile!r}")
-        timing = Timing(repeats=1, calls=1, warmup_repeats=0, warmup_s=0.0)
-        return run_cases(chosen[:1], timing, anchors=False)
+        return run_cases(chosen[:1], one_call, anchors=False)
     print(
         f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "
         f"{jax.devices()[0].device_kind}; torch anchors: {gpu_rows.torch_available()}"

@@ -242,7 +242,7 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 
 
 # True: the first two varlen rows time the dK/dV default before TMA as one more anchor
-# (`_tma_variants`), the grouped matmul rows gmm with TMA as one more, forward only
+# (`_dkdv_tile_before_tma`), the grouped matmul rows gmm with TMA as one more, forward only
 # (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
@@ -529,7 +529,7 @@ def _attention_case(
     )  # fmt: skip
 
 
-def _tma_variants(spec: MaskSpec) -> tuple[Impl, ...]:
+def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
     """The A/B of the sm_90 dK/dV default: since 2026-11-27 light causal calls at d=128
     take it at 64x128 with TMA where jaxlib passes the descriptors' scratch
     (`default_attention_config`); the anchor is the tile before, 32x128 by pointers. (On
@@ -557,9 +557,10 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
     ]
     # The dK/dV default before TMA as one more anchor of the first two (causal) rows.
+    ab = lambda i, spec: _dkdv_tile_before_tma(spec) if USE_TMA and i < 2 else ()
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
-                        _sdpa(spec), variants=_tma_variants(spec) if USE_TMA and i < 2 else ())
+                        _sdpa(spec), variants=ab(i, spec))
         for i, (key, spec, h) in enumerate(rows)
     ]  # fmt: skip
     mixed = MaskSpec(sizes.mixed_docs)

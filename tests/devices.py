@@ -37,3 +37,16 @@ def first_devices(count: int) -> list[jax.Device]:
             "(on the CPU the conftest provides 8)"
         )
     return devices[:count]
+
+
+def _runs_tensor_descriptors() -> bool:
+    from jax_bridge.launch.target import tensor_descriptors_available
+
+    return jax.default_backend() == "gpu" and tensor_descriptors_available()
+
+
+needs_tensor_descriptors = pytest.mark.skipif(
+    not _runs_tensor_descriptors(),
+    reason="runs on a Hopper GPU with jaxlib >= 0.11.1 (it allocates the descriptors' scratch)",
+)
+"""For tests that launch device-side tensor descriptors (TMA) on the GPU itself."""

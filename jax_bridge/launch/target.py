@@ -204,13 +204,16 @@ def tensor_descriptors_available() -> bool:
     from jax_bridge.launch import global_scratch
 
     target = launch_target()
-    capability = target.compute_capability
     return (
         target.on_gpu
-        and capability is not None
-        and capability >= 90
+        and _has_tensor_memory_accelerator(target)
         and global_scratch.jaxlib_version() >= global_scratch.FIRST_JAXLIB_WITH_SCRATCH
     )
+
+
+def _has_tensor_memory_accelerator(target: LaunchTarget) -> bool:
+    """Compute capability >= 9.0 (ROCm reports none)."""
+    return target.compute_capability is not None and target.compute_capability >= 90
 
 
 def require_tensor_descriptors(op: str) -> None:
@@ -218,8 +221,8 @@ def require_tensor_descriptors(op: str) -> None:
     accelerator (compute capability < 9.0, or none reported: ROCm), which device-side
     tensor descriptors need; Triton's interpreter runs them anywhere."""
     target = launch_target()
-    capability = target.compute_capability
-    if target.on_gpu and (capability is None or capability < 90):
+    if target.on_gpu and not _has_tensor_memory_accelerator(target):
+        capability = target.compute_capability
         got = "none reported" if capability is None else f"{capability / 10:.1f}"
         raise ValueError(
             f"{op}: config tma=True needs a GPU of compute capability >= 9.0 "

@@ -39,6 +39,7 @@ from tests.attention.helpers import (
     oracle_value_and_grads,
     value_and_grads,
 )
+from tests.devices import needs_tensor_descriptors
 from triton_kernels.flash_attention.config import (
     KINDS,
     AttentionFeatures,
@@ -220,15 +221,7 @@ def test_config_overrides_give_the_same_numbers(config):
         assert_close(got, same, 2 * tol, f"{name} vs the default config")
 
 
-def _hopper_with_scratch() -> bool:
-    from jax_bridge.launch.target import tensor_descriptors_available
-
-    return jax.default_backend() == "gpu" and tensor_descriptors_available()
-
-
-@pytest.mark.skipif(
-    not _hopper_with_scratch(), reason="runs on a Hopper GPU whose jaxlib takes the scratch"
-)
+@needs_tensor_descriptors
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
     """The default that only such a device takes (dK/dV at 64x128 with Q and dO through

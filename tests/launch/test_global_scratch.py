@@ -15,6 +15,7 @@ import triton.language as tl
 from jax_bridge import lower_for_cuda, triton_call
 from jax_bridge.launch import global_scratch
 from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
+from tests.devices import needs_tensor_descriptors
 from tests.launch.recording import RecordedKernels, record_triton_kernels
 
 pytestmark = pytest.mark.skipif(
@@ -87,12 +88,7 @@ class _Lib:
         return args
 
 
-@pytest.mark.skipif(
-    jax.default_backend() != "gpu"
-    or float(jax.devices()[0].compute_capability) < 9.0
-    or global_scratch.jaxlib_version() < global_scratch.FIRST_JAXLIB_WITH_SCRATCH,
-    reason="runs on a Hopper GPU with jaxlib >= 0.11.1",
-)
+@needs_tensor_descriptors
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_a_descriptor_kernel_copies_on_a_hopper_gpu(dtype) -> None:
     x = jnp.asarray(np.random.default_rng().standard_normal((64, 64)), dtype)

@@ -42,8 +42,8 @@ class GroupedMatmulConfig(KernelConfig):
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
       tma: gmm loads its lhs and rhs tiles through device-side tensor descriptors
         (Hopper's bulk tensor copies, sm_90 and up; the interpreter runs them too). Needs
-        rows of k and n elements to span multiples of 16 bytes. Off by default until a
-        GPU run measures it; tgmm ignores it.
+        rows of k and n elements to span multiples of 16 bytes. Off by default: on an
+        H100 gmm ran 2.6x slower with it at m 8192, 3% at m 32768; tgmm ignores it.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
