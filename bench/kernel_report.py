@@ -132,7 +132,7 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     programs the bridge launches (persistent past 64 sequences)."""
     import numpy as np
 
-    from jax_bridge.attention import triton as attention_triton
+    from jax_bridge.attention import schedule
     from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
     from jax_bridge.core.numerics import cdiv
     from jax_bridge.host.cu_seqlens import chunk_bound
@@ -146,8 +146,8 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     lengths = np.diff(np.asarray(cu_q))
     total, sequences = batch * seq, len(lengths) + 4  # the bridge adds two head, two tail ones
     rows = chunk_bound(total, block_m, sequences)
-    persistent = attention_triton._persistent(sequences)
-    programs = attention_triton._programs(rows, total, block_m, persistent)
+    persistent = schedule.persistent(sequences)
+    programs = schedule.programs(rows, total, block_m, persistent)
     return {
         "problem": f"batch {batch} x seq {seq}, 16 documents a row, BLOCK_M {block_m}",
         "real_tiles": int(sum(-(-n // block_m) for n in lengths)),

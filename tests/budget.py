@@ -172,7 +172,6 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-forward-causal+*-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-backward_dkdv-causal-persistent]",
     "tests/attention/test_lowering.py::test_static_report_float32[64-forward]",
-    "tests/attention/test_lowering.py::test_static_report_preprocess[128]",
     "tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two[3-causal]",
     "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[forward-128-True-True-90]",

@@ -22,14 +22,12 @@ from triton_kernels.block_sparse.forward import TOKENS, block_sparse_forward_ker
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
-    attention_backward_preprocess_kernel,
 )
 from triton_kernels.flash_attention.config import (
     AttentionFeatures,
     AttentionKernelConfig,
     block_d,
     default_attention_config,
-    preprocess_block_t,
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 from triton_kernels.grouped_matmul.config import (
@@ -95,6 +93,7 @@ _ATTENTION_SCALARS = dict(
 )
 _FLOAT32_POINTERS = {
     "lse_ptr",
+    "d_lse_ptr",
     "lse_log2_ptr",
     "delta_ptr",
     "sinks_ptr",
@@ -158,6 +157,8 @@ def attention_variant(
         constexprs["HAS_SINKS"] = features.sinks
         # A positive scale (the default 1/sqrt(d)) and no score transform: see the kernel.
         constexprs["RAW_SCORE_MAX"] = not (features.soft_cap or features.alibi)
+    if kind == "backward_dq":
+        constexprs["HAS_D_LSE"] = False  # an lse cotangent adds one load a row, outside the loop
     constexprs["TMA"] = config.tma
     return KernelVariant(
         name=f"attention_{kind}"
@@ -182,25 +183,6 @@ def tma_variant(kind: str, head_dim: int, compute_capability: int) -> KernelVari
                                        features=CAUSAL, descriptors=True)  # fmt: skip
     config = dataclasses.replace(default, tma=True)
     return attention_variant(kind, head_dim, compute_capability, config=config)
-
-
-def attention_preprocess_variant(head_dim: int, dtype_name: str = "bfloat16") -> KernelVariant:
-    """The backward preprocess (delta = rowsum(dO * O)) as the bridge launches it."""
-    kernel = attention_backward_preprocess_kernel
-    return KernelVariant(
-        name="attention_backward_preprocess",
-        kernel=kernel,
-        signature=attention_signature(kernel, dtype_name),
-        constexprs=dict(
-            NUM_Q_HEADS=_Q_HEADS,
-            HEAD_DIM=head_dim,
-            BLOCK_T=preprocess_block_t(head_dim),
-            BLOCK_D=block_d(head_dim),
-        ),
-        num_warps=4,
-        num_stages=1,
-        description=f"{dtype_name} d={head_dim}",
-    )
 
 
 _BLOCK_SPARSE_SCALARS = dict.fromkeys(
@@ -364,7 +346,6 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
-        variants.append(attention_preprocess_variant(head_dim))
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]

@@ -171,8 +171,9 @@ def varlen_attention(
         spec=spec,
     )
     refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
-    out, lse = _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
-    return (out, lse) if return_lse else out
+    if not return_lse:
+        return _attention_output(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
+    return _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -330,3 +331,22 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention_output(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
+    """`_attention`'s output alone: its backward knows that lse's cotangent is zero (d_lse
+    None), where `_attention`'s would get a materialised array of zeros to read."""
+    return _forward(options, q, k, v, cu_q, cu_k, sinks, alibi)[0]
+
+
+def _attention_output_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
+    (out, _), residuals = _attention_fwd(options, q, k, v, cu_q, cu_k, sinks, alibi)
+    return out, residuals
+
+
+def _attention_output_bwd(options: AttentionOptions, residuals, d_out):
+    return _attention_bwd(options, residuals, (d_out, None))
+
+
+_attention_output.defvjp(_attention_output_fwd, _attention_output_bwd)

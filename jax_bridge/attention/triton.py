@@ -4,11 +4,8 @@ through Triton's interpreter).
 
 Backend contract (see `jax_bridge.attention.api`): `HEAD_DIMS`, `forward`, `backward`.
 
-Packed rows that belong to no sequence (past `cu_seqlens[-1]`, or before `cu_seqlens[0]`
-when an unchecked traced value does not start at 0) are covered too: the kernels see four
-extra sequences, a head and a tail on each axis, each with rows on one axis only, so such
-query rows get output 0 and lse -inf (or the sink), such key rows get zero gradients, and
-every output element is written.
+The kernels' work lists (which sequence and tile each program owns, over sequences that
+cover every packed row) are `jax_bridge.attention.schedule`'s.
 
 An optional per-sequence diagonal shift (`shift`, int32 [B]: query 0 of sequence b at key
 position shift[b] instead of the bottom-right len_k - len_q) reaches the kernels as their
@@ -25,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.attention.options import AttentionOptions
+from jax_bridge.attention.schedule import persistent as walks_tile_lists
+from jax_bridge.attention.schedule import programs, tile_schedule
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
-from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
-from jax_bridge.host.cu_seqlens import prepare_chunk_indices
 from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
@@ -40,7 +37,6 @@ from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
-    attention_backward_preprocess_kernel,
 )
 from triton_kernels.flash_attention.config import (
     MAX_HEAD_DIM,
@@ -49,7 +45,6 @@ from triton_kernels.flash_attention.config import (
     AttentionKernelConfig,
     block_d,
     default_attention_config,
-    preprocess_block_t,
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 
@@ -109,73 +104,11 @@ def _raw_score_max(spec: AttentionSpec, features: AttentionFeatures) -> bool:
     return spec.softmax_scale > 0 and not (features.soft_cap or features.alibi)
 
 
-def _heaviest_first(chunks: jax.Array, features: AttentionFeatures) -> jax.Array:
-    """Query tiles ordered by descending tile index when keys are bounded on the right.
-
-    Under causal (or a right window) a query tile's work grows with its index, and
-    programs start in grid order: light tiles first leave the last wave half empty, so the
-    heavy ones go first. The order of the (sequence, tile) rows changes, never the set;
-    the -1 rows (no work) sort last.
-    """
-    if not (features.causal or features.window_right):
-        return chunks
-    order = jnp.argsort(-chunks[:, 1], stable=True)  # -1 rows have tile -1: last
-    return chunks[order]
-
-
 def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
     """tl.dot's input precision (it matters for float32 operands only)."""
     if jnp.dtype(dtype) != jnp.float32:
         return "ieee"
     return triton_input_precision(options.precision)
-
-
-def _with_tail_sequences(
-    cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array, total_q: int, total_k: int
-) -> tuple[jax.Array, jax.Array]:
-    """cu_seqlens of batch + 4 sequences: the query head `[0, cu_q[0])` (no keys), the key
-    head `[0, cu_k[0])` (no queries), the given ones, the query tail (no keys) and the key
-    tail (no queries). Every packed row then belongs to exactly one sequence, and rows
-    outside the given ones attend nothing and are attended by nothing. (The heads are
-    empty for valid cu_seqlens, which start at 0.)
-
-    The public op checks cu_seqlens only under checkify. Here they are made non-decreasing
-    and clipped to [0, total] first, so that invalid ones (decreasing, negative, past the
-    end) under plain jit give garbage results but never out-of-bounds reads or writes.
-    """
-    cu_q = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_q, jnp.int32)), 0, total_q)
-    cu_k = jnp.clip(jax.lax.cummax(jnp.asarray(cu_seqlens_k, jnp.int32)), 0, total_k)
-    zero = jnp.zeros((1,), jnp.int32)
-    cu_q = jnp.concatenate([zero, cu_q[:1], cu_q, jnp.full((2,), total_q, jnp.int32)])
-    cu_k = jnp.concatenate([zero, zero, cu_k, cu_k[-1:], jnp.full((1,), total_k, jnp.int32)])
-    return cu_q, cu_k
-
-
-# Programs beyond the full tiles of the packed axis, for partial tiles at sequence ends.
-_SPARE_PROGRAMS = 64
-
-
-def _persistent(num_sequences: int) -> bool:
-    """Whether the kernels walk their tile lists (PERSISTENT) rather than launch a program
-    a row. The list's static bound is `cdiv(total, block) + min(sequences, total)` rows,
-    almost all empty when there are many sequences (segment ids give up to one a token),
-    and each program costs a block launch. Past `_SPARE_PROGRAMS` sequences,
-    `cdiv(total, block) + _SPARE_PROGRAMS` programs walk the list instead (their loop
-    costs registers: `default_attention_config(persistent=True)` keeps smaller tiles)."""
-    return num_sequences > _SPARE_PROGRAMS
-
-
-def _programs(rows: int, total: int, block: int, persistent: bool) -> int:
-    """Programs on the grid's tile axis, for a tile list of `rows` rows."""
-    if not persistent:
-        return rows
-    return min(rows, cdiv(total, block) + _SPARE_PROGRAMS)
-
-
-def _chunk_indices(cu_seqlens: jax.Array, total: int, block: int) -> jax.Array:
-    """int32 [chunk_bound(total, block, batch), 2]: the (sequence, chunk) work items; -1
-    past them (the bound ignores empty sequences)."""
-    return prepare_chunk_indices(cu_seqlens, block, total_tokens=total).astype(jnp.int32)
 
 
 def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array | None:
@@ -194,8 +127,8 @@ def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array 
 
 def _shift_pointer(shift: jax.Array | None) -> jax.Array:
     """The kernels' `shift_ptr`: int32 [B + 4] for a shift [B] (the two head and two tail
-    sequences of `_with_tail_sequences` have no keys or no queries: their entry, 0,
-    changes nothing), or a float32 placeholder, never read, that selects the bottom-right
+    sequences of the schedule have no keys or no queries: their entry, 0, changes
+    nothing), or a float32 placeholder, never read, that selects the bottom-right
     kernels."""
     if shift is None:
         return jnp.zeros((1,), jnp.float32)
@@ -246,7 +179,7 @@ def forward(
 
     The tile list has `chunk_bound(total_q, block_m, B + 4)` rows, launched as one program
     a row or, past 64 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
-    (`_persistent`): never sized by the longest sequence, nor by the empty ones.
+    (`schedule.persistent`): never sized by the longest sequence, nor by the empty ones.
     """
     total_q, num_q_heads, head_dim = q.shape
     total_k, num_kv_heads, _ = k.shape
@@ -254,17 +187,19 @@ def forward(
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
     features = _features(options.spec, sinks, alibi_slopes)
-    cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    persistent = _persistent(cu_q.shape[0] - 1)
+    persistent = walks_tile_lists(cu_seqlens_q.shape[0] + 3)
     config = _config(options, q, k, "forward", features, persistent)
-    chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
+    schedule = tile_schedule(
+        cu_seqlens_q, cu_seqlens_k, total_q, total_k, config.block_m, None, features
+    )
+    chunks = schedule.query_tiles
     scalars = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
         k,
         v,
-        cu_q,
-        cu_k,
+        schedule.cu_q,
+        schedule.cu_k,
         chunks,
         float32_or_placeholder(sinks),
         float32_or_placeholder(alibi_slopes),
@@ -276,7 +211,7 @@ def forward(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
         ),
-        grid=(_programs(chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
+        grid=(programs(chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         name="varlen_attention_fwd",
@@ -299,43 +234,6 @@ def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -
     """float32 [Hq, total_q]: the log-sum-exp of rows with no key (the sink, or -inf)."""
     row = jnp.full((num_q_heads,), -jnp.inf, jnp.float32) if sinks is None else sinks
     return jnp.broadcast_to(row.astype(jnp.float32)[:, None], (num_q_heads, total_q))
-
-
-def _row_statistics(
-    out: jax.Array,
-    d_out: jax.Array,
-    lse: jax.Array,
-    d_lse: jax.Array | None,
-) -> tuple[jax.Array, jax.Array]:
-    """(delta, lse_log2), float32 [Hq, total_q], by the preprocess kernel.
-
-    delta = rowsum(dO * O) - d_lse: d lse_i / d s_ij = p_ij, so an lse cotangent enters
-    the backward exactly as a shift of delta and the dK/dV and dQ kernels need no other
-    change. lse_log2 = log2(e) * lse, with +inf for rows with nothing allowed (see the
-    kernel), so the kernels' loops do not convert it per tile.
-    """
-    total_q, num_q_heads, head_dim = out.shape
-    block_t = preprocess_block_t(head_dim)
-    stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
-    delta, lse_log2 = triton_call(
-        out,
-        d_out,
-        jnp.asarray(lse, jnp.float32),
-        total_q,
-        kernel=attention_backward_preprocess_kernel,
-        out_shape=(stats, stats),
-        grid=(cdiv(total_q, block_t), num_q_heads),
-        num_warps=4,
-        num_stages=1,
-        name="varlen_attention_bwd_preprocess",
-        NUM_Q_HEADS=num_q_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d(head_dim),
-        BLOCK_T=block_t,
-    )
-    if d_lse is not None:
-        delta = delta - d_lse.astype(jnp.float32)
-    return delta, lse_log2
 
 
 @follow_lowering_platform
@@ -373,24 +271,63 @@ def backward(
         delta = row_delta(out, d_out, d_lse)
         d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
-    delta, lse_log2 = _row_statistics(out, d_out, lse, d_lse)
-    cu_q, cu_k = _with_tail_sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
-    scalars = _spec_arguments(options.spec, shift)
     features = _features(options.spec, sinks, alibi_slopes)
-    inputs = (q, k, v, d_out, lse_log2, delta, cu_q, cu_k)
+    persistent = walks_tile_lists(cu_seqlens_q.shape[0] + 3)
+    dq_config = _config(options, q, k, "backward_dq", features, persistent)
+    dkdv_config = _config(options, q, k, "backward_dkdv", features, persistent)
+    schedule = tile_schedule(
+        cu_seqlens_q, cu_seqlens_k, total_q, total_k, dq_config.block_m, dkdv_config.block_n,
+        features,
+    )  # fmt: skip
+    scalars = _spec_arguments(options.spec, shift)
     constexprs = dict(
         NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         INPUT_PRECISION=_input_precision(options, q.dtype),
+        PERSISTENT=persistent,
         **features.kernel_flags(),
     )
-    persistent = _persistent(cu_q.shape[0] - 1)  # cu_q and cu_k list the same sequences
-    config = _config(options, q, k, "backward_dkdv", features, persistent)
-    key_chunks = _chunk_indices(cu_k, total_k, config.block_n)
+    # dQ first: its programs also write the row statistics (delta, lse in log2 units)
+    # that the dK/dV kernel reads.
+    query_chunks = schedule.query_tiles
+    stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
+    dq, delta, lse_log2 = triton_call(
+        q,
+        k,
+        v,
+        out,
+        d_out,
+        jnp.asarray(lse, jnp.float32),
+        float32_or_placeholder(d_lse),
+        schedule.cu_q,
+        schedule.cu_k,
+        query_chunks,
+        float32_or_placeholder(alibi_slopes),
+        total_q,
+        query_chunks.shape[0],
+        *scalars,
+        kernel=attention_backward_dq_kernel,
+        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), stats, stats),
+        grid=(
+            programs(query_chunks.shape[0], total_q, dq_config.block_m, persistent),
+            num_q_heads,
+        ),
+        **_launch(dq_config, "varlen_attention_bwd_dq", head_dim),
+        HAS_D_LSE=d_lse is not None,
+        **constexprs,
+    )
+    key_chunks = schedule.key_tiles
     dk, dv = triton_call(
-        *inputs,
+        q,
+        k,
+        v,
+        d_out,
+        lse_log2,
+        delta,
+        schedule.cu_q,
+        schedule.cu_k,
         key_chunks,
         float32_or_placeholder(alibi_slopes),
         total_q,
@@ -401,25 +338,11 @@ def backward(
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ),
-        grid=(_programs(key_chunks.shape[0], total_k, config.block_n, persistent), num_kv_heads),
-        **_launch(config, "varlen_attention_bwd_dkdv", head_dim),
-        PERSISTENT=persistent,
-        **constexprs,
-    )
-    config = _config(options, q, k, "backward_dq", features, persistent)
-    query_chunks = _heaviest_first(_chunk_indices(cu_q, total_q, config.block_m), features)
-    dq = triton_call(
-        *inputs,
-        query_chunks,
-        float32_or_placeholder(alibi_slopes),
-        total_q,
-        query_chunks.shape[0],
-        *scalars,
-        kernel=attention_backward_dq_kernel,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(_programs(query_chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
-        **_launch(config, "varlen_attention_bwd_dq", head_dim),
-        PERSISTENT=persistent,
+        grid=(
+            programs(key_chunks.shape[0], total_k, dkdv_config.block_n, persistent),
+            num_kv_heads,
+        ),
+        **_launch(dkdv_config, "varlen_attention_bwd_dkdv", head_dim),
         **constexprs,
     )
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)

@@ -184,3 +184,50 @@ def test_loop_regex_finds_a_searchsorted_loop():
         spec((33,), jnp.int32),
     )
     assert len(_loops(text)) == 1 and "searchsorted" in _loops(text)[0]
+
+
+# XLA kernels in an optimized HLO's entry computation (our kernels are custom calls; a
+# bitcast, tuple or parameter launches nothing).
+_XLA_KERNEL = re.compile(
+    r"^\s*(?:ROOT )?%\S+ = .* (fusion|sort|gather|scatter|concatenate|copy|reduce|reduce-window"
+    r"|while|convert|broadcast|select|add|compare)\(",
+    re.MULTILINE,
+)
+
+
+def _xla_kernels(text: str) -> list[str]:
+    entry = text[text.index("\nENTRY") :]
+    return [match.group(1) for match in _XLA_KERNEL.finditer(entry)]
+
+
+def test_varlen_attention_launches_no_xla_kernel_around_its_own():
+    """Forward and backward (a VJP with the output cotangent given) compiled for an H100
+    are our five kernels alone: the tile lists come from the schedule kernel and the row
+    statistics from dQ. Each small XLA kernel costs ~3 us on an H100; seven of them (the
+    lists' concatenations, comparison, sort and gather) took ~50 us of a 320 us forward."""
+
+    def program(q, k, v, cu, d_out):
+        def attention(q, k, v):
+            return varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton")
+
+        out, vjp = jax.vjp(attention, q, k, v)
+        return out, vjp(d_out)
+
+    q = spec((TOKENS, HEADS, HEAD_DIM), BF16)
+    text = _compile(program, q, q, q, spec((DOCUMENTS + 1,), jnp.int32), q)
+    assert text.count('custom_call_target="triton_kernel_call"') == 5
+    assert _xla_kernels(text) == []
+
+
+def test_xla_kernel_regex_finds_the_xla_tile_lists():
+    """The check can fail: the lists built by XLA (the persistent launches' builder)
+    compile to fusions and a sort."""
+    from jax_bridge.attention.schedule import _with_tail_sequences, _xla_tiles
+    from triton_kernels.flash_attention.config import AttentionFeatures
+
+    def lists(cu):
+        cu_q, _ = _with_tail_sequences(cu, cu, TOKENS, TOKENS)
+        return _xla_tiles(cu_q, TOKENS, 64, AttentionFeatures(causal=True), query_side=True)
+
+    kinds = _xla_kernels(_compile(lists, spec((DOCUMENTS + 1,), jnp.int32)))
+    assert "fusion" in kinds and len(kinds) >= 3, kinds

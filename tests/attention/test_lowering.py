@@ -33,7 +33,6 @@ from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import variant_report
 from triton_kernels.catalog import (
     ATTENTION_KERNELS,
-    attention_preprocess_variant,
     attention_variant,
 )
 from triton_kernels.flash_attention.config import AttentionFeatures
@@ -108,9 +107,10 @@ def test_cuda_lowering_lives_in_launch_target():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("compute_capability", [80, 90])
 def test_lowers_for_cuda(compute_capability, dtype, head_dim):
-    """The gradient's module holds all four kernels: forward, preprocess, dK/dV, dQ."""
+    """The gradient's module holds all five kernels: the forward's and the backward's tile
+    schedules, the forward, dQ (with the row statistics) and dK/dV."""
     gradient = _lower_gradient({"causal": True}, dtype, head_dim, compute_capability)
-    assert gradient.count("triton_kernel_call") == 4
+    assert gradient.count("triton_kernel_call") == 5
 
 
 @pytest.mark.parametrize(
@@ -124,13 +124,13 @@ def test_lowers_with_every_option(compute_capability, dtype, head_dim):
     options = {"causal": True, "sliding_window": (64, None), "logits_soft_cap": 30.0}
     per_head = ("sinks", "alibi_slopes")
     gradient = _lower_gradient(options, dtype, head_dim, compute_capability, per_head, True)
-    assert gradient.count("triton_kernel_call") == 4
+    assert gradient.count("triton_kernel_call") == 5
 
 
 def test_two_sided_window_lowers_for_cuda():
     """A window bounded on both sides (HAS_WINDOW_RIGHT with a nonzero right side)."""
     gradient = _lower_gradient({"sliding_window": (32, 16)}, jnp.bfloat16, 64, 90)
-    assert gradient.count("triton_kernel_call") == 4
+    assert gradient.count("triton_kernel_call") == 5
 
 
 def test_default_precision_compiles_exact_float32_products():
@@ -143,7 +143,7 @@ def test_default_precision_compiles_exact_float32_products():
         return [line for line in module.splitlines() if "triton_kernel_call" in line]
 
     default = kernel_calls()
-    assert len(default) == 1
+    assert len(default) == 2  # the tile schedule, the forward
     assert default == kernel_calls(precision="highest")
     assert default != kernel_calls(precision=jax.lax.Precision.DEFAULT)
 
@@ -258,16 +258,10 @@ def test_static_report_float32(head_dim, kind):
     assert not report.spills, report.summary()
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_static_report_preprocess(head_dim):
-    report = variant_report(attention_preprocess_variant(head_dim), 90)
-    assert not report.spills, report.summary()
-
-
 def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
     """Forward and dK/dV configs with `tma` compile their descriptors for sm_90 (two of
     128 bytes a program: K and V, or Q and dO), and the launch layer hands jaxlib the
-    scratch they are written to; dQ without `tma` and the preprocess get none."""
+    scratch they are written to; dQ without `tma` and the tile schedules get none."""
     from tests.launch.recording import record_triton_kernels
 
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
@@ -288,7 +282,7 @@ def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
         assert call[7:] == (256, 128), name
     others = [call for call in recorded.calls if call[0] not in with_scratch]
     assert {call[0] for call in others} == {
-        "attention_backward_dq_kernel", "attention_backward_preprocess_kernel"
+        "attention_backward_dq_kernel", "attention_schedule_kernel"
     }  # fmt: skip
     assert all(len(call) == 7 for call in others)
 
@@ -317,8 +311,7 @@ def test_default_dkdv_takes_tma_on_an_h100_whose_jaxlib_takes_the_scratch(
     scratch = {call[0]: call[7:] for call in recorded.calls}
     assert scratch.pop("attention_backward_dkdv_kernel") == ((256, 128) if dkdv_scratch else ())
     assert set(scratch) == {
-        "attention_forward_kernel", "attention_backward_dq_kernel",
-        "attention_backward_preprocess_kernel",
+        "attention_forward_kernel", "attention_backward_dq_kernel", "attention_schedule_kernel",
     }  # fmt: skip
     assert all(extra == () for extra in scratch.values())
 

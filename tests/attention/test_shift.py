@@ -247,7 +247,7 @@ def test_pallas_refuses_a_shift():
 
 def test_shifted_kernels_lower_for_cuda():
     """jax_triton's real lowering (sm_90, bf16) compiles the shifted kernels: the forward
-    and backward with a traced int32 shift hold their four kernel calls, and these are
+    and backward with a traced int32 shift hold their five kernel calls, and these are
     other kernels than the unshifted ones (the kernels specialise on the shift pointer)."""
     pytest.importorskip("jax_triton")
     from jax_bridge.launch.lowering import lower_for_cuda
@@ -271,8 +271,8 @@ def test_shifted_kernels_lower_for_cuda():
         return re.findall(r'triton_kernel_call.*?backend_config = ("[^"]*")', module)
 
     shifted = kernel_calls(S((2,), jnp.int32))
-    assert len(shifted) == 4
+    assert len(shifted) == 5
     plain = kernel_calls()
-    assert len(plain) == 4
-    # The preprocess kernel knows no shift; the other three are other kernels.
-    assert sum(a == b for a, b in zip(shifted, plain, strict=True)) == 1
+    assert len(plain) == 5
+    # The two tile schedules know no shift; the other three are other kernels.
+    assert sum(a == b for a, b in zip(shifted, plain, strict=True)) == 2

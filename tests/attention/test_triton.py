@@ -25,6 +25,7 @@ from jax_bridge import (
     attention_reference,
     varlen_attention,
 )
+from jax_bridge.attention import schedule
 from jax_bridge.attention import triton as attention_triton
 from jax_bridge.attention.api import AttentionOptions
 from jax_bridge.attention.spec import AttentionSpec
@@ -259,16 +260,17 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         implementation="triton", precision=DEFAULT_PRECISION, config=None, spec=spec
     )
     block = 16
-    cu_q_all, cu_k_all = attention_triton._with_tail_sequences(cu_q, cu_k, 40, 30)
-    tiles = attention_triton._chunk_indices(cu_q_all, 40, block)
+    features = attention_triton._features(spec, None, None)
+    # In packed order (without a right bound's heaviest-first): row 0 is the first tile.
+    lists = schedule.tile_schedule(cu_q, cu_k, 40, 30, block, None, AttentionFeatures())
+    tiles = lists.query_tiles
     scalars = attention_triton._spec_arguments(spec)
-    flags = attention_triton._features(spec, None, None).kernel_flags()
     out, lse = triton_call(
         q,
         k,
         v,
-        cu_q_all,
-        cu_k_all,
+        lists.cu_q,
+        lists.cu_k,
         tiles,
         float32_or_placeholder(None),
         float32_or_placeholder(None),
@@ -291,7 +293,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         INPUT_PRECISION=attention_triton._input_precision(options, q.dtype),
         RAW_SCORE_MAX=True,
         PERSISTENT=False,
-        **flags,
+        **features.kernel_flags(),
     )
     out, lse = np.asarray(out), np.asarray(lse)
     assert np.isnan(out[block:]).all() and np.isnan(lse[:, block:]).all()
@@ -303,21 +305,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
     assert_close(lse[:, :block], np.asarray(ref_lse)[:, :block], tol, "first tile lse")
 
 
-# --- launch order and the raw-score max ---------------------------------------------------
-
-
-def test_heaviest_tiles_first_keeps_every_tile_once():
-    """Under causal the query tiles are launched by descending tile index; the set of
-    (sequence, tile) rows is unchanged and the no-work rows (-1) come last."""
-    cu = jnp.asarray([0, 40, 41, 41, 90], jnp.int32)
-    chunks = attention_triton._chunk_indices(cu, 90, 16)
-    causal = attention_triton._heaviest_first(chunks, AttentionFeatures(causal=True))
-    plain = attention_triton._heaviest_first(chunks, AttentionFeatures())
-    np.testing.assert_array_equal(plain, chunks)
-    as_set = lambda c: sorted(map(tuple, np.asarray(c).tolist()))
-    assert as_set(causal) == as_set(chunks)
-    tiles = np.asarray(causal)[:, 1]
-    assert (np.diff(tiles) <= 0).all() and tiles[-1] == -1
+# --- the raw-score max ---------------------------------------------------
 
 
 @pytest.mark.parametrize("softmax_scale", [-2.0, 3.0])
@@ -365,15 +353,16 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     kernels launch persistent programs, each walking its share of the tile list (with
     `tma`, building each tile's descriptors over its own sequence); forward and gradients
     still match the reference."""
-    monkeypatch.setattr(attention_triton, "_SPARE_PROGRAMS", spare)
+    monkeypatch.setattr(schedule, "_SPARE_PROGRAMS", spare)
     lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
     inputs = make_inputs(71, lengths, 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
     cu = jnp.asarray(cu_q)
-    chunks = attention_triton._chunk_indices(cu, q.shape[0], 16)
+    lists = schedule.tile_schedule(cu, cu, q.shape[0], q.shape[0], 16, None, AttentionFeatures())
+    chunks = lists.query_tiles
     real_tiles = int((np.asarray(chunks)[:, 0] >= 0).sum())
-    assert attention_triton._persistent(cu.shape[0] - 1)
-    assert attention_triton._programs(chunks.shape[0], q.shape[0], 16, True) <= real_tiles - 5
+    assert lists.persistent and schedule.persistent(cu.shape[0] + 3)
+    assert schedule.programs(chunks.shape[0], q.shape[0], 16, True) <= real_tiles - 5
     options = dict(causal=True, return_lse=True)
 
     def run(fn):

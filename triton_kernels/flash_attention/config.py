@@ -121,14 +121,6 @@ def block_d(head_dim: int) -> int:
     return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
 
 
-def preprocess_block_t(head_dim: int) -> int:
-    """Tokens per program of the backward preprocess (delta = rowsum(dO * O)).
-
-    About 4096 elements per operand tile: 32 fp32 registers per operand at 4 warps.
-    """
-    return max(MIN_BLOCK, 4096 // block_d(head_dim))
-
-
 # (block_m, block_n, num_warps, num_stages) by kind and head-dim tile (64 covers head
 # dims up to 64, 128 up to 128, 256 up to 256), for 2-byte inputs. Chosen with
 # `static_kernel_report` at bf16: none spills at head_dim <= 128 (causal, and with every
