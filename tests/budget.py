@@ -176,7 +176,7 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[forward-128-True-True-90]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_and_tgmm_lower_for_cuda[bfloat16-90]",
-    "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_kernels[True-90]",
+    "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_matmul_kernels[True-90]",
     "tests/grouped_matmul/test_lowering.py::test_default_tiling_compiles_without_spills_*[90-*",
     "tests/grouped_matmul/test_lowering.py::test_even_k_drops_the_k_masks_from_the_loop[gmm]",
     "tests/grouped_matmul/test_lowering.py::test_tma_gmm_lowers_for_an_h100_with_its_global_scratch",

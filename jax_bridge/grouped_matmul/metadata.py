@@ -26,42 +26,40 @@ class GroupMetadata(NamedTuple):
 
     "Chunk indices" is the package's one name for a list of (owner, chunk) work items,
     one per kernel program: `prepare_chunk_indices` gives (sequence, chunk) pairs for
-    attention; here the owner is a local group and the chunk a row block of `tm` rows.
+    attention; here the owner is a local group and the chunk `tm` of its rows, counted
+    from its first row (so only a group's last tile is partial, and no tile holds rows of
+    two groups).
 
     Attributes:
       group_starts, group_ends: [num_groups], the rows `[start, end)` of each local
         group, clipped to `[0, m]`.
       chunk_group: [num_slots], the local group of each tile slot.
-      chunk_row_block: [num_slots], the row block (rows `[b * tm, (b + 1) * tm)`) of each
-        tile slot.
+      chunk_row_start: [num_slots], the first row of each tile slot: slot s computes rows
+        `[chunk_row_start[s], min(chunk_row_start[s] + tm, group end))`.
       num_chunks: [1], how many leading slots are real chunks; the rest are surplus.
 
     Invariants (for slots `s < num_chunks`):
-      * `chunk_group` is non-decreasing and, within a group, `chunk_row_block` increases by
-        one per slot: a group's tiles are consecutive row blocks;
-      * every (local group, row block) pair that shares at least one row appears exactly
-        once, so each row of a local group is computed exactly once, by a tile of its own
-        group; empty groups have no tiles;
+      * `chunk_group` is non-decreasing and group g's slots start at its first row and
+        step by `tm`: `cdiv(size_g, tm)` tiles, each row of a local group computed exactly
+        once, by a tile of its own group; empty groups have no tiles;
       * `num_chunks <= num_slots = cdiv(m, tm) + num_groups - 1`.
-    Surplus slots hold in-range values (group `num_groups - 1`, a valid row block) so that
+    Surplus slots hold in-range values (group `num_groups - 1`, a row in `[0, m)`) so that
     reading them is safe, but must not be computed.
     """
 
     group_starts: jax.Array
     group_ends: jax.Array
     chunk_group: jax.Array
-    chunk_row_block: jax.Array
+    chunk_row_start: jax.Array
     num_chunks: jax.Array
 
 
 def num_chunk_slots(m: int, block_m: int, num_groups: int) -> int:
     """Static length of the chunk list: `cdiv(m, block_m) + num_groups - 1`.
 
-    Why it is enough: the nonempty local groups cover disjoint, increasing row ranges,
-    so the last row block of one can be the first of the next but no block is shared
-    otherwise. Summing blocks per group therefore counts each of the `cdiv(m, block_m)`
-    blocks once, plus at most one repeat per boundary between consecutive nonempty
-    groups, of which there are at most `num_groups - 1`.
+    Why it is enough: group g takes `cdiv(size_g, block_m) < size_g / block_m + 1` tiles,
+    and the sizes of the local groups sum to at most m, so the integer sum of their tiles
+    is below `m / block_m + num_groups`, hence at most `cdiv(m, block_m) + num_groups - 1`.
     """
     return max(cdiv(m, block_m) + num_groups - 1, 1)
 
@@ -119,11 +117,9 @@ def make_group_metadata(
     )
     num_slots = num_chunk_slots(m, block_m, num_groups)
 
-    # Row blocks touched by each group: [first_block, end_block). An empty group (also
-    # one clipped away past m) touches none, wherever its empty range sits.
-    first_block = starts // block_m
-    end_block = (ends + block_m - 1) // block_m
-    tiles_per_group = jnp.where(ends > starts, end_block - first_block, 0)
+    # Tiles of each group, from its first row. An empty group (also one clipped away
+    # past m) has none, wherever its empty range sits.
+    tiles_per_group = jnp.where(ends > starts, cdiv(ends - starts, block_m), 0)
 
     # Slots are handed out group after group: group i owns slots
     # [slot_ends[i] - tiles_per_group[i], slot_ends[i]).
@@ -136,20 +132,20 @@ def make_group_metadata(
     # would get num_groups: clip into range.
     chunk_group = count_at_or_below(slot_ends, num_slots)
     chunk_group = jnp.minimum(chunk_group, num_groups - 1)
-    chunk_row_block = first_block[chunk_group] + (slots - slot_starts[chunk_group])
-    chunk_row_block = jnp.clip(chunk_row_block, 0, max(cdiv(m, block_m) - 1, 0))
+    chunk_row_start = starts[chunk_group] + (slots - slot_starts[chunk_group]) * block_m
+    chunk_row_start = jnp.clip(chunk_row_start, 0, max(m - 1, 0))
 
     return GroupMetadata(
         group_starts=starts,
         group_ends=ends,
         chunk_group=chunk_group,
-        chunk_row_block=chunk_row_block.astype(jnp.int32),
+        chunk_row_start=chunk_row_start.astype(jnp.int32),
         num_chunks=slot_ends[-1:].astype(jnp.int32),
     )
 
 
 def chunk_row_bounds(meta: GroupMetadata, block_m: int) -> tuple[jax.Array, jax.Array]:
-    """Rows `[lo[s], hi[s])` that slot `s` computes: its group's rows within its row block.
+    """Rows `[lo[s], hi[s])` that slot `s` computes: up to `block_m` of its group's rows.
 
     Args:
       meta: from `make_group_metadata(..., block_m=block_m)`.
@@ -161,7 +157,6 @@ def chunk_row_bounds(meta: GroupMetadata, block_m: int) -> tuple[jax.Array, jax.
       groups (the invariants of `GroupMetadata`); surplus slots give ranges that must be
       ignored, like the slots themselves.
     """
-    block_start = meta.chunk_row_block * block_m
-    lo = jnp.maximum(meta.group_starts[meta.chunk_group], block_start)
-    hi = jnp.minimum(meta.group_ends[meta.chunk_group], block_start + block_m)
+    lo = meta.chunk_row_start
+    hi = jnp.minimum(meta.group_ends[meta.chunk_group], lo + block_m)
     return lo.astype(jnp.int32), hi.astype(jnp.int32)

@@ -2,8 +2,9 @@
 `triton_call` (on a GPU, or on a CPU through Triton's interpreter).
 
 Backend contract (see `jax_bridge.grouped_matmul.api`): `gmm`, `tgmm`. Arguments arrive
-validated. Group metadata is computed here in jnp and travels to the kernel as int32
-arrays, so group sizes and the group offset may be traced.
+validated. Group metadata (`make_group_metadata`'s list) comes from one small kernel
+(`gmm_schedule_kernel`) and travels to the gmm kernel as int32 arrays, so group sizes and
+the group offset may be traced.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import triton
 
+from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
-from jax_bridge.grouped_matmul.metadata import local_group_bounds, make_group_metadata
+from jax_bridge.grouped_matmul.metadata import GroupMetadata, num_chunk_slots
 from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import (
     follow_lowering_platform,
@@ -24,6 +27,7 @@ from jax_bridge.launch.target import (
 from jax_bridge.launch.triton_call import triton_call
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
+from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 
 def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> GroupedMatmulConfig:
@@ -74,6 +78,49 @@ def _placeholder(dtype: jnp.dtype) -> jax.Array:
     return jnp.zeros((1,), dtype)
 
 
+def group_metadata(
+    group_sizes: jax.Array,
+    group_offset: jax.Array | int | None,
+    *,
+    m: int,
+    block_m: int,
+    num_groups: int,
+) -> GroupMetadata:
+    """`make_group_metadata(group_sizes, m=m, block_m=block_m, group_offset=group_offset,
+    num_groups=num_groups)`, the very same arrays, from `gmm_schedule_kernel` in one launch
+    (the XLA builder takes five small kernels). m >= 1.
+
+    group_sizes: int [num_groups_total]; group_offset: int scalar (may be traced) or None (0).
+    """
+    total = group_sizes.shape[0]
+    num_slots = num_chunk_slots(m, block_m, num_groups)
+    group_slots = max(16, triton.next_power_of_2(num_groups))
+    rows = max(16, min(64, 8192 // group_slots))  # [rows, group_slots] per 2-D step
+    offset = jnp.asarray(0 if group_offset is None else group_offset, jnp.int32)
+    bounds = jax.ShapeDtypeStruct((num_groups,), jnp.int32)
+    slots = jax.ShapeDtypeStruct((num_slots,), jnp.int32)
+    return GroupMetadata(
+        *triton_call(
+            jnp.asarray(group_sizes, jnp.int32),
+            jnp.reshape(offset, (1,)),
+            kernel=gmm_schedule_kernel,
+            out_shape=(bounds, bounds, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)),
+            grid=(cdiv(num_slots, rows),),
+            num_warps=4,
+            num_stages=1,
+            name="grouped_matmul_schedule",
+            M=m,
+            BLOCK_M=block_m,
+            G_TOTAL=total,
+            GROUPS=num_groups,
+            NUM_SLOTS=num_slots,
+            TOTAL_SLOTS=max(16, triton.next_power_of_2(total)),
+            GROUP_SLOTS=group_slots,
+            ROWS=rows,
+        )
+    )
+
+
 @follow_lowering_platform
 def gmm(
     lhs: jax.Array,
@@ -97,12 +144,8 @@ def gmm(
     if m == 0 or n == 0 or k == 0:  # nothing to multiply: every row keeps its init
         return _init_only(existing_out, out_shape)
     config = _config(options, m, k, n, lhs.dtype, gmm_config)
-    meta = make_group_metadata(
-        group_sizes,
-        m=m,
-        block_m=config.block_m,
-        group_offset=0 if group_offset is None else group_offset,
-        num_groups=rhs.shape[0],
+    meta = group_metadata(
+        group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=rhs.shape[0]
     )
     accumulate = existing_out is not None
     # Rows that no tile writes (other experts, rows past sum(group_sizes), masked rows of
@@ -115,7 +158,7 @@ def gmm(
         meta.group_starts,
         meta.group_ends,
         meta.chunk_group,
-        meta.chunk_row_block,
+        meta.chunk_row_start,
         meta.num_chunks,
         kernel=gmm_kernel,
         out_shape=out_shape,
@@ -159,11 +202,8 @@ def tgmm(
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
     config = _config(options, m, k, n, lhs.dtype, tgmm_config)
-    starts, ends = local_group_bounds(
-        group_sizes,
-        m=m,
-        group_offset=0 if group_offset is None else group_offset,
-        num_groups=num_groups,
+    meta = group_metadata(
+        group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=num_groups
     )
     accumulate = existing_out is not None
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
@@ -172,8 +212,8 @@ def tgmm(
         lhs,
         rhs,
         init,
-        starts,
-        ends,
+        meta.group_starts,
+        meta.group_ends,
         kernel=tgmm_kernel,
         out_shape=out_shape,
         grid=tgmm_grid(num_groups, k, n, config.block_k, config.block_n),

@@ -2,11 +2,11 @@
 
 Two strategies, one rule (`ragged_dot_is_faster`) choosing between them per platform:
 
-* **Tiles** (CPU and GPU): walk the `cdiv(m, tm) + num_groups - 1` (group, row block)
-  slots of `make_group_metadata`, exactly the work items of the Triton gmm kernel, in a
+* **Tiles** (CPU and GPU): walk the `cdiv(m, tm) + num_groups - 1` (group, tile) slots
+  of `make_group_metadata`, exactly the work items of the Triton gmm kernel, in a
   `fori_loop` over the real chunks. Each chunk is one `[tm, k] x [k, n]` product
   (gmm) or `[k, tm] x [tm, n]` product (tgmm), so the work is the dense per-group work
-  plus at most one partial tile per group boundary. Rows outside the chunk's group are
+  plus at most one partial tile per group. Rows outside the chunk's group are
   removed by *selection*, never by multiplying with a 0/1 mask: NaN or Inf in one
   group's rows or weights cannot reach another group's rows (gmm: a product row depends
   on its own lhs row only, and foreign rows are selected away; tgmm: foreign rows are
@@ -91,12 +91,11 @@ def _accumulator_dtype(*dtypes) -> np.dtype:
 def _slot_rows(meta, lo: jax.Array, hi: jax.Array, s: jax.Array, tm: int, m: int):
     """(first row of slot s's tile, [tm] bool: the tile rows slot s computes).
 
-    The tile is the slot's row block, shifted up to end at row m when the last block is
-    partial (so `dynamic_slice` never clamps it behind our back); the mask keeps exactly
-    the rows `[lo[s], hi[s])` of the block's group, so shifted-in rows are never
-    computed twice.
+    The tile starts at the slot's first row, shifted up to end at row m where it would
+    pass it (so `dynamic_slice` never clamps it behind our back); the mask keeps exactly
+    the rows `[lo[s], hi[s])` of the slot, so shifted-in rows are never computed twice.
     """
-    start = jnp.minimum(meta.chunk_row_block[s] * tm, m - tm)
+    start = jnp.minimum(meta.chunk_row_start[s], m - tm)
     rows = start + jnp.arange(tm, dtype=jnp.int32)
     return start, (rows >= lo[s]) & (rows < hi[s])
 

@@ -59,27 +59,54 @@ def test_metadata_visits_each_row_of_each_local_group_exactly_once(problem):
         jnp.asarray(sizes, jnp.int32), m=m, block_m=block, group_offset=offset, num_groups=local
     )
     num_slots = num_chunk_slots(m, block, local)
-    assert meta.chunk_group.shape == meta.chunk_row_block.shape == (num_slots,)
+    assert meta.chunk_group.shape == meta.chunk_row_start.shape == (num_slots,)
     num_chunks = int(meta.num_chunks[0])
     assert num_chunks <= num_slots
 
     starts, ends = bounds(sizes)
     chunk_group = np.asarray(meta.chunk_group)[:num_chunks]
+    row_starts = np.asarray(meta.chunk_row_start)[:num_chunks]
     assert np.all(np.diff(chunk_group) >= 0)
     visits = np.zeros(m, np.int64)
-    for g, b in zip(chunk_group, np.asarray(meta.chunk_row_block)[:num_chunks], strict=True):
+    for g in range(local):
+        # A group's tiles start at its first row and step by the block: only its last
+        # tile is partial, and no tile holds another group's rows.
         s, e = starts[offset + g], ends[offset + g]
-        rows = np.arange(b * block, min((b + 1) * block, m))
-        owned = rows[(rows >= s) & (rows < e)]
-        assert owned.size > 0, "a tile with no row of its group"
-        visits[owned] += 1
+        np.testing.assert_array_equal(row_starts[chunk_group == g], np.arange(s, e, block))
+        for r in row_starts[chunk_group == g]:
+            visits[r : min(r + block, e)] += 1
     wanted = np.zeros(m, np.int64)
     wanted[starts[offset] : ends[offset + local - 1]] = 1
     np.testing.assert_array_equal(visits, wanted)
-    # Surplus slots still index valid groups and row blocks (they are read, then skipped).
+    # Surplus slots still index valid groups and rows (they are read, then skipped).
     assert np.all((np.asarray(meta.chunk_group) >= 0) & (np.asarray(meta.chunk_group) < local))
-    assert np.all(np.asarray(meta.chunk_row_block) >= 0)
-    assert np.all(np.asarray(meta.chunk_row_block) * block < max(m, 1))
+    assert np.all(np.asarray(meta.chunk_row_start) >= 0)
+    assert np.all(np.asarray(meta.chunk_row_start) < max(m, 1))
+
+
+@st.composite
+def unchecked_metadata_problems(draw):
+    """Any values a traced call may bring: negative sizes, sizes past m, offsets outside
+    the groups (clamped, as `jax.lax.dynamic_slice` clamps them)."""
+    num_total = draw(st.integers(1, 9))
+    sizes = draw(st.lists(st.integers(-5, 40), min_size=num_total, max_size=num_total))
+    local = draw(st.integers(1, num_total))
+    offset = draw(st.integers(-2, num_total + 1))
+    block = draw(st.sampled_from([1, 4, 16, 128]))
+    return sizes, draw(st.integers(1, 120)), block, offset, local
+
+
+@hypothesis.given(st.one_of(metadata_problems().filter(lambda p: p[1] > 0),
+                            unchecked_metadata_problems()))  # fmt: skip
+def test_schedule_kernel_builds_the_xla_metadata(problem):
+    """The gmm backend's one-launch metadata (`gmm_schedule_kernel`) is
+    `make_group_metadata`'s, array for array, surplus slots included."""
+    sizes, m, block, offset, local = problem
+    sizes = jnp.asarray(sizes, jnp.int32)
+    got = triton_backend.group_metadata(sizes, offset, m=m, block_m=block, num_groups=local)
+    want = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    for field, a, b in zip(want._fields, got, want, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=field)
 
 
 def test_local_group_bounds_clip_to_m_when_sizes_overflow():
