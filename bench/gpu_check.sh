@@ -13,7 +13,10 @@
 #   tests  (alone: `bash bench/gpu_check.sh tests`, `make gpu-tests`, about 5 minutes, a
 #          device call of its own) every GPU conformance test but the Pallas backend's (the
 #          TPU kernels, interpreted off a TPU: the CPU suite runs them), and the splash
-#          kernels' interpreted arithmetic on the device once.
+#          kernels' interpreted arithmetic on the device once;
+#   tune   (alone, a device call of its own: about 5 minutes) `python -m bench tune`: every
+#          candidate launch config of attention and grouped matmul timed on one problem
+#          each against the default, winners in $OUT/tuning.json (for the per-arch tables).
 # The carried jax-triton wheel (bench/wheels/, committed: 17 KB) is installed first if
 # jax_triton does not import (the GPU machine has no network). Every step has its own time
 # limit; a step failing does not stop the next. $OUT ends with summary.txt, the JSON and
@@ -29,8 +32,8 @@ PY="${PYTHON:-python3}"
 steps=" ${*:-tma bench ncu} "
 for step in $steps; do
   case "$step" in
-    tma | bench | ncu | quick-tests | tests) ;;
-    *) echo "gpu_check.sh: unknown step '$step' (tma bench ncu quick-tests tests)" >&2; exit 2 ;;
+    tma | bench | ncu | quick-tests | tests | tune) ;;
+    *) echo "gpu_check.sh: unknown step '$step' (tma bench ncu quick-tests tests tune)" >&2; exit 2 ;;
   esac
 done
 # JAX and PyTorch (the anchors) share the GPU in one process: no preallocation. The tests'
@@ -118,5 +121,10 @@ if [[ $steps == *" tests "* ]]; then
   timeout 60 "${gpu_pytest[@]}" -rfE tests/splash/test_kernels.py \
     -k "matches_reference or exactly" >"$logs/splash_tests.txt" 2>&1
   note "splash kernels interpreted on the GPU (splash_tests.txt): exit $? -- $(tail -1 "$logs/splash_tests.txt")"
+fi
+if [[ $steps == *" tune "* ]]; then
+  timeout 420 "$PY" -m bench tune --force --cache "$OUT/tuning.json" >"$logs/tune.txt" 2>&1
+  note "tuning (tune.txt, tuning.json): exit $?"
+  grep -E "^  [a-z_.]+: |config=" "$logs/tune.txt" | while read -r line; do note "  $line"; done
 fi
 note "done"
