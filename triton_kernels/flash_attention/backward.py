@@ -15,10 +15,9 @@ The dQ kernel runs first: each of its programs owns a query tile, so it also der
 tile's row statistics (delta, and lse in log2 units) and writes them for the dK/dV kernel,
 which would otherwise need a kernel of their own (a pass over O and dO: 51 us of a 1.3 ms
 fwd+bwd of 16 x 1k documents on an H100) ahead of both. The dK/dV kernel keeps one key
-tile stationary and, for GQA/MQA, loops over every query
-head of its group itself: each dK/dV row is written by exactly one program, with no atomics,
-so the result is deterministic. The sinks' gradient needs only lse and delta; the JAX
-bridge computes it.
+tile stationary and, for GQA/MQA, loops over every query head of its group itself: each
+dK/dV row is written by exactly one program, with no atomics, so the result is
+deterministic. The sinks' gradient needs only lse and delta; the JAX bridge computes it.
 """
 
 import triton

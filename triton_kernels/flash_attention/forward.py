@@ -9,7 +9,8 @@ rows) are those of `jax_bridge.attention.spec`; an optional per-sequence diagona
 
 Conventions of every kernel here and in `flash_attention_bwd`:
 
-* Work is (tile of one sequence, head). Tiles are listed on the host as
+* Work is (tile of one sequence, head). Tiles are listed ahead of the kernel (by
+  `attention_schedule_kernel`, or XLA for many sequences) as
   `chunk_indices: int32 [num_chunks, 2]` = (sequence id, tile index within the sequence),
   real rows first; rows past them hold -1. num_chunks is a static bound (empty sequences
   add none), not `batch * cdiv(max_seqlen, BLOCK)`. A program owns one row (surplus
