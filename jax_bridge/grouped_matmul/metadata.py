@@ -38,7 +38,8 @@ class GroupMetadata(NamedTuple):
         `[chunk_row_start[s], min(chunk_row_start[s] + tm, group end))`.
       num_chunks: [1], how many leading slots are real chunks; the rest are surplus.
 
-    Invariants (for slots `s < num_chunks`):
+    Invariants (for slots `s < num_chunks`; for valid sizes, non-negative and summing to at
+    most m: traced garbage gives garbage tiles, still inside the arrays):
       * `chunk_group` is non-decreasing and group g's slots start at its first row and
         step by `tm`: `cdiv(size_g, tm)` tiles, each row of a local group computed exactly
         once, by a tile of its own group; empty groups have no tiles;

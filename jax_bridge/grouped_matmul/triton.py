@@ -17,7 +17,11 @@ import triton
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.grouped_matmul import checks
-from jax_bridge.grouped_matmul.metadata import GroupMetadata, num_chunk_slots
+from jax_bridge.grouped_matmul.metadata import (
+    GroupMetadata,
+    make_group_metadata,
+    num_chunk_slots,
+)
 from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import (
     follow_lowering_platform,
@@ -78,6 +82,12 @@ def _placeholder(dtype: jnp.dtype) -> jax.Array:
     return jnp.zeros((1,), dtype)
 
 
+# `gmm_schedule_kernel` holds [rows, local groups] tiles (rows >= 16) and a vector of every
+# group's size: past these it would spill heavily (and past 2^20 elements not compile).
+_KERNEL_METADATA_GROUPS = 512
+_KERNEL_METADATA_TOTAL = 8192
+
+
 def group_metadata(
     group_sizes: jax.Array,
     group_offset: jax.Array | int | None,
@@ -88,11 +98,18 @@ def group_metadata(
 ) -> GroupMetadata:
     """`make_group_metadata(group_sizes, m=m, block_m=block_m, group_offset=group_offset,
     num_groups=num_groups)`, the very same arrays, from `gmm_schedule_kernel` in one launch
-    (the XLA builder takes five small kernels). m >= 1.
+    (the XLA builder takes five small kernels), or from that builder past
+    `_KERNEL_METADATA_GROUPS` local groups or `_KERNEL_METADATA_TOTAL` groups in all (a
+    program holds every group in registers). m >= 1.
 
     group_sizes: int [num_groups_total]; group_offset: int scalar (may be traced) or None (0).
     """
     total = group_sizes.shape[0]
+    if num_groups > _KERNEL_METADATA_GROUPS or total > _KERNEL_METADATA_TOTAL:
+        offset = 0 if group_offset is None else group_offset
+        return make_group_metadata(
+            group_sizes, m=m, block_m=block_m, group_offset=offset, num_groups=num_groups
+        )
     num_slots = num_chunk_slots(m, block_m, num_groups)
     group_slots = max(16, triton.next_power_of_2(num_groups))
     rows = max(16, min(64, 8192 // group_slots))  # [rows, group_slots] per 2-D step
@@ -148,8 +165,8 @@ def gmm(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=rhs.shape[0]
     )
     accumulate = existing_out is not None
-    # Rows that no tile writes (other experts, rows past sum(group_sizes), masked rows of
-    # straddling tiles) must still hold init: alias existing_out, or zero the output.
+    # Rows that no tile writes (other experts' rows, rows past sum(group_sizes)) must
+    # still hold init: alias existing_out, or zero the output.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
     return triton_call(
         lhs,

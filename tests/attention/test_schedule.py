@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -122,3 +123,28 @@ def test_many_sequences_take_the_xla_lists_and_persistent_programs():
     np.testing.assert_array_equal(got.query_tiles, want)
     few = schedule.tile_schedule(cu[:8], cu[:8], 210, 210, 16, None, CAUSAL)
     assert not few.persistent and few.key_tiles is None
+
+
+@pytest.mark.parametrize("batch", [0, 1, 60])
+def test_schedule_kernel_at_the_batch_sizes_it_takes(batch):
+    """No sequence, one, and the most the kernel takes (60: 64 extended sequences, 128
+    slots), valid and garbage cu_seqlens, causal: the oracle's lists."""
+    rng = np.random.default_rng(batch)
+    lengths = rng.integers(0, 40, batch)
+    valid = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    garbage = rng.integers(-30, 3000, batch + 1).astype(np.int32)
+    total = int(valid[-1]) + 7
+    for cu in (valid, garbage):
+        got = schedule.tile_schedule(jnp.asarray(cu), jnp.asarray(cu), total, total, 16, 32, CAUSAL)
+        assert not got.persistent
+        ext_q = extended_boundaries(cu, total, key_side=False)
+        ext_k = extended_boundaries(cu, total, key_side=True)
+        np.testing.assert_array_equal(got.cu_q, ext_q)
+        np.testing.assert_array_equal(got.cu_k, ext_k)
+        rows_q, rows_k = (chunk_bound(total, b, batch + 4) for b in (16, 32))
+        np.testing.assert_array_equal(
+            got.query_tiles, oracle_tiles(ext_q, 16, rows_q, True, query_side=True)
+        )
+        np.testing.assert_array_equal(
+            got.key_tiles, oracle_tiles(ext_k, 32, rows_k, True, query_side=False)
+        )

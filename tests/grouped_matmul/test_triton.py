@@ -109,6 +109,26 @@ def test_schedule_kernel_builds_the_xla_metadata(problem):
         np.testing.assert_array_equal(a, b, err_msg=field)
 
 
+def test_many_groups_take_the_xla_metadata(monkeypatch):
+    """Past the kernel's group limits (it holds every group in registers) the metadata
+    comes from XLA, the same arrays; below them from the kernel."""
+    sizes = jnp.asarray(np.random.default_rng(3).integers(0, 5, 40), jnp.int32)
+    launches = []
+    real_call = triton_backend.triton_call
+    monkeypatch.setattr(
+        triton_backend, "triton_call", lambda *a, **k: launches.append(1) or real_call(*a, **k)
+    )
+    want = make_group_metadata(sizes, m=100, block_m=16, group_offset=3, num_groups=20)
+    for limits, kernel_launches in (((512, 8192), 1), ((16, 8192), 0), ((512, 32), 0)):
+        monkeypatch.setattr(triton_backend, "_KERNEL_METADATA_GROUPS", limits[0])
+        monkeypatch.setattr(triton_backend, "_KERNEL_METADATA_TOTAL", limits[1])
+        launches.clear()
+        got = triton_backend.group_metadata(sizes, 3, m=100, block_m=16, num_groups=20)
+        assert len(launches) == kernel_launches, limits
+        for field, a, b in zip(want._fields, got, want, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=field)
+
+
 def test_local_group_bounds_clip_to_m_when_sizes_overflow():
     # Traced sizes are not value-checked: bounds must still stay inside [0, m].
     starts, ends = jax.jit(local_group_bounds, static_argnames=("m", "num_groups"))(

@@ -66,11 +66,13 @@ def _tiles_per_sequence(cu_seqlens_ptr, slots, batch, total, BLOCK: tl.constexpr
 @triton.jit
 def _write_rows(tiles_ptr, first_row, num_rows, tiles, slots, HEAVIEST_FIRST: tl.constexpr,
                 QUERY_TILES: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
-    """Writes list rows [first_row, first_row + ROWS) ∩ [0, num_rows) of one axis.
+    """Places the tiles [first_row, first_row + ROWS) of packed order, of one axis, in its
+    list (rows < num_rows).
 
     The r-th tile in packed order is (s, t) with s the sequence whose tiles span r; it
-    goes to row r, or to its rank (module docstring) with HEAVIEST_FIRST. Rows past the
-    real tiles hold (-1, -1); the ranks of real tiles are exactly the rows before them.
+    goes to row r, or to its rank (module docstring, anywhere in the list) with
+    HEAVIEST_FIRST. Past the real tiles, row r itself gets (-1, -1): the ranks of real
+    tiles are exactly the rows before them, so every row is written once.
     """
     ends = tl.cumsum(tiles, 0)
     starts = ends - tiles
@@ -118,9 +120,9 @@ def attention_schedule_kernel(
 ):
     """Extended cu_seqlens and the query (and key) tile lists of one attention call.
 
-    Grid: (cdiv(max list rows, ROWS), 2 with KEY_LIST else 1). Program (r, a) writes rows
-    [r * ROWS, (r + 1) * ROWS) of axis a's list (0: queries, 1: keys); program (0, 0) also
-    writes both extended cu_seqlens.
+    Grid: (cdiv(max list rows, ROWS), 2 with KEY_LIST else 1). Program (r, a) places the
+    tiles [r * ROWS, (r + 1) * ROWS) of packed order in axis a's list (0: queries, 1:
+    keys; `_write_rows`); program (0, 0) also writes both extended cu_seqlens.
 
     Args:
       cu_seqlens_q_ptr, cu_seqlens_k_ptr: int32 [batch + 1], as given.

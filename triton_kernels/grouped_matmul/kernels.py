@@ -4,8 +4,9 @@ Tokens (rows) arrive sorted by group (expert); group `g` owns the contiguous row
 `[group_start[g], group_end[g])`.
 
 * `gmm_kernel`: `out[rows of g] = lhs[rows of g] @ rhs[g]`. Programs walk a list of
-  (group, row block) tiles computed by the bridge; a row block that straddles a group
-  boundary is visited once per group, each visit masked to its group's rows.
+  (group, first row) tiles computed ahead of it (`gmm_schedule_kernel`): each group's
+  rows from its first one, BLOCK_M at a time, so a tile never holds two groups' rows and
+  only a group's last tile is partial (masked to the group).
 * `tgmm_kernel`: `out[g] = lhs[:, rows of g] @ rhs[rows of g]`, one program per
   (group, k tile, n tile), summing over the group's rows. This is gmm's weight gradient.
 
