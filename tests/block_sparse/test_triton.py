@@ -231,3 +231,33 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
         if not soft_cap:
             varlen = variant_report(attention_variant(kind, head_dim, compute_capability), 90)
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
+
+
+@pytest.mark.parametrize("find_in_kernel", [False, True], ids=["copy-of-v", "in-kernel"])
+def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kernel):
+    """V's non-finite rows found by the forward kernel in its partial tiles (sm_90 and up)
+    or read from the bridge's copy and flags (sm_80..89): the same outputs, and a NaN or an
+    infinity in one document's V reaches exactly the rows that see it. Rows of the other
+    documents are the clean call's, bit for bit within each path."""
+    from jax_bridge import block_sparse_attention
+    from jax_bridge.block_sparse import triton as block_sparse_triton
+
+    monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
+    length = 96
+    cu = np.array([0, 30, 70, 96], np.int32)
+    mask = DocumentMask(cu, shape=(length, length), causal=True)
+    rng = np.random.default_rng(8)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "qkv")
+
+    def attend(v):
+        return block_sparse_attention(q, k, v, mask, implementation="triton")
+
+    clean = np.asarray(attend(v))
+    bad = np.asarray(attend(v.at[:, 40, 0].set(jnp.nan).at[:, 75, 1, 3].set(jnp.nan)))[0]
+    seen = np.zeros((length, 2), bool)  # (query row, head): MHA, so kv head = query head
+    seen[40:70, 0] = True  # document 2's causal rows from 40
+    seen[75:96, 1] = True  # document 3's from 75
+    assert np.isnan(bad[seen]).any(axis=-1).all()
+    np.testing.assert_array_equal(bad[~seen], clean[0][~seen])
+    reference = block_sparse_attention(q, k, v, mask, implementation="xla")
+    np.testing.assert_allclose(clean, np.asarray(reference), rtol=2e-5, atol=2e-5)

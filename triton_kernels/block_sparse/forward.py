@@ -32,7 +32,8 @@ their right operand whose non-finite rows the bridge zeroed, so a masked (zero) 
 never meets a NaN; the rows that may see such a row are made NaN instead
 (`_poison_rows`, from int8 flags `[batch, len, heads]` of those rows, the tile's mask
 evaluated again only when a flag is set): NaN or Inf in one document never reaches
-another. Full tiles read the operands as given.
+another. Full tiles read the operands as given. On sm_90 the forward finds and zeroes
+those rows of V in the tiles it loads instead (FIND_BAD_ROWS: no copy of V a call).
 
 ALiBi (HAS_ALIBI): -slope[head] * |q position - kv position| added to every scaled,
 soft-capped score. Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head,
@@ -195,6 +196,19 @@ def _poison_rows(acc, allowed, bad):
 
 
 @triton.jit
+def _nonfinite_rows(x):
+    """bool [R]: the rows of a tile x [R, C] that hold a NaN or an infinity."""
+    finite = tl.abs(x.to(tl.float32)) < float("inf")  # False for NaN too
+    return tl.min(finite.to(tl.int32), 1) == 0
+
+
+@triton.jit
+def _zero_rows(x, rows):
+    """x [R, C] with `rows` ([R] bool) zeroed."""
+    return tl.where(rows[:, None], tl.zeros_like(x), x)
+
+
+@triton.jit
 def _row_flags(flags_ptr, batch, length, idx, head, HEADS: tl.constexpr):
     """bool [len(idx)]: the flags (int8 [batch, length, HEADS]) of rows `idx` of `head`;
     False past `length`."""
@@ -322,13 +336,17 @@ def block_sparse_forward_kernel(
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
     SCORE_MOD: tl.constexpr,
+    FIND_BAD_ROWS: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
 
     Grid: (len(items), GROUP_WIDTH, batch). items: int32 [n, 2] (query tile, head group),
     heaviest first, every query tile of every group once; program (i, j, b) serves head
     group_heads[group, j] (exits at -1). v_clean_ptr: v with its non-finite rows zeroed;
-    v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows; alibi_slopes_ptr:
+    v_bad_ptr: int8 [batch, kv_len, NUM_KV_HEADS], 1 for those rows (neither read with
+    FIND_BAD_ROWS: partial tiles find and zero those rows of the V tile they load, which
+    saves the bridge a pass over V that writes a copy; spill-free on sm_90, it spills on
+    sm_80); alibi_slopes_ptr:
     float32 [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: int32 [NUM_Q_HEADS], the
     head numbers the score hook sees (`_hook_head`). The rest as the module docstring; q_len,
     kv_len: the real lengths; n_tiles, width: the lists' dims. RAW_SCORE_MAX: full tiles
@@ -386,11 +404,18 @@ def block_sparse_forward_kernel(
         cols = kv_tile * BLOCK_N + offs_n
         kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
         k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_clean_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        if FIND_BAD_ROWS:
+            v_rows = v_ptr
+        else:
+            v_rows = v_clean_ptr
+        v_ptrs = _tile_ptrs(v_rows + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         code = tl.load(codes_ptr + base + t)
-        v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        if FIND_BAD_ROWS:
+            v_bad = _nonfinite_rows(v)
+        else:
+            v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
         if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again here so
             # that the common path keeps nothing extra live
             acc = _poison_rows(acc, _allowed(
@@ -398,6 +423,9 @@ def block_sparse_forward_kernel(
                 kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
                 HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
             ), v_bad)  # fmt: skip
+        if FIND_BAD_ROWS:
+            # Always, not in the branch above: there the select cost spills.
+            v = _zero_rows(v, v_bad)
         allowed = _allowed(
             rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
             kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
