@@ -260,7 +260,7 @@ def block_sparse_variant(
         constexprs["GROUP_WIDTH"] = _Q_HEADS
     if kind == "forward":
         constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=not (soft_cap or alibi))
-        # As the bridge launches it (`finds_bad_rows_in_kernel`).
+    if kind != "backward_dkdv":  # as the bridge launches them (`finds_bad_rows_in_kernel`)
         constexprs["FIND_BAD_ROWS"] = compute_capability >= 90
     return KernelVariant(
         name=f"block_sparse_{kind}",

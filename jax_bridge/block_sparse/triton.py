@@ -161,11 +161,19 @@ def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def finds_bad_rows_in_kernel(compute_capability: int | None) -> bool:
-    """Whether the forward kernel finds V's non-finite rows in the partial tiles it loads
-    (FIND_BAD_ROWS) instead of reading `_isolated(v)`, a copy that costs a pass over V
-    a call (~65 us at 16384 x 16 x 128 on an H100): on sm_90 and up, and in the
-    interpreter; on sm_80..89 the select spills (216 B at d=64)."""
+    """Whether the forward and dQ kernels find their operand's non-finite rows (V, K) in
+    the partial tiles they load (FIND_BAD_ROWS) instead of reading `_isolated` copies,
+    each a reduce and a select over the operand a call (~65 us at 16384 x 16 x 128 on an
+    H100): on sm_90 and up, and in the interpreter. On sm_80..89 the forward's select
+    spills (216 B at d=64); dK/dV's (Q and dO) spills on sm_90 too (76 B at d=128), so it
+    always reads the copies."""
     return compute_capability is None or compute_capability >= 90
+
+
+def _unread_isolation(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """What a FIND_BAD_ROWS kernel takes for `_isolated(x)`: x itself and a placeholder
+    for the flags, neither read."""
+    return x, jnp.zeros((1,), jnp.int8)
 
 
 def _score_mod_grad(options: BlockSparseOptions) -> Any:
@@ -190,7 +198,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         q,
         k,
         v,
-        *(_isolated(v) if not find_bad_rows else (v, jnp.zeros((1,), jnp.int8))),
+        *(_isolated(v) if not find_bad_rows else _unread_isolation(v)),
         float32_or_placeholder(sinks),
         float32_or_placeholder(alibi),
         _hook_heads(options, num_q_heads),
@@ -230,9 +238,10 @@ def backward(
     inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), *per_head)
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
+    find_bad_rows = finds_bad_rows_in_kernel(launch_target().compute_capability)
     dq = triton_call(
         *inputs,
-        *_isolated(k),
+        *(_unread_isolation(k) if find_bad_rows else _isolated(k)),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
@@ -242,6 +251,7 @@ def backward(
         name="block_sparse_attention_bwd_dq",
         GROUP_WIDTH=group_heads.shape[1],
         SCORE_MOD_GRAD=_score_mod_grad(options),
+        FIND_BAD_ROWS=find_bad_rows,
         **_constexprs(plan, options, "backward_dq", q, k),
     )
     lists = plan.lists("backward_dkdv")

@@ -3,8 +3,8 @@
 
 Backend contract (see `jax_bridge.grouped_matmul.api`): `gmm`, `tgmm`. Arguments arrive
 validated. Group metadata (`make_group_metadata`'s list) comes from one small kernel
-(`gmm_schedule_kernel`) and travels to the gmm kernel as int32 arrays, so group sizes and
-the group offset may be traced.
+(`gmm_schedule_kernel`; from XLA for very many groups, `group_metadata`) and travels to
+the gmm kernel as int32 arrays, so group sizes and the group offset may be traced.
 """
 
 from __future__ import annotations

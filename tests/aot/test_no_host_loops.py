@@ -166,14 +166,15 @@ def test_block_sparse_attention_has_no_loop(block_sparse_hlo):
 
 
 def test_block_sparse_backward_flags_are_not_constant_folded(block_sparse_hlo):
-    """The Triton backward flags the non-finite rows of q, k and the cotangent d_out.
-    The cotangent of `sum(out)` is a broadcast constant, and XLA constant-folded its
-    flags (at 8192 tokens x 8 heads its evaluator spent minutes on that reduce): only q's
-    and k's were left computed. Behind a barrier, the cotangent's are computed too."""
+    """The Triton backward flags the non-finite rows of q and the cotangent d_out for its
+    dK/dV kernel (on an H100 the dQ kernel finds k's itself). The cotangent of `sum(out)`
+    is a broadcast constant, and XLA constant-folded its flags (at 8192 tokens x 8 heads
+    its evaluator spent minutes on that reduce): only q's (and k's) were left computed.
+    Behind a barrier, the cotangent's are computed too."""
     backward = re.findall(
         r'is-finite\(.*op_name="[^"]*transpose\(jvp\(\)\)/is_finite', block_sparse_hlo
     )
-    assert len(backward) >= 3, backward
+    assert len(backward) >= 2, backward
 
 
 def test_loop_regex_finds_a_searchsorted_loop():

@@ -261,3 +261,29 @@ def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kern
     np.testing.assert_array_equal(bad[~seen], clean[0][~seen])
     reference = block_sparse_attention(q, k, v, mask, implementation="xla")
     np.testing.assert_allclose(clean, np.asarray(reference), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("find_in_kernel", [False, True], ids=["copy-of-k", "in-kernel"])
+def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel):
+    """K's non-finite rows found by the dQ kernel in its partial tiles (sm_90 and up) or
+    read from the bridge's copy and flags: dQ is NaN in exactly the rows that see them,
+    and every other row is the clean call's, bit for bit."""
+    from jax_bridge import block_sparse_attention
+    from jax_bridge.block_sparse import triton as block_sparse_triton
+
+    monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
+    length = 96
+    mask = DocumentMask(np.array([0, 30, 70, 96], np.int32), shape=(length, length), causal=True)
+    rng = np.random.default_rng(9)
+    q, k, v, w = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "qkvw")
+
+    def dq(k):
+        loss = lambda q: jnp.sum(w * block_sparse_attention(q, k, v, mask, implementation="triton"))
+        return np.asarray(jax.grad(loss)(q))[0]
+
+    clean, bad = dq(k), dq(k.at[:, 40, 0].set(jnp.nan).at[:, 75, 1, 3].set(jnp.inf))
+    seen = np.zeros((length, 2), bool)  # (query row, head): MHA, so kv head = query head
+    seen[40:70, 0] = True
+    seen[75:96, 1] = True
+    assert np.isnan(bad[seen]).any(axis=-1).all()
+    np.testing.assert_array_equal(bad[~seen], clean[~seen])

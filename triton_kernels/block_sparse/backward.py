@@ -26,8 +26,10 @@ from triton_kernels.block_sparse.forward import (
     _hook_head,
     _list_base,
     _modified_scores,
+    _nonfinite_rows,
     _poison_rows,
     _row_flags,
+    _zero_rows,
 )
 from triton_kernels.flash_attention.backward import _load_row_stats
 from triton_kernels.flash_attention.forward import (
@@ -160,6 +162,7 @@ def block_sparse_dq_kernel(
     INPUT_PRECISION: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
+    FIND_BAD_ROWS: tl.constexpr = False,
 ):
     """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -167,7 +170,8 @@ def block_sparse_dq_kernel(
     delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; alibi_slopes_ptr: float32
     [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: as the forward's; k_clean_ptr,
     k_bad_ptr: k with its non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS]
-    flags of them (partial tiles read k there); dq_ptr: as q.
+    flags of them (partial tiles read k there; neither read with FIND_BAD_ROWS, as the
+    forward's v_clean_ptr); dq_ptr: as q.
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -219,12 +223,20 @@ def block_sparse_dq_kernel(
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
         kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        k_ptrs = _tile_ptrs(k_clean_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        if FIND_BAD_ROWS:
+            k_rows = k_ptr
+        else:
+            k_rows = k_clean_ptr
+        k_ptrs = _tile_ptrs(k_rows + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
         code = tl.load(codes_ptr + base + t)
-        k_bad = _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        if FIND_BAD_ROWS:
+            k_bad = _nonfinite_rows(k)
+            k = _zero_rows(k, k_bad)
+        else:
+            k_bad = _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
         if tl.max(k_bad.to(tl.int32), 0) > 0:  # rare: see the forward
             dq = _poison_rows(dq, _allowed(
                 rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
@@ -370,8 +382,9 @@ def block_sparse_dkdv_kernel(
     every key tile once. head_group_ptr: int32 [NUM_Q_HEADS], each query head's group;
     the lists (counts, tiles, codes) are per key tile: the query tiles that visit it.
     q_clean_ptr, q_bad_ptr, do_clean_ptr, do_bad_ptr: q and dO with their non-finite rows
-    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there);
-    alibi_slopes_ptr as the dQ kernel's.
+    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there;
+    finding them in the loaded tiles instead, as the forward and dQ do on sm_90, spills
+    here); alibi_slopes_ptr as the dQ kernel's.
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
     """
     kv_tile = tl.load(items_ptr + tl.program_id(0))

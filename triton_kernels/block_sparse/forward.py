@@ -32,8 +32,9 @@ their right operand whose non-finite rows the bridge zeroed, so a masked (zero) 
 never meets a NaN; the rows that may see such a row are made NaN instead
 (`_poison_rows`, from int8 flags `[batch, len, heads]` of those rows, the tile's mask
 evaluated again only when a flag is set): NaN or Inf in one document never reaches
-another. Full tiles read the operands as given. On sm_90 the forward finds and zeroes
-those rows of V in the tiles it loads instead (FIND_BAD_ROWS: no copy of V a call).
+another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
+kernels find and zero those rows in the tiles they load instead (FIND_BAD_ROWS: no copy
+a call).
 
 ALiBi (HAS_ALIBI): -slope[head] * |q position - kv position| added to every scaled,
 soft-capped score. Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head,
