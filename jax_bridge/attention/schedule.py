@@ -68,13 +68,6 @@ def programs(rows: int, total: int, block: int, persistent: bool) -> int:
     return min(rows, cdiv(total, block) + _SPARE_PROGRAMS)
 
 
-def _heaviest_first(features: AttentionFeatures) -> bool:
-    """Whether the lists put the heaviest tiles first: when keys are bounded on the right,
-    a tile's work grows with how many of its sequence's tiles it spans (module docstring
-    of `triton_kernels.flash_attention.schedule`)."""
-    return features.causal or features.window_right
-
-
 def tile_schedule(
     cu_seqlens_q: jax.Array,
     cu_seqlens_k: jax.Array,
@@ -128,7 +121,7 @@ def tile_schedule(
         BLOCK_K=key_block or query_block,
         SLOTS=max(16, triton.next_power_of_2(batch + 5)),
         ROWS=_SCHEDULE_ROWS,
-        HEAVIEST_FIRST=_heaviest_first(features),
+        HEAVIEST_FIRST=features.bounded_right,
         KEY_LIST=key_block is not None,
     )
     return TileSchedule(cu_q, cu_k, query_tiles, None if key_block is None else key_tiles, False)
@@ -163,7 +156,7 @@ def _xla_tiles(
     right bound, by descending span (t + 1 for query tiles, n - t for key tiles), ties in
     packed order, by a stable sort."""
     chunks = prepare_chunk_indices(cu_seqlens, block, total_tokens=total).astype(jnp.int32)
-    if not _heaviest_first(features):
+    if not features.bounded_right:  # else a tile's work grows with the tiles it spans
         return chunks
     seq, tile = chunks[:, 0], chunks[:, 1]
     if query_side:

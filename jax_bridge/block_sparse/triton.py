@@ -170,10 +170,10 @@ def finds_bad_rows_in_kernel(compute_capability: int | None) -> bool:
     return compute_capability is None or compute_capability >= 90
 
 
-def _unread_isolation(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """What a FIND_BAD_ROWS kernel takes for `_isolated(x)`: x itself and a placeholder
-    for the flags, neither read."""
-    return x, jnp.zeros((1,), jnp.int8)
+def _isolation(x: jax.Array, find_bad_rows: bool) -> tuple[jax.Array, jax.Array]:
+    """A kernel's (clean copy, flags) arguments for operand x: `_isolated(x)`, or, for a
+    FIND_BAD_ROWS kernel, x itself and a placeholder for the flags, neither read."""
+    return (x, jnp.zeros((1,), jnp.int8)) if find_bad_rows else _isolated(x)
 
 
 def _score_mod_grad(options: BlockSparseOptions) -> Any:
@@ -198,7 +198,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         q,
         k,
         v,
-        *(_isolated(v) if not find_bad_rows else _unread_isolation(v)),
+        *_isolation(v, find_bad_rows),
         float32_or_placeholder(sinks),
         float32_or_placeholder(alibi),
         _hook_heads(options, num_q_heads),
@@ -241,7 +241,7 @@ def backward(
     find_bad_rows = finds_bad_rows_in_kernel(launch_target().compute_capability)
     dq = triton_call(
         *inputs,
-        *(_unread_isolation(k) if find_bad_rows else _isolated(k)),
+        *_isolation(k, find_bad_rows),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
@@ -257,7 +257,7 @@ def backward(
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
         *inputs,
-        *_isolated(q),
+        *_isolated(q),  # dK/dV always reads the copies
         *_isolated(d_out),
         jnp.asarray(lists.items),
         jnp.asarray(plan.head_group(q.shape[2])),

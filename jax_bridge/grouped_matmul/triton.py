@@ -105,21 +105,20 @@ def group_metadata(
     group_sizes: int [num_groups_total]; group_offset: int scalar (may be traced) or None (0).
     """
     total = group_sizes.shape[0]
+    offset = 0 if group_offset is None else group_offset
     if num_groups > _KERNEL_METADATA_GROUPS or total > _KERNEL_METADATA_TOTAL:
-        offset = 0 if group_offset is None else group_offset
         return make_group_metadata(
             group_sizes, m=m, block_m=block_m, group_offset=offset, num_groups=num_groups
         )
     num_slots = num_chunk_slots(m, block_m, num_groups)
     group_slots = max(16, triton.next_power_of_2(num_groups))
     rows = max(16, min(64, 8192 // group_slots))  # [rows, group_slots] per 2-D step
-    offset = jnp.asarray(0 if group_offset is None else group_offset, jnp.int32)
     bounds = jax.ShapeDtypeStruct((num_groups,), jnp.int32)
     slots = jax.ShapeDtypeStruct((num_slots,), jnp.int32)
     return GroupMetadata(
         *triton_call(
             jnp.asarray(group_sizes, jnp.int32),
-            jnp.reshape(offset, (1,)),
+            jnp.reshape(jnp.asarray(offset, jnp.int32), (1,)),
             kernel=gmm_schedule_kernel,
             out_shape=(bounds, bounds, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)),
             grid=(cdiv(num_slots, rows),),

@@ -73,13 +73,16 @@ def _kernel_schedule(query_block: int, key_block: int, causal: bool):
     return lambda cu_q, cu_k: schedule.TileSchedule(*arrays(cu_q, cu_k), persistent=False)
 
 
-def check_lists(got, cu_q, cu_k, query_block, key_block, causal):
-    ext_q = extended_boundaries(np.asarray(cu_q), TOTAL_Q, key_side=False)
-    ext_k = extended_boundaries(np.asarray(cu_k), TOTAL_K, key_side=True)
+def check_lists(got, cu_q, cu_k, query_block, key_block, causal, totals=(TOTAL_Q, TOTAL_K)):
+    """`got` (a TileSchedule) against the oracle, for packed lengths `totals`."""
+    total_q, total_k = totals
+    ext_q = extended_boundaries(np.asarray(cu_q), total_q, key_side=False)
+    ext_k = extended_boundaries(np.asarray(cu_k), total_k, key_side=True)
     np.testing.assert_array_equal(got.cu_q, ext_q)
     np.testing.assert_array_equal(got.cu_k, ext_k)
-    rows_q = chunk_bound(TOTAL_Q, query_block, BATCH + 4)
-    rows_k = chunk_bound(TOTAL_K, key_block, BATCH + 4)
+    sequences = len(cu_q) + 3  # B + 4
+    rows_q = chunk_bound(total_q, query_block, sequences)
+    rows_k = chunk_bound(total_k, key_block, sequences)
     want_q = oracle_tiles(ext_q, query_block, rows_q, causal, query_side=True)
     want_k = oracle_tiles(ext_k, key_block, rows_k, causal, query_side=False)
     np.testing.assert_array_equal(got.query_tiles, want_q)
@@ -137,14 +140,4 @@ def test_schedule_kernel_at_the_batch_sizes_it_takes(batch):
     for cu in (valid, garbage):
         got = schedule.tile_schedule(jnp.asarray(cu), jnp.asarray(cu), total, total, 16, 32, CAUSAL)
         assert not got.persistent
-        ext_q = extended_boundaries(cu, total, key_side=False)
-        ext_k = extended_boundaries(cu, total, key_side=True)
-        np.testing.assert_array_equal(got.cu_q, ext_q)
-        np.testing.assert_array_equal(got.cu_k, ext_k)
-        rows_q, rows_k = (chunk_bound(total, b, batch + 4) for b in (16, 32))
-        np.testing.assert_array_equal(
-            got.query_tiles, oracle_tiles(ext_q, 16, rows_q, True, query_side=True)
-        )
-        np.testing.assert_array_equal(
-            got.key_tiles, oracle_tiles(ext_k, 32, rows_k, True, query_side=False)
-        )
+        check_lists(got, cu, cu, 16, 32, True, totals=(total, total))

@@ -78,6 +78,12 @@ class AttentionFeatures:
     sinks: bool = False
 
     @property
+    def bounded_right(self) -> bool:
+        """Keys bounded on the right (causal is a right window of 0): a query tile's work
+        grows with its index, and both compile the same masking (HAS_WINDOW_RIGHT)."""
+        return self.causal or self.window_right
+
+    @property
     def register_heavy(self) -> bool:
         """Score arithmetic beyond the scale and a right bound: the tanh of a soft cap
         (and its gradient), ALiBi's |i - j| term, a second window bound."""
@@ -88,7 +94,7 @@ class AttentionFeatures:
         HAS_SINKS). Causal is a right window of 0, so both set HAS_WINDOW_RIGHT."""
         return dict(
             HAS_WINDOW_LEFT=self.window_left,
-            HAS_WINDOW_RIGHT=self.causal or self.window_right,
+            HAS_WINDOW_RIGHT=self.bounded_right,
             HAS_SOFT_CAP=self.soft_cap,
             HAS_ALIBI=self.alibi,
         )
@@ -221,7 +227,7 @@ def _takes_hopper_dkdv_tma(
         and compute_capability == 90
         and kind == "backward_dkdv"
         and head_dim == 128
-        and bool(features.causal or features.window_right)
+        and features.bounded_right
         and gqa_group & (gqa_group - 1) == 0
     )
 
