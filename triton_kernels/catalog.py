@@ -26,8 +26,12 @@ from triton_kernels.flash_attention.backward import (
 from triton_kernels.flash_attention.config import (
     AttentionFeatures,
     AttentionKernelConfig,
-    block_d,
     default_attention_config,
+)
+from triton_kernels.flash_attention.constexprs import (
+    attention_constexprs,
+    block_sparse_constexprs,
+    finds_bad_rows_in_kernel,
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 from triton_kernels.grouped_matmul.config import (
@@ -141,25 +145,13 @@ def attention_variant(
             persistent=persistent, descriptors=descriptors,
         )  # fmt: skip
     kernel = ATTENTION_KERNELS[kind]
-    constexprs = dict(
-        NUM_Q_HEADS=_Q_HEADS,
-        NUM_KV_HEADS=_KV_HEADS,
-        HEAD_DIM=head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=block_d(head_dim),
-        **features.kernel_flags(),
-        # float32 multiplies exactly by default; 16-bit inputs ignore the setting.
-        INPUT_PRECISION="ieee",
-        PERSISTENT=persistent,
-    )
-    if kind == "forward":
-        constexprs["HAS_SINKS"] = features.sinks
-        # A positive scale (the default 1/sqrt(d)) and no score transform: see the kernel.
-        constexprs["RAW_SCORE_MAX"] = not (features.soft_cap or features.alibi)
-    if kind == "backward_dq":
-        constexprs["HAS_D_LSE"] = False  # an lse cotangent adds one load a row, outside the loop
-    constexprs["TMA"] = config.tma
+    # float32 multiplies exactly by default ("ieee"; 16-bit inputs ignore the setting); an
+    # lse cotangent adds one load a row, outside the loop, so the report leaves it out.
+    constexprs = attention_constexprs(
+        kind, config, features, num_q_heads=_Q_HEADS, num_kv_heads=_KV_HEADS,
+        head_dim=head_dim, softmax_scale=head_dim**-0.5, input_precision="ieee",
+        persistent=persistent,
+    )  # fmt: skip
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
@@ -237,31 +229,15 @@ def block_sparse_variant(
             head_dim, dtype_name, compute_capability, kind, soft_cap=soft_cap, alibi=alibi
         )
     kernel = BLOCK_SPARSE_KERNELS[kind]
-    constexprs = dict(
-        NUM_Q_HEADS=_Q_HEADS,
-        NUM_KV_HEADS=_KV_HEADS,
-        HEAD_DIM=head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=block_d(head_dim),
-        MASK_MODE=TOKENS.value,
-        HAS_LEFT=False,
-        HAS_RIGHT=True,
-        HAS_PREFIX=False,
-        PREDICATE=None,
-        HAS_SOFT_CAP=soft_cap,
-        HAS_ALIBI=alibi,
-        INPUT_PRECISION="ieee",
-        SCORE_MOD=None,
+    causal_rule = dict(
+        MASK_MODE=TOKENS.value, HAS_LEFT=False, HAS_RIGHT=True, HAS_PREFIX=False, PREDICATE=None
     )
-    if kind != "forward":
-        constexprs["SCORE_MOD_GRAD"] = None
-    if kind != "backward_dkdv":
-        constexprs["GROUP_WIDTH"] = _Q_HEADS
-    if kind == "forward":
-        constexprs |= dict(HAS_SINKS=False, RAW_SCORE_MAX=not (soft_cap or alibi))
-    if kind != "backward_dkdv":  # as the bridge launches them (`finds_bad_rows_in_kernel`)
-        constexprs["FIND_BAD_ROWS"] = compute_capability >= 90
+    constexprs = block_sparse_constexprs(
+        kind, config, causal_rule, num_q_heads=_Q_HEADS, num_kv_heads=_KV_HEADS,
+        head_dim=head_dim, softmax_scale=head_dim**-0.5, input_precision="ieee",
+        soft_cap=soft_cap, alibi=alibi, sinks=False, score_mod=None, score_mod_grad=None,
+        group_width=_Q_HEADS, find_bad_rows=finds_bad_rows_in_kernel(compute_capability),
+    )  # fmt: skip
     return KernelVariant(
         name=f"block_sparse_{kind}",
         kernel=kernel,

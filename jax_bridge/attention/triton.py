@@ -46,6 +46,7 @@ from triton_kernels.flash_attention.config import (
     block_d,
     default_attention_config,
 )
+from triton_kernels.flash_attention.constexprs import attention_constexprs
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
@@ -84,24 +85,46 @@ def _config(
     )  # fmt: skip
 
 
-def _tma(config: AttentionKernelConfig, head_dim: int) -> bool:
-    """Whether a kernel loads its streamed tiles through tensor descriptors: where its
-    config asks and the hardware and head_dim allow it (ValueError otherwise)."""
-    if not config.tma:
-        return False
-    require_tensor_descriptors("varlen_attention")
-    if block_d(head_dim) != head_dim:
-        raise ValueError(
-            f"varlen_attention: config tma=True needs a head_dim that is a power of two "
-            f"(a descriptor's tile is the whole row), got {head_dim}"
-        )
-    return True
+def _launch(
+    kind: str,
+    config: AttentionKernelConfig,
+    features: AttentionFeatures,
+    q: jax.Array,
+    k: jax.Array,
+    options: AttentionOptions,
+    persistent: bool,
+    has_d_lse: bool = False,
+) -> dict:
+    """The launch keywords of kernel `kind` under `config`: warps, stages, name and the
+    constexprs (`attention_constexprs`). A config with `tma` is refused here unless the
+    hardware and head_dim allow it."""
+    head_dim = q.shape[2]
+    if config.tma:
+        require_tensor_descriptors("varlen_attention")
+        if block_d(head_dim) != head_dim:
+            raise ValueError(
+                f"varlen_attention: config tma=True needs a head_dim that is a power of two "
+                f"(a descriptor's tile is the whole row), got {head_dim}"
+            )
+    constexprs = attention_constexprs(
+        kind, config, features, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
+        head_dim=head_dim, softmax_scale=options.spec.softmax_scale,
+        input_precision=_input_precision(options, q.dtype), persistent=persistent,
+        has_d_lse=has_d_lse,
+    )  # fmt: skip
+    return dict(
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        name=_KERNEL_NAMES[kind],
+        **constexprs,
+    )
 
 
-def _raw_score_max(spec: AttentionSpec, features: AttentionFeatures) -> bool:
-    """Whether the forward may take its row max on raw q.k: max commutes with a positive
-    scale and nothing else (a soft cap or ALiBi) transforms the scores."""
-    return spec.softmax_scale > 0 and not (features.soft_cap or features.alibi)
+_KERNEL_NAMES = {
+    "forward": "varlen_attention_fwd",
+    "backward_dq": "varlen_attention_bwd_dq",
+    "backward_dkdv": "varlen_attention_bwd_dkdv",
+}
 
 
 def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
@@ -181,8 +204,8 @@ def forward(
     a row or, past 64 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
     (`schedule.persistent`): never sized by the longest sequence, nor by the empty ones.
     """
-    total_q, num_q_heads, head_dim = q.shape
-    total_k, num_kv_heads, _ = k.shape
+    total_q, num_q_heads, _ = q.shape
+    total_k = k.shape[0]
     shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
@@ -212,21 +235,7 @@ def forward(
             jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32),
         ),
         grid=(programs(chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        name="varlen_attention_fwd",
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=block_d(head_dim),
-        HAS_SINKS=features.sinks,
-        INPUT_PRECISION=_input_precision(options, q.dtype),
-        RAW_SCORE_MAX=_raw_score_max(options.spec, features),
-        PERSISTENT=persistent,
-        TMA=_tma(config, head_dim),
-        **features.kernel_flags(),
+        **_launch("forward", config, features, q, k, options, persistent),
     )
 
 
@@ -264,7 +273,7 @@ def backward(
       dq: [total_q, Hq, D] in q's dtype; dk, dv: [total_k, Hkv, D] in k's/v's dtype;
       d_sinks: float32 [Hq], or None without sinks. ALiBi slopes get no gradient.
     """
-    total_q, num_q_heads, head_dim = q.shape
+    total_q, num_q_heads, _ = q.shape
     total_k, num_kv_heads, _ = k.shape
     shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # every probability is 0: only sinks have a gradient
@@ -280,15 +289,6 @@ def backward(
         features,
     )  # fmt: skip
     scalars = _spec_arguments(options.spec, shift)
-    constexprs = dict(
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d(head_dim),
-        INPUT_PRECISION=_input_precision(options, q.dtype),
-        PERSISTENT=persistent,
-        **features.kernel_flags(),
-    )
     # dQ first: its programs also write the row statistics (delta, lse in log2 units)
     # that the dK/dV kernel reads.
     query_chunks = schedule.query_tiles
@@ -314,9 +314,7 @@ def backward(
             programs(query_chunks.shape[0], total_q, dq_config.block_m, persistent),
             num_q_heads,
         ),
-        **_launch(dq_config, "varlen_attention_bwd_dq", head_dim),
-        HAS_D_LSE=d_lse is not None,
-        **constexprs,
+        **_launch("backward_dq", dq_config, features, q, k, options, persistent, d_lse is not None),
     )
     key_chunks = schedule.key_tiles
     dk, dv = triton_call(
@@ -342,20 +340,7 @@ def backward(
             programs(key_chunks.shape[0], total_k, dkdv_config.block_n, persistent),
             num_kv_heads,
         ),
-        **_launch(dkdv_config, "varlen_attention_bwd_dkdv", head_dim),
-        **constexprs,
+        **_launch("backward_dkdv", dkdv_config, features, q, k, options, persistent),
     )
     d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
     return dq, dk, dv, d_sinks
-
-
-def _launch(config: AttentionKernelConfig, name: str, head_dim: int) -> dict:
-    """The launch keywords of one backward kernel under `config`."""
-    return dict(
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        name=name,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        TMA=_tma(config, head_dim),
-    )

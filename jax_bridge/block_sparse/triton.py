@@ -36,7 +36,11 @@ from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
 from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
-from triton_kernels.flash_attention.config import MAX_HEAD_DIM, MIN_HEAD_DIM, block_d
+from triton_kernels.flash_attention.config import MAX_HEAD_DIM, MIN_HEAD_DIM
+from triton_kernels.flash_attention.constexprs import (
+    block_sparse_constexprs,
+    finds_bad_rows_in_kernel,
+)
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
 _LOG2E = float(np.log2(np.e))
@@ -127,25 +131,51 @@ def _common_arguments(plan: _Plan, lists: TileLists, options: BlockSparseOptions
     )
 
 
-def _constexprs(plan: _Plan, options: BlockSparseOptions, kind: str, q, k) -> dict:
+def _launch(
+    plan: _Plan,
+    options: BlockSparseOptions,
+    kind: str,
+    q,
+    k,
+    *,
+    sinks: bool = False,
+    find_bad_rows: bool = False,
+) -> dict:
+    """The launch keywords of kernel `kind`: warps, stages, name and the constexprs
+    (`block_sparse_constexprs`; find_bad_rows: as the bad-row arguments passed)."""
     config = plan.configs[kind]
-    head_dim = q.shape[-1]
     precision = "ieee" if q.dtype != jnp.float32 else triton_input_precision(options.precision)
+    score_mod = options.score_mod
+    constexprs = block_sparse_constexprs(
+        kind,
+        config,
+        plan.rule.flags(),
+        num_q_heads=q.shape[2],
+        num_kv_heads=k.shape[2],
+        head_dim=q.shape[-1],
+        softmax_scale=options.softmax_scale,
+        input_precision=precision,
+        soft_cap=options.logits_soft_cap is not None,
+        alibi=plan.has_alibi,
+        sinks=sinks,
+        score_mod=None if score_mod is None else score_mod.triton_fn,
+        score_mod_grad=None if score_mod is None else score_mod.triton_grad,
+        group_width=plan.group_heads().shape[1],
+        find_bad_rows=find_bad_rows,
+    )
     return dict(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        NUM_Q_HEADS=q.shape[2],
-        NUM_KV_HEADS=k.shape[2],
-        HEAD_DIM=head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=block_d(head_dim),
-        HAS_SOFT_CAP=options.logits_soft_cap is not None,
-        HAS_ALIBI=plan.has_alibi,
-        INPUT_PRECISION=precision,
-        SCORE_MOD=None if options.score_mod is None else options.score_mod.triton_fn,
-        **plan.rule.flags(),
+        name=_KERNEL_NAMES[kind],
+        **constexprs,
     )
+
+
+_KERNEL_NAMES = {
+    "forward": "block_sparse_attention_fwd",
+    "backward_dq": "block_sparse_attention_bwd_dq",
+    "backward_dkdv": "block_sparse_attention_bwd_dkdv",
+}
 
 
 def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -160,24 +190,10 @@ def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), bad.astype(jnp.int8)
 
 
-def finds_bad_rows_in_kernel(compute_capability: int | None) -> bool:
-    """Whether the forward and dQ kernels find their operand's non-finite rows (V, K) in
-    the partial tiles they load (FIND_BAD_ROWS) instead of reading `_isolated` copies,
-    each a reduce and a select over the operand a call (~65 us at 16384 x 16 x 128 on an
-    H100): on sm_90 and up, and in the interpreter. On sm_80..89 the forward's select
-    spills (216 B at d=64); dK/dV's (Q and dO) spills on sm_90 too (76 B at d=128), so it
-    always reads the copies."""
-    return compute_capability is None or compute_capability >= 90
-
-
 def _isolation(x: jax.Array, find_bad_rows: bool) -> tuple[jax.Array, jax.Array]:
     """A kernel's (clean copy, flags) arguments for operand x: `_isolated(x)`, or, for a
     FIND_BAD_ROWS kernel, x itself and a placeholder for the flags, neither read."""
     return (x, jnp.zeros((1,), jnp.int8)) if find_bad_rows else _isolated(x)
-
-
-def _score_mod_grad(options: BlockSparseOptions) -> Any:
-    return None if options.score_mod is None else options.score_mod.triton_grad
 
 
 def _hook_heads(options: BlockSparseOptions, num_q_heads: int) -> jax.Array:
@@ -211,16 +227,9 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
             jax.ShapeDtypeStruct((batch, num_q_heads, q_len), jnp.float32),
         ),
         grid=(lists.items.shape[0], group_heads.shape[1], batch),
-        name="block_sparse_attention_fwd",
-        GROUP_WIDTH=group_heads.shape[1],
-        HAS_SINKS=sinks is not None,
-        # max commutes with a positive scale when nothing else transforms the scores
-        RAW_SCORE_MAX=options.softmax_scale > 0
-        and options.logits_soft_cap is None
-        and alibi is None
-        and options.score_mod is None,
-        FIND_BAD_ROWS=find_bad_rows,
-        **_constexprs(plan, options, "forward", q, k),
+        **_launch(
+            plan, options, "forward", q, k, sinks=sinks is not None, find_bad_rows=find_bad_rows
+        ),
     )
 
 
@@ -248,11 +257,7 @@ def backward(
         kernel=block_sparse_dq_kernel,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         grid=(lists.items.shape[0], group_heads.shape[1], batch),
-        name="block_sparse_attention_bwd_dq",
-        GROUP_WIDTH=group_heads.shape[1],
-        SCORE_MOD_GRAD=_score_mod_grad(options),
-        FIND_BAD_ROWS=find_bad_rows,
-        **_constexprs(plan, options, "backward_dq", q, k),
+        **_launch(plan, options, "backward_dq", q, k, find_bad_rows=find_bad_rows),
     )
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
@@ -265,8 +270,6 @@ def backward(
         kernel=block_sparse_dkdv_kernel,
         out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         grid=(lists.items.shape[0], k.shape[2], batch),
-        name="block_sparse_attention_bwd_dkdv",
-        SCORE_MOD_GRAD=_score_mod_grad(options),
-        **_constexprs(plan, options, "backward_dkdv", q, k),
+        **_launch(plan, options, "backward_dkdv", q, k),
     )
     return dq, dk, dv

@@ -39,43 +39,11 @@ from triton_kernels.flash_attention.forward import (
     _tile_ptrs,
     _tile_scores,
 )
+from triton_kernels.flash_attention.steps import _dkdv_step, _dq_step
 
 
 @triton.jit
-def _gradient_tile(
-    s2,
-    t,
-    dp,
-    lse2,
-    delta,
-    allowed,
-    g,
-    PARTIAL: tl.constexpr,
-    HAS_SOFT_CAP: tl.constexpr,
-    HAS_HOOK_GRAD: tl.constexpr,
-    KV_MAJOR: tl.constexpr,
-):
-    """(P, dS) of one tile from its log2 scores s2, tanh t, dP, the score hook's
-    derivative g and the query rows' lse_log2 and delta (broadcast along the tile's query
-    axis: rows, or columns when KV_MAJOR). dS is the gradient of the scaled q.k."""
-    if KV_MAJOR:
-        p = tl.exp2(s2 - lse2[None, :])
-        ds = p * (dp - delta[None, :])
-    else:
-        p = tl.exp2(s2 - lse2[:, None])
-        ds = p * (dp - delta[:, None])
-    if HAS_HOOK_GRAD:
-        ds *= g
-    if HAS_SOFT_CAP:
-        ds *= 1.0 - t * t
-    if PARTIAL:
-        p = tl.where(allowed, p, 0.0)
-        ds = tl.where(allowed, ds, 0.0)
-    return p, ds
-
-
-@triton.jit
-def _dq_step(
+def _dq_tile_step(
     dq,
     q,
     do,
@@ -105,12 +73,10 @@ def _dq_step(
     s2, g = _modified_scores(
         s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, False, True
     )
-    dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
-    _, ds = _gradient_tile(
-        s2, t, dp, lse2, delta, allowed, g, PARTIAL, HAS_SOFT_CAP, SCORE_MOD_GRAD is not None,
-        False,
+    return _dq_step(
+        dq, s2, t, g, do, k, v, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP,
+        SCORE_MOD_GRAD is not None, INPUT_PRECISION,
     )  # fmt: skip
-    return tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
 
 
 @triton.jit
@@ -214,7 +180,7 @@ def block_sparse_dq_kernel(
         v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
         k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
         v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        dq = _dq_step(
+        dq = _dq_tile_step(
             dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
             SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
@@ -248,7 +214,7 @@ def block_sparse_dq_kernel(
             kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
             HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
         )  # fmt: skip
-        dq = _dq_step(
+        dq = _dq_tile_step(
             dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, hook_head, qk_scale_log2,
             scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
             SCORE_MOD_GRAD, INPUT_PRECISION,
@@ -259,7 +225,7 @@ def block_sparse_dq_kernel(
 
 
 @triton.jit
-def _dkdv_step(
+def _dkdv_tile_step(
     dk,
     dv,
     k,
@@ -291,14 +257,10 @@ def _dkdv_step(
     s2_t, g_t = _modified_scores(
         s2_t, batch, head, cols, keys, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, True, True
     )
-    dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-    p_t, ds_t = _gradient_tile(
-        s2_t, t_t, dp_t, lse2, delta, allowed, g_t, PARTIAL, HAS_SOFT_CAP,
-        SCORE_MOD_GRAD is not None, True,
+    return _dkdv_step(
+        dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP,
+        SCORE_MOD_GRAD is not None, INPUT_PRECISION,
     )  # fmt: skip
-    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-    return dk, dv
 
 
 @triton.jit
@@ -423,7 +385,7 @@ def block_sparse_dkdv_kernel(
                 tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, False,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
-            dk, dv = _dkdv_step(
+            dk, dv = _dkdv_tile_step(
                 dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
                 qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
                 HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
@@ -450,7 +412,7 @@ def block_sparse_dkdv_kernel(
                 q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
                 MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
             )  # fmt: skip
-            dk, dv = _dkdv_step(
+            dk, dv = _dkdv_tile_step(
                 dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
                 qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
                 HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,

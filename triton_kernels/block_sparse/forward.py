@@ -59,6 +59,7 @@ from triton_kernels.flash_attention.forward import (
     _tile_ptrs,
     _tile_scores,
 )
+from triton_kernels.flash_attention.steps import _online_softmax_step
 
 # MASK_MODE values (the bridge's `tile_lists` uses the same numbers).
 TABLE = tl.constexpr(0)
@@ -250,42 +251,25 @@ def _forward_step(
     SCORE_MOD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """One online-softmax update of (acc, m_i, l_i) with one key tile (rows, cols: its
-    positions, for ALiBi and the score hook).
-
-    Invariant: m_i is the running max of the allowed s2 (or -inf), l_i = sum exp2(s2 -
-    m_i), acc = sum exp2(s2 - m_i) * v over the keys seen so far (and the sink).
-    """
+    """(acc, m_i, l_i) updated with one key tile (rows, cols: its positions, for ALiBi
+    and the score hook); a PARTIAL tile's scores are masked by `allowed`. Full tiles of
+    RAW_SCORE_MAX calls take the row max on raw q.k (`_online_softmax_step`)."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-    if PARTIAL:
-        s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
-        s2, _ = _modified_scores(
-            s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
+    if RAW_SCORE_MAX and not PARTIAL:
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, qk, v, qk_scale_log2, True, False, INPUT_PRECISION
         )
-        s2 = tl.where(allowed, s2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s2, 1))
-        # A row with nothing allowed so far keeps m = -inf: shift by 0 (exp2 gives 0, not NaN).
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s2 - m_shift[:, None])
-    elif RAW_SCORE_MAX:
-        # A positive scale and no other transform: the row max commutes with the scale,
-        # which then joins exp2's argument in one fused multiply-add per score. Every row
-        # of a full tile has allowed keys, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-        m_shift = m_new
-        p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
     else:
         s2, _ = _tile_scores(qk, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
         s2, _ = _modified_scores(
             s2, batch, head, rows, cols, slope_log2, HAS_ALIBI, SCORE_MOD, None, False, False
         )
-        m_new = tl.maximum(m_i, tl.max(s2, 1))
-        m_shift = m_new
-        p = tl.exp2(s2 - m_shift[:, None])
-    alpha = tl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-    return acc, m_new, l_i
+        if PARTIAL:
+            s2 = tl.where(allowed, s2, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, s2, v, 1.0, False, PARTIAL, INPUT_PRECISION
+        )
+    return acc, m_i, l_i
 
 
 @triton.jit

@@ -39,6 +39,7 @@ from triton_kernels.flash_attention.forward import (
     _sequence_rows,
     _tile_ptrs,
 )
+from triton_kernels.flash_attention.steps import _dkdv_step, _dq_step
 
 
 @triton.jit
@@ -170,13 +171,10 @@ def _dkdv_query_tiles(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
         )  # fmt: skip
-        p_t = tl.exp2(s2_t - lse2[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if HAS_SOFT_CAP:
-            ds_t *= 1.0 - t_t * t_t
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        dk, dv = _dkdv_step(
+            dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP, False,
+            INPUT_PRECISION,
+        )  # fmt: skip
         if not STEP_BY_MASK:
             g += 1
             next_tile = g == GROUP
@@ -423,12 +421,10 @@ def _dq_key_tiles(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
         )  # fmt: skip
-        p = tl.exp2(s2 - lse2[:, None])
-        dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFT_CAP:
-            ds *= 1.0 - t * t
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+        dq = _dq_step(
+            dq, s2, t, 1.0, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP, False,
+            INPUT_PRECISION,
+        )  # fmt: skip
     return dq
 
 

@@ -40,6 +40,8 @@ Conventions of every kernel here and in `flash_attention_bwd`:
 import triton
 import triton.language as tl
 
+from triton_kernels.flash_attention.steps import _online_softmax_step
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -360,9 +362,8 @@ def _forward_key_tiles(
 
     k_seq/v_seq: the sequence's keys and values at this program's kv head: pointers to
     key row 0, or with TMA tensor descriptors over its [len_k, HEAD_DIM] rows (whose
-    rows past len_k load as 0, as the masked loads do).
-    Invariant: m_i is the running max of s2 (or -inf), l_i = sum exp2(s2 - m_i), acc =
-    sum exp2(s2 - m_i) * v, all over the keys seen so far (and the sink, if any).
+    rows past len_k load as 0, as the masked loads do). The invariant is
+    `_online_softmax_step`'s.
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -375,34 +376,23 @@ def _forward_key_tiles(
             KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-        if RAW_SCORE_MAX:
-            # The scale is positive and nothing else transforms a score, so the row max
-            # commutes with the scale: take it on the raw products (masked to -inf), and
-            # the scale joins exp2's argument in one fused multiply-add per score.
+        if RAW_SCORE_MAX:  # masked raw products; the scale joins exp2's argument
             qk, _ = _scores_log2(
                 qk, rows, cols, shift, len_k, window_left, window_right, 1.0, 1.0, 1.0, 0.0,
                 APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, False, False,
             )  # fmt: skip
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-            s2 = qk * qk_scale_log2
+            acc, m_i, l_i = _online_softmax_step(
+                acc, m_i, l_i, qk, v, qk_scale_log2, True, APPLY_MASK, INPUT_PRECISION
+            )
         else:
             s2, _ = _scores_log2(
                 qk, rows, cols, shift, len_k, window_left, window_right,
                 qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
                 APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
             )  # fmt: skip
-            m_new = tl.maximum(m_i, tl.max(s2, 1))
-        if APPLY_MASK:
-            # A row with nothing allowed so far (and no sink, or a sink of -inf) keeps
-            # m = -inf; shift by 0, not -inf, so that exp2 gives 0 instead of NaN.
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_shift = m_new  # finite: every row of an unmasked tile has allowed keys
-        p = tl.exp2(s2 - m_shift[:, None])
-        alpha = tl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
-        m_i = m_new
+            acc, m_i, l_i = _online_softmax_step(
+                acc, m_i, l_i, s2, v, 1.0, False, APPLY_MASK, INPUT_PRECISION
+            )
     return acc, m_i, l_i
 
 

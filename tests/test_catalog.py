@@ -1,0 +1,100 @@
+"""The catalog describes the launches the bridge makes.
+
+The static report and the tuner's pruning compile `triton_kernels.catalog` variants; a
+variant whose constexprs differ from the bridge's launch would price a kernel that never
+runs. Here the bridge's `triton_call` is replaced by a recorder (no kernel runs), and
+each recorded launch of a causal GQA call is compared with the catalog's variant for the
+same kernel, problem and tile config.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_bridge import block_sparse_attention, varlen_attention
+from jax_bridge.attention import triton as attention_triton
+from jax_bridge.block_sparse import triton as block_sparse_triton
+from pallas_tpu.splash import CausalMask
+from triton_kernels.block_sparse.config import block_sparse_config
+from triton_kernels.catalog import (
+    ATTENTION_KERNELS,
+    BLOCK_SPARSE_KERNELS,
+    CAUSAL,
+    attention_variant,
+    block_sparse_variant,
+)
+from triton_kernels.flash_attention.config import KINDS, default_attention_config
+
+# The catalog's heads (8 query, 2 key/value: GQA) and a head_dim the report uses.
+Q_HEADS, KV_HEADS, HEAD_DIM = 8, 2, 128
+
+
+def _record_launches(monkeypatch, module) -> dict:
+    """Replaces `module.triton_call` with a recorder: kernel -> its constexprs. It returns
+    arrays of the outputs' shapes holding 0.5 (no kernel runs)."""
+    launches = {}
+
+    def recorder(*args, kernel, out_shape, grid, name, num_warps, num_stages, **constexprs):
+        del args, grid, name, num_warps, num_stages
+        launches[kernel] = constexprs
+        many = isinstance(out_shape, tuple)
+        outputs = tuple(
+            jnp.full(s.shape, 0.5, s.dtype) for s in (out_shape if many else [out_shape])
+        )
+        return outputs if many else outputs[0]
+
+    monkeypatch.setattr(module, "triton_call", recorder)
+    return launches
+
+
+def _inputs(key, q_shape, kv_shape):
+    kq, kk, kv = jax.random.split(key, 3)
+    q = jax.random.normal(kq, q_shape, jnp.bfloat16)
+    k = jax.random.normal(kk, kv_shape, jnp.bfloat16)
+    v = jax.random.normal(kv, kv_shape, jnp.bfloat16)
+    return q, k, v
+
+
+def test_varlen_launches_are_the_catalog_variants(monkeypatch):
+    launches = _record_launches(monkeypatch, attention_triton)
+    q, k, v = _inputs(jax.random.key(0), (96, Q_HEADS, HEAD_DIM), (96, KV_HEADS, HEAD_DIM))
+    cu = jnp.asarray([0, 40, 96], jnp.int32)
+
+    def loss(q, k, v):
+        out = varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton")
+        return out.astype(jnp.float32).sum()
+
+    jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert set(launches) == set(ATTENTION_KERNELS.values())
+    for kind in KINDS:
+        # the bridge's own tiles here (Triton's interpreter), in the catalog's variant
+        config = default_attention_config(HEAD_DIM, "bfloat16", None, kind, features=CAUSAL)
+        variant = attention_variant(kind, HEAD_DIM, 90, features=CAUSAL, config=config)
+        assert launches[variant.kernel] == dict(variant.constexprs), kind
+
+
+@pytest.mark.parametrize("soft_cap", [None, 30.0], ids=["plain", "soft_cap"])
+def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
+    launches = _record_launches(monkeypatch, block_sparse_triton)
+    length = 64
+    q, k, v = _inputs(
+        jax.random.key(1), (1, length, Q_HEADS, HEAD_DIM), (1, length, KV_HEADS, HEAD_DIM)
+    )
+    mask = CausalMask((length, length))
+
+    def loss(q, k, v):
+        out = block_sparse_attention(
+            q, k, v, mask, logits_soft_cap=soft_cap, implementation="triton"
+        )
+        return out.astype(jnp.float32).sum()
+
+    jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert set(launches) == set(BLOCK_SPARSE_KERNELS.values())
+    for kind in KINDS:
+        capped = soft_cap is not None
+        config = block_sparse_config(HEAD_DIM, "bfloat16", None, kind, soft_cap=capped)
+        # FIND_BAD_ROWS follows the target: the interpreter finds them as sm_90 does
+        variant = block_sparse_variant(kind, HEAD_DIM, 90, config=config, soft_cap=capped)
+        assert launches[variant.kernel] == dict(variant.constexprs), kind

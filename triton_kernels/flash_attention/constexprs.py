@@ -1,0 +1,147 @@
+"""The compile-time arguments of the attention kernels, decided in one place.
+
+Pure Python (no JAX). The JAX bridge (`jax_bridge.attention.triton`,
+`jax_bridge.block_sparse.triton`) and the offline catalog (`triton_kernels.catalog`,
+which the static report and the tuner's pruning compile) both build a launch's
+constexprs here, so that the report describes the very kernel a call runs: a switch
+decided twice could otherwise differ between the two, and the report would price a
+kernel that never runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from triton_kernels.flash_attention.config import (
+    KINDS,
+    AttentionFeatures,
+    AttentionKernelConfig,
+    block_d,
+)
+
+__all__ = [
+    "attention_constexprs",
+    "block_sparse_constexprs",
+    "finds_bad_rows_in_kernel",
+    "raw_score_max",
+]
+
+
+def raw_score_max(
+    softmax_scale: float, *, soft_cap: bool, alibi: bool, score_hook: bool = False
+) -> bool:
+    """Whether a forward kernel may take its row max on raw q.k (RAW_SCORE_MAX): the max
+    commutes with a positive scale, and with nothing else that transforms a score (a soft
+    cap's tanh, ALiBi's position term, a user's score hook)."""
+    return softmax_scale > 0 and not (soft_cap or alibi or score_hook)
+
+
+def finds_bad_rows_in_kernel(compute_capability: int | None) -> bool:
+    """Whether the block-sparse forward and dQ kernels find their operand's non-finite
+    rows (V, K) in the partial tiles they load (FIND_BAD_ROWS) instead of reading copies
+    the bridge zeroed, each a reduce and a select over the operand a call (~65 us at
+    16384 x 16 x 128 on an H100): on sm_90 and up, and in the interpreter (None). On
+    sm_80..89 the forward's select spills (216 B at d=64); dK/dV's (Q and dO) spills on
+    sm_90 too (76 B at d=128), so it always reads the copies."""
+    return compute_capability is None or compute_capability >= 90
+
+
+def _tile_constexprs(
+    config: AttentionKernelConfig,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    input_precision: str,
+) -> dict[str, Any]:
+    """What every attention kernel takes: heads, head dim, tiles, tl.dot's precision."""
+    return dict(
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=block_d(head_dim),
+        INPUT_PRECISION=input_precision,
+    )
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def attention_constexprs(
+    kind: str,
+    config: AttentionKernelConfig,
+    features: AttentionFeatures,
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    softmax_scale: float,
+    input_precision: str,
+    persistent: bool,
+    has_d_lse: bool = False,
+) -> dict[str, Any]:
+    """The constexprs of varlen attention kernel `kind` (one of `KINDS`) under `config`
+    for a call with `features`.
+
+    input_precision: tl.dot's ("ieee", "tf32", ...; it matters for float32 only).
+    persistent: the programs walk the tile list (PERSISTENT). has_d_lse: the dQ kernel
+    reads an lse cotangent. TMA is `config.tma`: the caller checks that the launch can
+    pass descriptors.
+    """
+    _check_kind(kind)
+    constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
+    constexprs |= dict(PERSISTENT=persistent, TMA=config.tma, **features.kernel_flags())
+    if kind == "forward":
+        constexprs["HAS_SINKS"] = features.sinks
+        constexprs["RAW_SCORE_MAX"] = raw_score_max(
+            softmax_scale, soft_cap=features.soft_cap, alibi=features.alibi
+        )
+    elif kind == "backward_dq":
+        constexprs["HAS_D_LSE"] = has_d_lse
+    return constexprs
+
+
+def block_sparse_constexprs(
+    kind: str,
+    config: AttentionKernelConfig,
+    rule_flags: dict[str, Any],
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    softmax_scale: float,
+    input_precision: str,
+    soft_cap: bool,
+    alibi: bool,
+    sinks: bool,
+    score_mod: Any,
+    score_mod_grad: Any,
+    group_width: int,
+    find_bad_rows: bool,
+) -> dict[str, Any]:
+    """The constexprs of block-sparse kernel `kind` (one of `KINDS`) under `config`.
+
+    rule_flags: the element rule's switches (MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
+    PREDICATE). score_mod, score_mod_grad: the user's `@triton.jit` score hook and its
+    derivative, or None. group_width: the widest head group (the forward's and dQ's
+    second grid axis). find_bad_rows: the forward and dQ find non-finite rows in their
+    tiles (`finds_bad_rows_in_kernel` of the target; the caller passes the bad-row
+    arguments to match).
+    """
+    _check_kind(kind)
+    constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
+    constexprs |= dict(HAS_SOFT_CAP=soft_cap, HAS_ALIBI=alibi, SCORE_MOD=score_mod, **rule_flags)
+    if kind != "forward":
+        constexprs["SCORE_MOD_GRAD"] = score_mod_grad
+    if kind == "backward_dkdv":  # reads the bridge's copies of q and dO (see above)
+        return constexprs
+    constexprs |= dict(GROUP_WIDTH=group_width, FIND_BAD_ROWS=find_bad_rows)
+    if kind == "forward":
+        constexprs["HAS_SINKS"] = sinks
+        constexprs["RAW_SCORE_MAX"] = raw_score_max(
+            softmax_scale, soft_cap=soft_cap, alibi=alibi, score_hook=score_mod is not None
+        )
+    return constexprs
