@@ -288,8 +288,10 @@ def grouped_matmul_variant(
         )
     element = TRITON_TYPES[dtype_name]
     types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
-    types |= {"init_ptr": "*fp32", "out_ptr": "*fp32"}
-    signature = {a: types.get(a, "*i32") for a in kernel.arg_names if a.endswith("_ptr")}
+    types |= {"init_ptr": "*fp32", "out_ptr": "*fp32", "num_groups": "i32"}
+    signature = {
+        a: types.get(a, "*i32") for a in kernel.arg_names if a.endswith("_ptr") or a in types
+    }
     constexprs = dict(
         **config.shape_constexprs(m, k, n),
         INPUT_PRECISION="ieee" if dtype_name == "float32" else "tf32",

@@ -120,7 +120,14 @@ def group_metadata(
             jnp.asarray(group_sizes, jnp.int32),
             jnp.reshape(jnp.asarray(offset, jnp.int32), (1,)),
             kernel=gmm_schedule_kernel,
-            out_shape=(bounds, bounds, slots, slots, jax.ShapeDtypeStruct((1,), jnp.int32)),
+            out_shape=(
+                bounds,
+                bounds,
+                slots,
+                slots,
+                jax.ShapeDtypeStruct((1,), jnp.int32),
+                jax.ShapeDtypeStruct((2,), jnp.int32),
+            ),
             grid=(cdiv(num_slots, rows),),
             num_warps=4,
             num_stages=1,
@@ -165,7 +172,7 @@ def gmm(
     )
     accumulate = existing_out is not None
     # Rows that no tile writes (other experts' rows, rows past sum(group_sizes)) must
-    # still hold init: alias existing_out, or zero the output.
+    # still hold init: alias existing_out, or the kernel zeroes them.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
     return triton_call(
         lhs,
@@ -176,13 +183,14 @@ def gmm(
         meta.chunk_group,
         meta.chunk_row_start,
         meta.num_chunks,
+        meta.written_rows,
+        meta.group_starts.shape[0],
         kernel=gmm_kernel,
         out_shape=out_shape,
         grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         input_output_aliases={2: 0} if accumulate else None,
-        zeroed_outputs=() if accumulate else (0,),
         name="grouped_matmul",
         **config.shape_constexprs(m, k, n),
         TRANSPOSE_RHS=options.transpose_rhs,

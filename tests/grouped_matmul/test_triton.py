@@ -3,8 +3,9 @@
 * Group metadata (`make_group_metadata`, hypothesis): every row of every local group is
   visited by exactly one chunk, no chunk is empty, surplus slots stay in range; group
   bounds clip to m when traced sizes overflow.
-* The gmm kernel launched bare (outputs start NaN) writes exactly the rows of its local
-  groups, each to the float64 loop's value.
+* The gmm kernel launched bare (outputs start NaN) writes every row once: the rows of
+  its local groups, each to the float64 loop's value, and zeros elsewhere (valid group
+  sizes, and traced negative ones whose groups leave gaps); the metadata's `written_rows`.
 * Launch configurations: `GroupedMatmulConfig` validation (messages name
   `GroupedMatmulConfig.field`), the defaults and tiling overrides of `gmm_config` /
   `tgmm_config`, pipeline stages that fit shared memory, and `config=` through the
@@ -179,19 +180,33 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
 # --- the kernel writes exactly its rows --------------------------------------------------
 
 
+# (group sizes, offset, local groups): rows of the local groups, each computed once.
+_WRITE_CASES = {
+    # groups 1..4: rows [3, 41) of 75; rows of group 0, groups 5..6 and past them are zero
+    "other-experts-and-tail": ([3, 20, 1, 0, 17, 6, 2], 1, 4),
+    # traced garbage (never checked under jit): a negative size walks back, so the local
+    # groups 1..3 hold rows [5, 7), none, [1, 3): gaps between and around them
+    "negative-size-gaps": ([5, 2, -6, 2, 9], 1, 3),
+}
+
+
+@pytest.mark.parametrize("case", _WRITE_CASES)
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
-def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
+def test_gmm_kernel_writes_every_row_once(tma, case):
     """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
-    the interpreter), every row of a local group must hold its product afterwards and every
-    other row must be untouched. With `tma`
-    tiles read (and multiply) other groups' rows too: those hold NaN and Inf here, and
-    must reach no row of a local group. k = 24 also leaves a partial k tile."""
+    the interpreter), every row of a local group must hold its product afterwards and
+    every other row 0, which the kernel writes itself (no zero fill ahead of it). With
+    `tma` tiles read (and multiply) other groups' rows too: those hold NaN and Inf here,
+    and must reach no row of a local group. k = 24 also leaves a partial k tile."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
-    sizes = jnp.asarray([3, 20, 1, 0, 17, 6, 2], jnp.int32)  # 49 rows < m
-    offset, local = 1, 4  # groups 1..4: rows [3, 41)
+    group_sizes, offset, local = _WRITE_CASES[case]
+    sizes = jnp.asarray(group_sizes, jnp.int32)
     lhs, rhs = normal(rng, (m, k)), normal(rng, (local, k, n))
-    local_rows = (np.arange(m) >= 3) & (np.arange(m) < 41)
+    starts, ends = bounds(group_sizes)
+    local_rows = np.zeros(m, bool)
+    for g in range(offset, offset + local):
+        local_rows[starts[g] : max(ends[g], starts[g])] = True
     poisoned = np.where(local_rows[:, None], np.asarray(lhs), np.nan)
     poisoned[::7][~local_rows[::7]] = np.inf
     lhs = jnp.asarray(poisoned)
@@ -202,6 +217,7 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
         rhs,
         jnp.full((m, n), jnp.nan, jnp.float32),  # not read: ACCUMULATE is off
         *meta,
+        local,
         kernel=gmm_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
@@ -218,9 +234,31 @@ def test_gmm_kernel_writes_exactly_the_rows_of_its_groups(tma):
         TMA=tma,
     )
     out = np.asarray(out)
-    assert np.isnan(out[~local_rows]).all()
+    assert (out[~local_rows] == 0).all()
     expected = gmm_float64(lhs, rhs, sizes, offset=offset)
     assert_close(out[local_rows], expected[local_rows])
+
+
+@pytest.mark.parametrize("case", _WRITE_CASES)
+def test_metadata_says_which_rows_the_tiles_write(case):
+    """`written_rows` is (lo, hi) exactly when the tiles write the rows [lo, hi), and
+    (1, 0) when they do not form one interval (the kernel then checks every group)."""
+    group_sizes, offset, local = _WRITE_CASES[case]
+    m, block = 75, 16
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    written = np.zeros(m, bool)
+    for s in range(int(meta.num_chunks[0])):
+        group = int(meta.chunk_group[s])
+        lo = int(meta.chunk_row_start[s])
+        written[lo : min(lo + block, int(meta.group_ends[group]))] = True
+    (rows,) = np.nonzero(written)
+    one_interval = rows.size == 0 or rows.size == rows[-1] - rows[0] + 1
+    lo, hi = (int(x) for x in meta.written_rows)
+    if lo <= hi:
+        assert one_interval and np.array_equal(rows, np.arange(lo, hi))
+    else:
+        assert (lo, hi) == (1, 0) and not one_interval
 
 
 @pytest.mark.parametrize(

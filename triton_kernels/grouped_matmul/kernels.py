@@ -85,6 +85,33 @@ def _gmm_tiles_by_pointer(
 
 
 @triton.jit
+def _zero_unwritten_rows(
+    out_ptr, group_start_ptr, group_end_ptr, written_rows_ptr, num_groups, row_tile, col_tile,
+    M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Zeroes, in column tile `col_tile`, the rows of row tile `row_tile` that no tile of
+    the list writes: outside [lo, hi) = written_rows when lo <= hi (valid group sizes),
+    else outside every non-empty group (traced garbage). No row is written twice."""
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    lo = tl.load(written_rows_ptr)
+    hi = tl.load(written_rows_ptr + 1)
+    if lo <= hi:
+        unwritten = (rows < lo) | (rows >= hi)
+    else:
+        unwritten = rows >= 0
+        for g in range(0, num_groups):
+            start = tl.load(group_start_ptr + g)
+            end = tl.load(group_end_ptr + g)
+            unwritten &= (rows < start) | (rows >= end)
+    unwritten &= rows < M
+    if tl.max(unwritten.to(tl.int32), 0) > 0:  # only where the groups leave rows out
+        cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offsets, zeros, mask=unwritten[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
 def gmm_kernel(
     lhs_ptr,
     rhs_ptr,
@@ -94,6 +121,8 @@ def gmm_kernel(
     chunk_group_ptr,
     chunk_row_start_ptr,
     num_chunks_ptr,
+    written_rows_ptr,
+    num_groups,
     out_ptr,
     M: tl.constexpr,
     K: tl.constexpr,
@@ -109,21 +138,33 @@ def gmm_kernel(
     """One [BLOCK_M, BLOCK_N] output tile of one group; grid (num_slots * cdiv(N, BLOCK_N),),
     column tiles fastest (`gmm_grid`).
 
-    lhs: [M, K]; rhs: [G, K, N], or [G, N, K] when TRANSPOSE_RHS; init, out: [M, N]
-    (out aliases init: rows no program writes keep init's values).
-    group_start, group_end: int32 [G], rows of each group, clipped to [0, M].
-    chunk_group, chunk_row_start: int32 [num_slots], the tile list (`GroupMetadata`: the
-    slot's group, and its first row; a tile never spans two groups); num_chunks: int32
-    [1], how many of its entries are real. Surplus slots exit at once.
-    ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting.
+    lhs: [M, K]; rhs: [G, K, N], or [G, N, K] when TRANSPOSE_RHS; init, out: [M, N].
+    group_start, group_end: int32 [G], rows of each group, clipped to [0, M]; num_groups:
+    G. chunk_group, chunk_row_start: int32 [num_slots], the tile list (`GroupMetadata`:
+    the slot's group, and its first row; a tile never spans two groups); num_chunks:
+    int32 [1], how many of its entries are real; written_rows: int32 [2], the rows the
+    list writes (`GroupMetadata.written_rows`). Surplus slots compute nothing.
+    ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting;
+    out aliases init, so rows no tile writes keep init's values. Otherwise program
+    (slot s, column tile c) also zeroes the rows of row tile s (rows [s * BLOCK_M, (s +
+    1) * BLOCK_M); num_slots >= cdiv(M, BLOCK_M)) that no tile writes, in column tile c:
+    out needs no zero fill ahead of the kernel, which would cost a pass over it a call
+    though the groups usually cover every row.
     TMA: lhs and rhs tiles through device-side tensor descriptors (Hopper's bulk tensor
     copies; the launch passes their global scratch). lhs rows of other groups are then
     read and multiplied too: an output row depends on its own lhs row only, and theirs
     are never stored. Needs K and N rows 16-byte aligned (the bridge decides).
     """
     N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     slot = tl.program_id(0) // N_TILES
     pid_n = tl.program_id(0) % N_TILES
+    if not ACCUMULATE:
+        if slot < ROW_TILES:
+            _zero_unwritten_rows(
+                out_ptr, group_start_ptr, group_end_ptr, written_rows_ptr, num_groups, slot,
+                pid_n, M, N, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
     if slot >= tl.load(num_chunks_ptr):
         return
     group = tl.load(chunk_group_ptr + slot)

@@ -42,6 +42,7 @@ def gmm_schedule_kernel(
     chunk_group_ptr,
     chunk_row_start_ptr,
     num_chunks_ptr,
+    written_rows_ptr,
     M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     G_TOTAL: tl.constexpr,
@@ -61,7 +62,8 @@ def gmm_schedule_kernel(
       group_starts_ptr, group_ends_ptr: int32 [GROUPS]: each local group's rows.
       chunk_group_ptr, chunk_row_start_ptr: int32 [NUM_SLOTS]: the list (slot s: rows
         [chunk_row_start, min(chunk_row_start + BLOCK_M, end)) of local group chunk_group);
-        num_chunks_ptr: int32 [1], its real slots.
+        num_chunks_ptr: int32 [1], its real slots. written_rows_ptr: int32 [2], the rows
+        the list writes: (lo, hi) when they are [lo, hi), else (1, 0) (`GroupMetadata`).
       TOTAL_SLOTS, GROUP_SLOTS: powers of two >= G_TOTAL and >= GROUPS.
     """
     groups = tl.arange(0, GROUP_SLOTS)
@@ -87,3 +89,9 @@ def gmm_schedule_kernel(
         tl.store(group_starts_ptr + groups, starts, mask=groups < GROUPS)
         tl.store(group_ends_ptr + groups, ends, mask=groups < GROUPS)
         tl.store(num_chunks_ptr, tl.sum(tiles, 0))
+        # Lanes past GROUPS hold (0, 0): they never break the order.
+        one_interval = tl.min((ends >= starts).to(tl.int32), 0) == 1
+        lo = tl.sum(tl.where(groups == 0, starts, 0), 0)
+        hi = tl.sum(tl.where(groups == GROUPS - 1, ends, 0), 0)
+        tl.store(written_rows_ptr, tl.where(one_interval, lo, 1))
+        tl.store(written_rows_ptr + 1, tl.where(one_interval, hi, 0))
