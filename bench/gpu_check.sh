@@ -8,7 +8,8 @@
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
 #   ncu    one Nsight Compute profile per op (ours on one attention and one grouped matmul
-#          row): time per kernel, ours against the XLA work around them;
+#          row): time per kernel, ours against the XLA work around them; then the
+#          attention kernels' occupancy, stall and memory sections (16 x 1024, ~1 min);
 #   quick-tests  the conformance tests of the Triton backend on the device (100 s);
 #   tests  (alone: `bash bench/gpu_check.sh tests`, `make gpu-tests`, about 5 minutes, a
 #          device call of its own) every GPU conformance test but the Pallas backend's (the
@@ -101,6 +102,17 @@ if [[ $steps == *" ncu "* ]]; then
       "$PY" -m bench gpu-check --ncu-summary "$logs/$name.txt" 2>&1 | tee "$logs/${name}_summary.txt" \
         | tail -1 | while read -r line; do note "  $line"; done
     done
+    # What limits our attention kernels (the backward most: Flex's takes 0.6-0.75 of its
+    # time): occupancy, issue efficiency, stall reasons and memory traffic of the forward,
+    # dQ and dK/dV kernels of one 16 x 1024 fwd+bwd.
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 90 \
+      ncu --clock-control none -k "regex:attention_(forward|backward_dq|backward_dkdv)_kernel" \
+      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      "$PY" -m bench gpu-check --profile "16x1024 causal" >"$logs/ncu_detail.txt" 2>&1
+    note "ncu sections of the attention kernels (ncu_detail.txt): exit $?"
+    grep -E "attention_[a-z_]+_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible" \
+      "$logs/ncu_detail.txt" | while read -r line; do note "  $line"; done
   else
     note "ncu not found: no kernel profile"
   fi
