@@ -542,6 +542,23 @@ def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
     return (varlen_impl(spec, before, "dkdv 32x128 by pointers"),)
 
 
+def _three_stage_tiles(spec: MaskSpec) -> Impl:
+    """An A/B of pipeline depth: ours at FlexAttention's H100 tiles for head_dim 128
+    (PyTorch's defaults: forward and dQ 128x64, dK/dV 64x128, 8 warps, three stages; ours
+    default to two stages and, light and causal, a 128x128 forward and dK/dV by TMA),
+    dK/dV by pointers (spill-free under Triton 3.6, the device's; 264 B under 3.9). Flex's
+    backward took 0.6-0.75 of ours on 2026-11-27; its tiles differ from our defaults mostly
+    by the stages, and the static report cannot price a pipeline's depth."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    flex = AttentionConfigs(
+        forward=AttentionKernelConfig(128, 64, 8, 3),
+        backward_dkdv=AttentionKernelConfig(64, 128, 8, 3),
+        backward_dq=AttentionKernelConfig(128, 64, 8, 3),
+    )
+    return varlen_impl(spec, flex, "three stages")
+
+
 def _sdpa(spec: MaskSpec) -> list[Impl]:
     return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
 
@@ -556,8 +573,14 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
     ]
-    # The dK/dV default before TMA as one more anchor of the first two (causal) rows.
-    ab = lambda i, spec: _dkdv_tile_before_tma(spec) if USE_TMA and i < 2 else ()
+
+    # A/B anchors of the first two (causal) rows: three pipeline stages, and with --tma
+    # the dK/dV default before TMA.
+    def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
+        if i >= 2:
+            return ()
+        return (_three_stage_tiles(spec), *(_dkdv_tile_before_tma(spec) if USE_TMA else ()))
+
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
                         _sdpa(spec), variants=ab(i, spec))
