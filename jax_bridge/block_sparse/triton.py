@@ -190,6 +190,15 @@ def _isolated(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), bad.astype(jnp.int8)
 
 
+def _query_row_flags(q: jax.Array, d_out: jax.Array) -> jax.Array:
+    """int8 [B, L, H]: bit 0 where q's row holds a NaN or an infinity, bit 1 where
+    d_out's does (the dK/dV kernel's row flags; behind an optimization barrier as
+    `_isolated`'s)."""
+    q, d_out = jax.lax.optimization_barrier((q, d_out))
+    bad = lambda x: jnp.logical_not(jnp.all(jnp.isfinite(x), axis=-1)).astype(jnp.int8)
+    return bad(q) | (bad(d_out) * 2)
+
+
 def _isolation(x: jax.Array, find_bad_rows: bool) -> tuple[jax.Array, jax.Array]:
     """A kernel's (clean copy, flags) arguments for operand x: `_isolated(x)`, or, for a
     FIND_BAD_ROWS kernel, x itself and a placeholder for the flags, neither read."""
@@ -248,22 +257,29 @@ def backward(
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
     find_bad_rows = finds_bad_rows_in_kernel(launch_target().compute_capability)
-    dq = triton_call(
+    # The non-finite rows of q and dO, which dK/dV's partial tiles read as zeros: flagged
+    # by the dQ kernel where it finds bad rows itself, else by XLA.
+    flags_shape = q.shape[:3] if find_bad_rows else (1,)
+    dq, row_flags = triton_call(
         *inputs,
         *_isolation(k, find_bad_rows),
         jnp.asarray(lists.items),
         jnp.asarray(group_heads),
         *_common_arguments(plan, lists, options),
         kernel=block_sparse_dq_kernel,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=(
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct(flags_shape, jnp.int8),
+        ),
         grid=(lists.items.shape[0], group_heads.shape[1], batch),
         **_launch(plan, options, "backward_dq", q, k, find_bad_rows=find_bad_rows),
     )
+    if not find_bad_rows:
+        row_flags = _query_row_flags(q, d_out)
     lists = plan.lists("backward_dkdv")
     dk, dv = triton_call(
         *inputs,
-        *_isolated(q),  # dK/dV always reads the copies
-        *_isolated(d_out),
+        row_flags,
         jnp.asarray(lists.items),
         jnp.asarray(plan.head_group(q.shape[2])),
         *_common_arguments(plan, lists, options),

@@ -287,3 +287,39 @@ def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel):
     seen[75:96, 1] = True
     assert np.isnan(bad[seen]).any(axis=-1).all()
     np.testing.assert_array_equal(bad[~seen], clean[~seen])
+
+
+@pytest.mark.parametrize("find_in_kernel", [False, True], ids=["xla-flags", "dq-flags"])
+def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_kernel):
+    """A NaN in one query row and an infinity in one row of the output's cotangent reach
+    exactly the key rows those queries see (causal, inside their document): dK there is
+    non-finite (through the scores or dS), and so is dV for the cotangent's row (the NaN
+    query's forward row has no mass, lse -inf: it adds nothing to dV). Every other row is
+    the clean call's, bit for bit: the partial tiles around them read those rows as 0,
+    flagged by the dQ kernel (sm_90 and up) or by XLA (sm_80..89)."""
+    from jax_bridge import block_sparse_attention
+    from jax_bridge.block_sparse import triton as block_sparse_triton
+
+    monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
+
+    length = 96
+    mask = DocumentMask(np.array([0, 30, 70, 96], np.int32), shape=(length, length), causal=True)
+    rng = np.random.default_rng(10)
+    q, k, v, w = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "qkvw")
+
+    def dkdv(q, w):
+        attend = lambda k, v: block_sparse_attention(q, k, v, mask, implementation="triton")
+        _, vjp = jax.vjp(attend, k, v)
+        return [np.asarray(g)[0] for g in vjp(w)]
+
+    (dk, dv), (bad_dk, bad_dv) = (
+        dkdv(q, w),
+        dkdv(q.at[:, 40, 0].set(jnp.nan), w.at[:, 75, 1, 3].set(jnp.inf)),
+    )
+    seen = np.zeros((length, 2), bool)  # (key row, kv head): MHA
+    seen[30:41, 0] = True  # query 40 of document 2 (rows 30..69) sees keys 30..40
+    seen[70:76, 1] = True  # query 75 of document 3 sees keys 70..75
+    assert not np.isfinite(bad_dk[seen]).all(axis=-1).any()
+    assert not np.isfinite(bad_dv[70:76, 1]).all(axis=-1).any()
+    np.testing.assert_array_equal(bad_dk[~seen], dk[~seen])
+    np.testing.assert_array_equal(bad_dv[~seen], dv[~seen])

@@ -80,6 +80,15 @@ def _dq_tile_step(
 
 
 @triton.jit
+def _store_row_flags(row_flags_ptr, q, do, batch, head, rows, q_len, NUM_Q_HEADS: tl.constexpr):
+    """Stores the int8 flags of query rows `rows` (< q_len) of `head` that dK/dV reads
+    (`_query_row_flags`): bit 0 where q's row holds a NaN or an infinity, bit 1 dO's."""
+    flags = _nonfinite_rows(q).to(tl.int8) | (_nonfinite_rows(do).to(tl.int8) * 2)
+    offsets = (batch * q_len + rows) * NUM_Q_HEADS + head
+    tl.store(row_flags_ptr + offsets, flags, mask=rows < q_len)
+
+
+@triton.jit
 def block_sparse_dq_kernel(
     q_ptr,
     k_ptr,
@@ -111,6 +120,7 @@ def block_sparse_dq_kernel(
     window_right,
     prefix,
     dq_ptr,
+    row_flags_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -137,7 +147,10 @@ def block_sparse_dq_kernel(
     [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: as the forward's; k_clean_ptr,
     k_bad_ptr: k with its non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS]
     flags of them (partial tiles read k there; neither read with FIND_BAD_ROWS, as the
-    forward's v_clean_ptr); dq_ptr: as q.
+    forward's v_clean_ptr); dq_ptr: as q. row_flags_ptr: with FIND_BAD_ROWS, int8
+    [batch, q_len, NUM_Q_HEADS] written for the dK/dV kernel (`_store_row_flags`: bit 0
+    where q's row holds a NaN or an infinity, bit 1 where dO's does; this kernel loads
+    both rows anyway); without, not written (the bridge computes them).
     """
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
@@ -162,6 +175,10 @@ def block_sparse_dq_kernel(
     do_ptrs = _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     q = _load_rows(q_ptrs, row_ok, d_ok, True, EVEN_D)
     do = _load_rows(do_ptrs, row_ok, d_ok, True, EVEN_D)
+    # The rows' flags for dK/dV: free here on sm_90; on sm_80..89 this spills (8-32 B, as
+    # does computing them after the loop, from q and dO kept or loaded again).
+    if FIND_BAD_ROWS:
+        _store_row_flags(row_flags_ptr, q, do, batch, head, rows, q_len, NUM_Q_HEADS)
     stats = (batch * NUM_Q_HEADS + head) * q_len + rows
     lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, row_ok, True)
     kv_base = batch * kv_len * KV_STRIDE + kv_head * HEAD_DIM
@@ -264,25 +281,36 @@ def _dkdv_tile_step(
 
 
 @triton.jit
+def _query_row_flags(row_flags_ptr, batch, head, cols, q_len, NUM_Q_HEADS: tl.constexpr):
+    """(q_bad, do_bad) bool [len(cols)]: query rows `cols` of `head` whose q, or dO, holds
+    a NaN or an infinity, from the dQ kernel's int8 flags (bit 0: q, bit 1: dO); False
+    past q_len."""
+    offsets = (batch * q_len + cols) * NUM_Q_HEADS + head
+    flags = tl.load(row_flags_ptr + offsets, mask=cols < q_len, other=0)
+    return (flags & 1) != 0, (flags & 2) != 0
+
+
+@triton.jit
 def _dkdv_query_tile(q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_tile, q_len,
-                     offs_m, offs_d, d_ok, CHECK: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROWS_ALIGNED: tl.constexpr,
-                     EVEN_D: tl.constexpr):  # fmt: skip
-    """(query positions, q, dO, lse_log2, delta) of query tile `q_tile` of `head`."""
+                     q_ok, do_ok, offs_m, offs_d, d_ok, CHECK: tl.constexpr,
+                     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     ROWS_ALIGNED: tl.constexpr, EVEN_D: tl.constexpr):  # fmt: skip
+    """(query positions, q, dO, lse_log2, delta) of query tile `q_tile` of `head`. With
+    CHECK, rows outside q_ok (dO's: do_ok) load as 0, and the statistics of rows past
+    q_len as those of a row with nothing allowed."""
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     cols = q_tile * BLOCK_M + offs_m
-    col_ok = cols < q_len
     q_base = (batch * q_len + q_tile * BLOCK_M) * Q_STRIDE + head * HEAD_DIM
     q = _load_rows(
-        _tile_ptrs(q_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), col_ok, d_ok,
+        _tile_ptrs(q_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), q_ok, d_ok,
         CHECK, EVEN_D,
     )  # fmt: skip
     do = _load_rows(
-        _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), col_ok, d_ok,
+        _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), do_ok, d_ok,
         CHECK, EVEN_D,
     )  # fmt: skip
     stats = (batch * NUM_Q_HEADS + head) * q_len + cols
-    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, col_ok, CHECK)
+    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, cols < q_len, CHECK)
     return cols, q, do, lse2, delta
 
 
@@ -296,10 +324,7 @@ def block_sparse_dkdv_kernel(
     delta_ptr,
     alibi_slopes_ptr,
     hook_heads_ptr,
-    q_clean_ptr,
-    q_bad_ptr,
-    do_clean_ptr,
-    do_bad_ptr,
+    row_flags_ptr,
     items_ptr,
     head_group_ptr,
     counts_ptr,
@@ -343,10 +368,10 @@ def block_sparse_dkdv_kernel(
     Grid: (len(items), NUM_KV_HEADS, batch); items: int32 [n] key tiles, heaviest first,
     every key tile once. head_group_ptr: int32 [NUM_Q_HEADS], each query head's group;
     the lists (counts, tiles, codes) are per key tile: the query tiles that visit it.
-    q_clean_ptr, q_bad_ptr, do_clean_ptr, do_bad_ptr: q and dO with their non-finite rows
-    zeroed, and int8 [batch, q_len, NUM_Q_HEADS] flags of them (partial tiles read there;
-    finding them in the loaded tiles instead, as the forward and dQ do on sm_90, spills
-    here); alibi_slopes_ptr as the dQ kernel's.
+    row_flags_ptr: the query rows' non-finite flags (`_query_row_flags`, from the dQ
+    kernel or the bridge): partial tiles load those rows of q (dO) as zeros (finding
+    them in the loaded tiles instead, as the forward and dQ do on sm_90, spills here);
+    alibi_slopes_ptr as the dQ kernel's.
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
     """
     kv_tile = tl.load(items_ptr + tl.program_id(0))
@@ -382,7 +407,7 @@ def block_sparse_dkdv_kernel(
         for t in range(0, full):
             cols, q, do, lse2, delta = _dkdv_query_tile(
                 q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
-                tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, False,
+                tl.load(tiles_ptr + base + t), q_len, True, True, offs_m, offs_d, d_ok, False,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
             dk, dv = _dkdv_tile_step(
@@ -391,14 +416,17 @@ def block_sparse_dkdv_kernel(
                 HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
             )  # fmt: skip
         for t in range(full, total):
+            q_tile = tl.load(tiles_ptr + base + t)
+            rows = q_tile * BLOCK_M + offs_m
+            q_bad, do_bad = _query_row_flags(row_flags_ptr, batch, head, rows, q_len, NUM_Q_HEADS)
+            # Non-finite rows read as zeros: a masked (zero) weight never meets a NaN.
+            in_len = rows < q_len
             cols, q, do, lse2, delta = _dkdv_query_tile(
-                q_clean_ptr, do_clean_ptr, lse_log2_ptr, delta_ptr, batch, head,
-                tl.load(tiles_ptr + base + t), q_len, offs_m, offs_d, d_ok, True,
+                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_tile, q_len,
+                in_len & ~q_bad, in_len & ~do_bad, offs_m, offs_d, d_ok, True,
                 NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
             )  # fmt: skip
             code = tl.load(codes_ptr + base + t)
-            q_bad = _row_flags(q_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS)
-            do_bad = _row_flags(do_bad_ptr, batch, q_len, cols, head, NUM_Q_HEADS)
             if tl.max((q_bad | do_bad).to(tl.int32), 0) > 0:  # rare: see the forward
                 seen = _allowed(
                     cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,

@@ -34,7 +34,8 @@ never meets a NaN; the rows that may see such a row are made NaN instead
 evaluated again only when a flag is set): NaN or Inf in one document never reaches
 another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
 kernels find and zero those rows in the tiles they load instead (FIND_BAD_ROWS: no copy
-a call).
+a call). dK/dV never reads copies: its partial tiles load the flagged rows of q and dO
+as zeros, from flags the dQ kernel writes (sm_90) or XLA computes (sm_80..89).
 
 ALiBi (HAS_ALIBI): -slope[head] * |q position - kv position| added to every scaled,
 soft-capped score. Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head,

@@ -41,8 +41,10 @@ def finds_bad_rows_in_kernel(compute_capability: int | None) -> bool:
     rows (V, K) in the partial tiles they load (FIND_BAD_ROWS) instead of reading copies
     the bridge zeroed, each a reduce and a select over the operand a call (~65 us at
     16384 x 16 x 128 on an H100): on sm_90 and up, and in the interpreter (None). On
-    sm_80..89 the forward's select spills (216 B at d=64); dK/dV's (Q and dO) spills on
-    sm_90 too (76 B at d=128), so it always reads the copies."""
+    sm_80..89 the forward's select spills (216 B at d=64). Where it is on, the dQ kernel
+    also flags the non-finite rows of q and dO for dK/dV (XLA does elsewhere: there those
+    flags spill the dQ kernel), whose partial tiles load them as zeros: the select would
+    spill it (76 B at d=128 on sm_90)."""
     return compute_capability is None or compute_capability >= 90
 
 
@@ -136,7 +138,7 @@ def block_sparse_constexprs(
     constexprs |= dict(HAS_SOFT_CAP=soft_cap, HAS_ALIBI=alibi, SCORE_MOD=score_mod, **rule_flags)
     if kind != "forward":
         constexprs["SCORE_MOD_GRAD"] = score_mod_grad
-    if kind == "backward_dkdv":  # reads the bridge's copies of q and dO (see above)
+    if kind == "backward_dkdv":  # its flags come from dQ or XLA (see above)
         return constexprs
     constexprs |= dict(GROUP_WIDTH=group_width, FIND_BAD_ROWS=find_bad_rows)
     if kind == "forward":
