@@ -104,10 +104,11 @@ if [[ $steps == *" ncu "* ]]; then
     done
     # What limits our attention kernels (the backward most: Flex's takes 0.6-0.75 of its
     # time): occupancy, issue efficiency, stall reasons and memory traffic of the forward,
-    # dQ and dK/dV kernels of one 16 x 1024 fwd+bwd.
+    # dQ and dK/dV kernels of one 16 x 1024 fwd+bwd. --profile launches them in the order
+    # fwd (warm-up), fwd (timed), then fwd, dq, dkdv (fwd+bwd) and so on: skip two.
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 90 \
       ncu --clock-control none -k "regex:attention_(forward|backward_dq|backward_dkdv)_kernel" \
-      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --launch-skip 2 --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
       "$PY" -m bench gpu-check --profile "16x1024 causal" >"$logs/ncu_detail.txt" 2>&1
     note "ncu sections of the attention kernels (ncu_detail.txt): exit $?"
