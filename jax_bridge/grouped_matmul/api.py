@@ -89,6 +89,7 @@ def grouped_matmul(
       rhs: [num_groups, k, n], or [num_groups, n, k] with `transpose_rhs=True`.
       group_sizes: int32 [num_groups_total], rows per group; `sum <= m`. Rows past the
         sum belong to no group. Without `group_offset`, `num_groups_total == num_groups`.
+        Traced sizes are not checked: a negative one counts as 0, rows past m are cut.
       preferred_element_type: dtype of the result (None: the operands' dtype promoted to
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.

@@ -37,14 +37,11 @@ class GroupMetadata(NamedTuple):
       chunk_row_start: [num_slots], the first row of each tile slot: slot s computes rows
         `[chunk_row_start[s], min(chunk_row_start[s] + tm, group end))`.
       num_chunks: [1], how many leading slots are real chunks; the rest are surplus.
-      written_rows: [2], (lo, hi): the chunks write exactly rows [lo, hi) when every
-        local group's (clipped) end is at or after its start, as for valid sizes (the
-        groups then tile one interval); otherwise (traced negative sizes) (1, 0), lo >
-        hi: the rows written are the union of the non-empty groups, which may have gaps.
-        What a kernel that writes the other rows needs to know.
 
-    Invariants (for slots `s < num_chunks`; for valid sizes, non-negative and summing to at
-    most m: traced garbage gives garbage tiles, still inside the arrays):
+    Invariants (for slots `s < num_chunks`, whatever the sizes: traced ones are never
+    checked, and `local_group_bounds` counts a negative size as 0 and clips at m):
+      * the local groups tile the rows `[group_starts[0], group_ends[-1])`, one after
+        another, without gaps or overlaps;
       * `chunk_group` is non-decreasing and group g's slots start at its first row and
         step by `tm`: `cdiv(size_g, tm)` tiles, each row of a local group computed exactly
         once, by a tile of its own group; empty groups have no tiles;
@@ -58,7 +55,6 @@ class GroupMetadata(NamedTuple):
     chunk_group: jax.Array
     chunk_row_start: jax.Array
     num_chunks: jax.Array
-    written_rows: jax.Array
 
 
 def num_chunk_slots(m: int, block_m: int, num_groups: int) -> int:
@@ -87,10 +83,12 @@ def local_group_bounds(
       num_groups: number of local groups (static).
 
     Returns:
-      starts, ends: int32 [num_groups], non-decreasing, clipped to `[0, m]` so that a
-      traced `sum(group_sizes) > m` can never address rows past `m`.
+      starts, ends: int32 [num_groups], non-decreasing, with `starts[i + 1] = ends[i]`:
+      a traced negative size counts as 0 (such a group is empty and overlaps none), and
+      bounds are clipped to `[0, m]`, so that a traced `sum(group_sizes) > m` can never
+      address rows past `m`.
     """
-    sizes = group_sizes.astype(jnp.int32)
+    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
     ends = jnp.cumsum(sizes)
     starts = ends - sizes
     offset = jnp.asarray(group_offset, jnp.int32).reshape(())
@@ -142,19 +140,12 @@ def make_group_metadata(
     chunk_row_start = starts[chunk_group] + (slots - slot_starts[chunk_group]) * block_m
     chunk_row_start = jnp.clip(chunk_row_start, 0, max(m - 1, 0))
 
-    # Group i + 1 starts where group i ends (before clipping, and clipping keeps it), so
-    # groups that never end before they start tile [starts[0], ends[-1]) without gaps.
-    one_interval = jnp.all(ends >= starts)
-    written_rows = jnp.where(
-        one_interval, jnp.stack([starts[0], ends[-1]]), jnp.asarray([1, 0], jnp.int32)
-    )
     return GroupMetadata(
         group_starts=starts,
         group_ends=ends,
         chunk_group=chunk_group,
         chunk_row_start=chunk_row_start.astype(jnp.int32),
         num_chunks=slot_ends[-1:].astype(jnp.int32),
-        written_rows=written_rows.astype(jnp.int32),
     )
 
 

@@ -25,8 +25,9 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 def _local_group_of_rows(
     group_sizes: jax.Array, m: int, group_offset: Any, num_groups: int
 ) -> tuple[jax.Array, jax.Array]:
-    """(local group index [m] clipped into range, whether the row is in a local group [m])."""
-    sizes = jnp.asarray(group_sizes, jnp.int32)
+    """(local group index [m] clipped into range, whether the row is in a local group [m]).
+    A traced negative size counts as 0, as in every backend (`local_group_bounds`)."""
+    sizes = jnp.maximum(jnp.asarray(group_sizes, jnp.int32), 0)
     ends = jnp.cumsum(sizes)
     rows = jnp.arange(m, dtype=jnp.int32)
     # A row's group is the number of groups that end at or before it.

@@ -453,6 +453,34 @@ def test_gmm_under_jit_with_traced_sizes_and_offset(implementation):
 
 
 @every_implementation
+def test_traced_negative_sizes_count_as_zero(implementation):
+    """Traced sizes are never checked: a negative size counts as 0 on every backend and in
+    the reference (the groups then tile one range, never overlapping), and rows past m
+    are cut. Counted as they come, [48, -48, 64] would overlap and need more tiles than
+    the launch has; [5, 2, -6, 2, 9] from group 1 would leave gaps."""
+    rng = np.random.default_rng(12)
+    m, k, n = 64, 16, 16
+
+    @jax.jit
+    def f(lhs, rhs, sizes, offset):
+        return grouped_matmul(
+            lhs, rhs, sizes, tiling=(16, 16, 16), group_offset=offset,
+            implementation=implementation,
+        )  # fmt: skip
+
+    for sizes, offset in (([48, -48, 64], 0), ([5, 2, -6, 2, 9], 1)):
+        lhs, rhs = normal(rng, (m, k)), normal(rng, (3, k, n))
+        traced = jnp.asarray(sizes, jnp.int32)
+        out = f(lhs, rhs, traced, jnp.int32(offset))
+        reference = grouped_matmul_reference(
+            lhs, rhs, traced, group_offset=offset, preferred_element_type=out.dtype
+        )
+        float64 = gmm_float64(lhs, rhs, np.maximum(sizes, 0), offset=offset)
+        assert_close(out, reference, name="vs grouped_matmul_reference", oracle=float64)
+        assert_close(out, float64, name="vs the float64 loop")
+
+
+@every_implementation
 def test_expert_parallel_shard_map_sums_to_the_full_product(implementation):
     """Each device holds 2 of 8 experts; summing the devices' outputs is the full gmm."""
     rng = np.random.default_rng(10)

@@ -5,7 +5,7 @@
   bounds clip to m when traced sizes overflow.
 * The gmm kernel launched bare (outputs start NaN) writes every row once: the rows of
   its local groups, each to the float64 loop's value, and zeros elsewhere (valid group
-  sizes, and traced negative ones whose groups leave gaps); the metadata's `written_rows`.
+  sizes, and traced negative ones, which count as 0).
 * Launch configurations: `GroupedMatmulConfig` validation (messages name
   `GroupedMatmulConfig.field`), the defaults and tiling overrides of `gmm_config` /
   `tgmm_config`, pipeline stages that fit shared memory, and `config=` through the
@@ -180,13 +180,15 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
 # --- the kernel writes exactly its rows --------------------------------------------------
 
 
-# (group sizes, offset, local groups): rows of the local groups, each computed once.
+# (group sizes, offset, local groups, rows of the local groups): each computed once.
 _WRITE_CASES = {
-    # groups 1..4: rows [3, 41) of 75; rows of group 0, groups 5..6 and past them are zero
-    "other-experts-and-tail": ([3, 20, 1, 0, 17, 6, 2], 1, 4),
-    # traced garbage (never checked under jit): a negative size walks back, so the local
-    # groups 1..3 hold rows [5, 7), none, [1, 3): gaps between and around them
-    "negative-size-gaps": ([5, 2, -6, 2, 9], 1, 3),
+    # groups 1..4: rows of group 0, groups 5..6 and past them are zero
+    "other-experts-and-tail": ([3, 20, 1, 0, 17, 6, 2], 1, 4, (3, 41)),
+    # traced garbage (never checked under jit): a negative size counts as 0, so the local
+    # groups 1..3 are [5, 7), [7, 7), [7, 9) and overlap nowhere (counted as they come,
+    # [5, 7), [7, 1) and [1, 3) would leave gaps, and [48, -48, 64] more tiles than slots)
+    "negative-size": ([5, 2, -6, 2, 9], 1, 3, (5, 9)),
+    "negative-size-overlap": ([48, -48, 64], 0, 3, (0, 75)),
 }
 
 
@@ -200,13 +202,10 @@ def test_gmm_kernel_writes_every_row_once(tma, case):
     and must reach no row of a local group. k = 24 also leaves a partial k tile."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
-    group_sizes, offset, local = _WRITE_CASES[case]
+    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
     sizes = jnp.asarray(group_sizes, jnp.int32)
     lhs, rhs = normal(rng, (m, k)), normal(rng, (local, k, n))
-    starts, ends = bounds(group_sizes)
-    local_rows = np.zeros(m, bool)
-    for g in range(offset, offset + local):
-        local_rows[starts[g] : max(ends[g], starts[g])] = True
+    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
     poisoned = np.where(local_rows[:, None], np.asarray(lhs), np.nan)
     poisoned[::7][~local_rows[::7]] = np.inf
     lhs = jnp.asarray(poisoned)
@@ -235,30 +234,8 @@ def test_gmm_kernel_writes_every_row_once(tma, case):
     )
     out = np.asarray(out)
     assert (out[~local_rows] == 0).all()
-    expected = gmm_float64(lhs, rhs, sizes, offset=offset)
+    expected = gmm_float64(lhs, rhs, np.maximum(group_sizes, 0), offset=offset)
     assert_close(out[local_rows], expected[local_rows])
-
-
-@pytest.mark.parametrize("case", _WRITE_CASES)
-def test_metadata_says_which_rows_the_tiles_write(case):
-    """`written_rows` is (lo, hi) exactly when the tiles write the rows [lo, hi), and
-    (1, 0) when they do not form one interval (the kernel then checks every group)."""
-    group_sizes, offset, local = _WRITE_CASES[case]
-    m, block = 75, 16
-    sizes = jnp.asarray(group_sizes, jnp.int32)
-    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
-    written = np.zeros(m, bool)
-    for s in range(int(meta.num_chunks[0])):
-        group = int(meta.chunk_group[s])
-        lo = int(meta.chunk_row_start[s])
-        written[lo : min(lo + block, int(meta.group_ends[group]))] = True
-    (rows,) = np.nonzero(written)
-    one_interval = rows.size == 0 or rows.size == rows[-1] - rows[0] + 1
-    lo, hi = (int(x) for x in meta.written_rows)
-    if lo <= hi:
-        assert one_interval and np.array_equal(rows, np.arange(lo, hi))
-    else:
-        assert (lo, hi) == (1, 0) and not one_interval
 
 
 @pytest.mark.parametrize(

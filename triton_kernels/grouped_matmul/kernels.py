@@ -86,24 +86,16 @@ def _gmm_tiles_by_pointer(
 
 @triton.jit
 def _zero_unwritten_rows(
-    out_ptr, group_start_ptr, group_end_ptr, written_rows_ptr, num_groups, row_tile, col_tile,
+    out_ptr, group_start_ptr, group_end_ptr, num_groups, row_tile, col_tile,
     M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Zeroes, in column tile `col_tile`, the rows of row tile `row_tile` that no tile of
-    the list writes: outside [lo, hi) = written_rows when lo <= hi (valid group sizes),
-    else outside every non-empty group (traced garbage). No row is written twice."""
+    the list writes: those outside [group_start[0], group_end[num_groups - 1]), which the
+    local groups tile without gaps (`local_group_bounds`). No row is written twice."""
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    lo = tl.load(written_rows_ptr)
-    hi = tl.load(written_rows_ptr + 1)
-    if lo <= hi:
-        unwritten = (rows < lo) | (rows >= hi)
-    else:
-        unwritten = rows >= 0
-        for g in range(0, num_groups):
-            start = tl.load(group_start_ptr + g)
-            end = tl.load(group_end_ptr + g)
-            unwritten &= (rows < start) | (rows >= end)
-    unwritten &= rows < M
+    lo = tl.load(group_start_ptr)
+    hi = tl.load(group_end_ptr + num_groups - 1)
+    unwritten = ((rows < lo) | (rows >= hi)) & (rows < M)
     if tl.max(unwritten.to(tl.int32), 0) > 0:  # only where the groups leave rows out
         cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -121,7 +113,6 @@ def gmm_kernel(
     chunk_group_ptr,
     chunk_row_start_ptr,
     num_chunks_ptr,
-    written_rows_ptr,
     num_groups,
     out_ptr,
     M: tl.constexpr,
@@ -142,8 +133,7 @@ def gmm_kernel(
     group_start, group_end: int32 [G], rows of each group, clipped to [0, M]; num_groups:
     G. chunk_group, chunk_row_start: int32 [num_slots], the tile list (`GroupMetadata`:
     the slot's group, and its first row; a tile never spans two groups); num_chunks:
-    int32 [1], how many of its entries are real; written_rows: int32 [2], the rows the
-    list writes (`GroupMetadata.written_rows`). Surplus slots compute nothing.
+    int32 [1], how many of its entries are real. Surplus slots compute nothing.
     ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting;
     out aliases init, so rows no tile writes keep init's values. Otherwise program
     (slot s, column tile c) also zeroes the rows of row tile s (rows [s * BLOCK_M, (s +
@@ -162,8 +152,8 @@ def gmm_kernel(
     if not ACCUMULATE:
         if slot < ROW_TILES:
             _zero_unwritten_rows(
-                out_ptr, group_start_ptr, group_end_ptr, written_rows_ptr, num_groups, slot,
-                pid_n, M, N, BLOCK_M, BLOCK_N,
+                out_ptr, group_start_ptr, group_end_ptr, num_groups, slot, pid_n,
+                M, N, BLOCK_M, BLOCK_N,
             )  # fmt: skip
     if slot >= tl.load(num_chunks_ptr):
         return

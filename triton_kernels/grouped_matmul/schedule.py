@@ -15,17 +15,17 @@ def _local_groups(group_sizes_ptr, group_offset_ptr, groups,
                   G_TOTAL: tl.constexpr, GROUPS: tl.constexpr, TOTAL_SLOTS: tl.constexpr,
                   M: tl.constexpr):  # fmt: skip
     """(starts, ends) [GROUP_SLOTS] of the local groups `groups` (lanes >= GROUPS: 0, 0):
-    their rows, clipped to [0, M]. The offset is taken as `jax.lax.dynamic_slice` takes
-    a start: a negative one counts from the end, then it is clamped to
-    [0, G_TOTAL - GROUPS]."""
+    their rows, a negative size counted as 0, clipped to [0, M]
+    (`local_group_bounds`). The offset is taken as `jax.lax.dynamic_slice` takes a start:
+    a negative one counts from the end, then it is clamped to [0, G_TOTAL - GROUPS]."""
     offset = tl.load(group_offset_ptr)
     offset = tl.where(offset < 0, offset + G_TOTAL, offset)
     offset = tl.minimum(tl.maximum(offset, 0), G_TOTAL - GROUPS)
     every = tl.arange(0, TOTAL_SLOTS)
-    sizes = tl.load(group_sizes_ptr + every, mask=every < G_TOTAL, other=0)
+    sizes = tl.maximum(tl.load(group_sizes_ptr + every, mask=every < G_TOTAL, other=0), 0)
     before = tl.sum(tl.where(every < offset, sizes, 0), 0)
     local = groups < GROUPS
-    own = tl.load(group_sizes_ptr + offset + groups, mask=local, other=0)
+    own = tl.maximum(tl.load(group_sizes_ptr + offset + groups, mask=local, other=0), 0)
     ends = before + tl.cumsum(own, 0)
     starts = ends - own
     starts = tl.where(local, tl.minimum(tl.maximum(starts, 0), M), 0)
@@ -42,7 +42,6 @@ def gmm_schedule_kernel(
     chunk_group_ptr,
     chunk_row_start_ptr,
     num_chunks_ptr,
-    written_rows_ptr,
     M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     G_TOTAL: tl.constexpr,
@@ -62,8 +61,7 @@ def gmm_schedule_kernel(
       group_starts_ptr, group_ends_ptr: int32 [GROUPS]: each local group's rows.
       chunk_group_ptr, chunk_row_start_ptr: int32 [NUM_SLOTS]: the list (slot s: rows
         [chunk_row_start, min(chunk_row_start + BLOCK_M, end)) of local group chunk_group);
-        num_chunks_ptr: int32 [1], its real slots. written_rows_ptr: int32 [2], the rows
-        the list writes: (lo, hi) when they are [lo, hi), else (1, 0) (`GroupMetadata`).
+        num_chunks_ptr: int32 [1], its real slots.
       TOTAL_SLOTS, GROUP_SLOTS: powers of two >= G_TOTAL and >= GROUPS.
     """
     groups = tl.arange(0, GROUP_SLOTS)
@@ -89,9 +87,3 @@ def gmm_schedule_kernel(
         tl.store(group_starts_ptr + groups, starts, mask=groups < GROUPS)
         tl.store(group_ends_ptr + groups, ends, mask=groups < GROUPS)
         tl.store(num_chunks_ptr, tl.sum(tiles, 0))
-        # Lanes past GROUPS hold (0, 0): they never break the order.
-        one_interval = tl.min((ends >= starts).to(tl.int32), 0) == 1
-        lo = tl.sum(tl.where(groups == 0, starts, 0), 0)
-        hi = tl.sum(tl.where(groups == GROUPS - 1, ends, 0), 0)
-        tl.store(written_rows_ptr, tl.where(one_interval, lo, 1))
-        tl.store(written_rows_ptr + 1, tl.where(one_interval, hi, 0))
