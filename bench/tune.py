@@ -62,13 +62,19 @@ def _kernel_report(variant: Any, compute_capability: int) -> Any:
 
 
 def attention_report_fn(
-    kind: str, head_dim: int, dtype: str, compute_capability: int, features: Any
+    kind: str,
+    head_dim: int,
+    dtype: str,
+    compute_capability: int,
+    features: Any,
+    descriptors: bool = False,
 ) -> Callable[[Any], Any]:
-    """params -> the static report of attention kernel `kind` at those params."""
+    """params -> the static report of attention kernel `kind` at those params (over the
+    defaults a launch with `descriptors` takes, as `tune_attention` times them)."""
     from jax_bridge.tuning import default_attention_configs
     from triton_kernels.catalog import attention_variant
 
-    defaults = default_attention_configs(head_dim, dtype, compute_capability, features)
+    defaults = default_attention_configs(head_dim, dtype, compute_capability, features, descriptors)
     to_config = {
         "forward": lambda p: p.to_attention_config(defaults.forward),
         "backward_dkdv": lambda p: p.to_dkdv_config(defaults.backward_dkdv),
@@ -104,6 +110,17 @@ def grouped_matmul_report_fn(dtype: str, compute_capability: int) -> Callable[[A
     return reports
 
 
+def _descriptors(cc: int | None) -> bool:
+    """Whether launches here take tensor descriptors (TMA): on a GPU, what jaxlib allows;
+    in a dry run (no GPU), what an sm_90 machine with a recent jaxlib would."""
+    from jax_bridge.launch.target import tensor_descriptors_available
+    from jax_bridge.tuning import get_device_platform
+
+    if get_device_platform() == "gpu":
+        return tensor_descriptors_available()
+    return (cc or 0) >= 90
+
+
 def _candidates_and_reports(op: str, args: argparse.Namespace, cc: int) -> list[tuple]:
     """[(name, candidates, report_fn)] of `op`: one per kernel kind for attention."""
     from jax_bridge.tuning import attention_candidates, grouped_matmul_candidates
@@ -112,7 +129,7 @@ def _candidates_and_reports(op: str, args: argparse.Namespace, cc: int) -> list[
     if op == "grouped_matmul":
         candidates = grouped_matmul_candidates(GMM_PROBLEM, dtype=args.dtype, compute_capability=cc)
         return [("grouped_matmul.fwd_bwd", candidates, grouped_matmul_report_fn(args.dtype, cc))]
-    features = AttentionFeatures(causal=True)
+    features, descriptors = AttentionFeatures(causal=True), _descriptors(cc)
     return [
         (
             f"varlen_attention.{kind}",
@@ -122,8 +139,9 @@ def _candidates_and_reports(op: str, args: argparse.Namespace, cc: int) -> list[
                 dtype=args.dtype,
                 compute_capability=cc,
                 features=features,
+                descriptors=descriptors,
             ),
-            attention_report_fn(kind, args.head_dim, args.dtype, cc, features),
+            attention_report_fn(kind, args.head_dim, args.dtype, cc, features, descriptors),
         )
         for kind in KINDS
     ]

@@ -366,7 +366,7 @@ def tune_attention(
     head_dim, dtype = q.shape[2], q.dtype
     capability = device_compute_capability()
     features = AttentionFeatures(causal=bool(causal))
-    # The defaults untuned calls run (dK/dV may take TMA); candidates inherit their `tma`.
+    # The defaults untuned calls run (dK/dV may take TMA); candidates set their own `tma`.
     descriptors = tensor_descriptors_available()
     defaults = default_attention_configs(head_dim, dtype, capability, features, descriptors)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k)

@@ -258,8 +258,12 @@ def attention_candidates(
     `BwdParams` that set only that kernel's fields (the other one keeps its default).
     A grid of tiles, each with `select_num_warps` warps and two stage counts, the larger
     one from `select_num_stages` for the tiles a loop step streams (two
-    `[rows, head_dim]` operands per stage) on `compute_capability`. The default is
-    the kernels' table entry for `features` and `descriptors` (`default_attention_config`).
+    `[rows, head_dim]` operands per stage) on `compute_capability`, by pointers; for
+    dK/dV with `descriptors` on sm_90 and up (head_dim a power of two), its 128-key
+    tiles of 32 and 64 queries also through tensor descriptors (its default there is one
+    of them; the forward and dQ ran slower with them on an H100, and are not searched:
+    each candidate is a compile on the device). The default is the kernels' table entry
+    for `features` and `descriptors` (`default_attention_config`).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -276,23 +280,41 @@ def attention_candidates(
         head_dim, name, compute_capability, kind, features=attention_features(features),
         descriptors=descriptors,
     )  # fmt: skip
-    configs = [(default.block_m, default.block_n, default.num_warps, default.num_stages)]
+    configs = [
+        (default.block_m, default.block_n, default.num_warps, default.num_stages, default.tma)
+    ]
+    # Descriptors carry whole rows: a head_dim that is a power of two (`block_d`'s).
+    search_tma = (
+        descriptors
+        and kind == "backward_dkdv"
+        and (compute_capability or 0) >= 90
+        and block_d(head_dim) == head_dim
+    )
     for rows in stationary:
         for step in streamed:
             q, kv = (step, rows) if kind == "backward_dkdv" else (rows, step)
             stage_bytes = 2 * step * block_d(head_dim) * itemsize
             most = select_num_stages(stage_bytes, shared_memory_limit=limit, max_stages=3)
             warps = select_num_warps(q, kv, head_dim, name)
-            configs += [(q, kv, warps, stages) for stages in sorted({max(1, most - 1), most})]
+            twins = (False, True) if search_tma and kv == 128 and q >= 32 else (False,)
+            for stages in sorted({max(1, most - 1), most}):
+                configs += [(q, kv, warps, stages, tma) for tma in twins]
     return [_attention_params(kind, *config) for config in _unique(configs)]
 
 
-def _attention_params(kind: str, q: int, kv: int, warps: int, stages: int):
+def _attention_params(kind: str, q: int, kv: int, warps: int, stages: int, tma: bool):
     if kind == "forward":
-        return FwdParams(q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages)
+        return FwdParams(
+            q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages, tma=tma
+        )
     if kind == "backward_dkdv":
-        return BwdParams(q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages)
-    return BwdParams(dq_q_blocksize=q, dq_kv_blocksize=kv, dq_num_warps=warps, dq_num_stages=stages)
+        return BwdParams(
+            q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages, tma=tma
+        )
+    return BwdParams(
+        dq_q_blocksize=q, dq_kv_blocksize=kv, dq_num_warps=warps, dq_num_stages=stages,
+        dq_tma=tma,
+    )  # fmt: skip
 
 
 def grouped_matmul_candidates(

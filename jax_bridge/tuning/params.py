@@ -1,7 +1,8 @@
 """Tunable launch parameters: `FwdParams` and `BwdParams`.
 
-A params object is a frozen (hashable) dataclass whose fields are all `int | None`:
-None means "the op's default decides", so a params object is a *partial* launch
+A params object is a frozen (hashable) dataclass whose fields are all `int | None` but
+the `tma` ones, `bool | None` (the kernel's tiles through tensor descriptors): None means
+"the op's default decides", so a params object is a *partial* launch
 configuration that can be merged with another (`merge`: the override's set fields win)
 and stored as a small JSON dict (`to_dict` / `from_dict`). The conversions at the bottom
 turn params into the kernels' own, complete configs (`AttentionKernelConfig`,
@@ -32,6 +33,10 @@ def _check_field(kind: str, name: str, value: Any) -> None:
     if value is None:
         return
     where = f"{kind}.{name}"
+    if name.endswith("tma"):
+        if not isinstance(value, bool):
+            raise TypeError(f"{where} must be a bool or None, got {value!r}.")
+        return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{where} must be an int or None, got {value!r}.")
     if "blocksize" in name:
@@ -65,7 +70,7 @@ class _Params:
             )
         return dataclasses.replace(self, **override.to_dict())
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | bool]:
         """The set (non-None) fields by name, e.g. {"q_blocksize": 128, "num_warps": 8}."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {name: value for name, value in values.items() if value is not None}
@@ -79,7 +84,7 @@ class _Params:
             raise ValueError(f"{cls.__name__} has no field(s) {unknown}; it has {sorted(known)}.")
         return cls(**values)
 
-    def _pick(self, field: str, default: int) -> int:
+    def _pick(self, field: str, default: int | bool) -> int | bool:
         value = getattr(self, field)
         return default if value is None else value
 
@@ -101,6 +106,8 @@ class FwdParams(_Params):
       blocksize_m, blocksize_k, blocksize_n: grouped matmul's tile (`block_m`, `block_k`,
         `block_n` of `GroupedMatmulConfig`).
       num_warps, num_stages: the launch's warps and software-pipeline stages.
+      tma: the kernel's streamed tiles through tensor descriptors (Hopper's bulk tensor
+        copies; see `AttentionKernelConfig.tma`, `GroupedMatmulConfig.tma`).
     """
 
     q_blocksize: int | None = None
@@ -110,6 +117,7 @@ class FwdParams(_Params):
     blocksize_n: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    tma: bool | None = None
 
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
@@ -119,6 +127,7 @@ class FwdParams(_Params):
             kv_blocksize=config.block_n,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            tma=config.tma,
         )
 
     @classmethod
@@ -130,6 +139,7 @@ class FwdParams(_Params):
             blocksize_n=config.block_n,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            tma=config.tma,
         )
 
     def to_attention_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
@@ -140,7 +150,7 @@ class FwdParams(_Params):
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
-            tma=default.tma,
+            tma=self._pick("tma", default.tma),
         )
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
@@ -152,7 +162,7 @@ class FwdParams(_Params):
             block_n=self._pick("blocksize_n", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
-            tma=default.tma,
+            tma=self._pick("tma", default.tma),
         )
 
 
@@ -166,6 +176,7 @@ class BwdParams(_Params):
         `q_blocksize` rows (its `block_m`, `block_n`).
       dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
         keeps a query tile stationary and streams key tiles (the forward's structure).
+      tma, dq_tma: the dK/dV (dQ) kernel's streamed tiles through tensor descriptors.
     """
 
     q_blocksize: int | None = None
@@ -176,6 +187,8 @@ class BwdParams(_Params):
     dq_kv_blocksize: int | None = None
     dq_num_warps: int | None = None
     dq_num_stages: int | None = None
+    tma: bool | None = None
+    dq_tma: bool | None = None
 
     @classmethod
     def from_fwd_params(cls, fwd: FwdParams) -> BwdParams:
@@ -198,6 +211,8 @@ class BwdParams(_Params):
             dq_kv_blocksize=fwd.kv_blocksize,
             dq_num_warps=fwd.num_warps,
             dq_num_stages=fwd.num_stages,
+            tma=fwd.tma,
+            dq_tma=fwd.tma,
         )
 
     @classmethod
@@ -214,16 +229,18 @@ class BwdParams(_Params):
             dq_kv_blocksize=dq.block_n,
             dq_num_warps=dq.num_warps,
             dq_num_stages=dq.num_stages,
+            tma=dkdv.tma,
+            dq_tma=dq.tma,
         )
 
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
-        """The dK/dV kernel's config: the set fields, the rest (`tma` too) from `default`."""
+        """The dK/dV kernel's config: the set fields, the rest from `default`."""
         return AttentionKernelConfig(
             block_m=self._pick("q_blocksize", default.block_m),
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
-            tma=default.tma,
+            tma=self._pick("tma", default.tma),
         )
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
@@ -233,7 +250,7 @@ class BwdParams(_Params):
             block_n=self._pick("dq_kv_blocksize", default.block_n),
             num_warps=self._pick("dq_num_warps", default.num_warps),
             num_stages=self._pick("dq_num_stages", default.num_stages),
-            tma=default.tma,
+            tma=self._pick("dq_tma", default.tma),
         )
 
 

@@ -110,6 +110,7 @@ def test_attention_defaults_are_the_tables_for_every_head_dim_dtype_and_gpu():
                     "kv_blocksize",
                     "num_warps",
                     "num_stages",
+                    "tma",
                 }
                 assert set(bwd.to_dict()) == {f.name for f in dataclasses.fields(BwdParams)}
                 table = default_attention_configs(head_dim, dtype, capability)
@@ -192,10 +193,12 @@ def test_default_params_refuses_unknown_ops_features_and_missing_sizes():
 
 
 _FIELDS = {
-    "forward": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages"},
-    "backward_dkdv": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages"},
-    "backward_dq": {"dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages"},
-}
+    "forward": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma"},
+    "backward_dkdv": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma"},
+    "backward_dq": {
+        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
+    },
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -217,6 +220,34 @@ def test_attention_candidates(kind, dtype, capability):
             streamed = config.block_m if kind == "backward_dkdv" else config.block_n
             stage = 2 * streamed * block_d(head_dim) * jnp.dtype(dtype).itemsize
             assert config.num_stages == 1 or config.num_stages * stage <= limit, config
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
+    """With descriptors on sm_90 (bf16, d=128) dK/dV's 128-key tiles of 32 and 64 queries
+    are searched by pointers and through descriptors, its default (64x128 with TMA)
+    first; the forward and dQ only by pointers (slower with TMA on an H100). Without
+    descriptors: by pointers only."""
+    candidates = attention_candidates(
+        kind, head_dim=128, dtype="bfloat16", compute_capability=90,
+        features=("causal",), descriptors=True,
+    )  # fmt: skip
+    default = default_attention_config(
+        128, "bfloat16", 90, kind, features=attention_features(("causal",)), descriptors=True
+    )
+    configs = [_to_config(kind, c, default) for c in candidates]
+    assert configs[0] == default
+    with_tma = {(c.block_m, c.block_n, c.num_stages) for c in configs if c.tma}
+    by_pointers = {(c.block_m, c.block_n, c.num_stages) for c in configs if not c.tma}
+    if kind == "backward_dkdv":
+        twins = {t for t in by_pointers if t[1] == 128 and t[0] >= 32}
+        assert default.tma and with_tma == twins and (64, 128, 2) in with_tma
+    else:
+        assert not with_tma and by_pointers
+    plain = attention_candidates(
+        kind, head_dim=128, dtype="bfloat16", compute_capability=90, features=("causal",)
+    )
+    assert not any(_to_config(kind, c, default).tma for c in plain)
 
 
 def _to_config(kind, params, default):

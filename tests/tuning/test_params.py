@@ -14,6 +14,7 @@ from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 BLOCKS = st.sampled_from([None, 16, 32, 64, 128, 256])
 WARPS = st.sampled_from([None, 1, 2, 4, 8, 16])
 STAGES = st.one_of(st.none(), st.integers(1, 6))
+TMA = st.sampled_from([None, False, True])
 
 
 def _params(cls):
@@ -23,6 +24,8 @@ def _params(cls):
             fields[field.name] = BLOCKS
         elif field.name.endswith("num_warps"):
             fields[field.name] = WARPS
+        elif field.name.endswith("tma"):
+            fields[field.name] = TMA
         else:
             fields[field.name] = STAGES
     return st.builds(cls, **fields)
@@ -61,6 +64,7 @@ def test_repr_shows_only_set_fields():
         ("num_warps", 32, ValueError, "num_warps must be one of"),
         ("num_stages", 0, ValueError, "num_stages must be an int >= 1"),
         ("num_stages", "2", TypeError, "num_stages must be an int or None"),
+        ("tma", 1, TypeError, "tma must be a bool or None"),
     ],
 )
 def test_invalid_fields_name_class_and_field(cls, field, value, error, text):
