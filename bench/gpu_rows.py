@@ -543,17 +543,15 @@ def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
 
 
 def _three_stage_tiles(spec: MaskSpec) -> Impl:
-    """An A/B of pipeline depth: ours at FlexAttention's H100 tiles for head_dim 128
-    (PyTorch's defaults: forward and dQ 128x64, dK/dV 64x128, 8 warps, three stages; ours
-    default to two stages and, light and causal, a 128x128 forward and dK/dV by TMA),
-    dK/dV by pointers (spill-free under Triton 3.6, the device's; 264 B under 3.9). Flex's
-    backward took 0.6-0.75 of ours on 2026-11-27; its tiles differ from our defaults mostly
-    by the stages, and the static report cannot price a pipeline's depth."""
+    """An A/B of pipeline depth: the forward and dQ at FlexAttention's H100 tiles for
+    head_dim 128 (PyTorch's defaults: 128x64, 8 warps, three stages; ours default to two
+    stages and, light and causal, a 128x128 forward). dK/dV keeps its default: Flex's
+    64x128 at three stages spills 136-236 B under Triton 3.6 and 3.9 since dK/dV keeps its
+    wgmma in flight. The static report cannot price a pipeline's depth."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     flex = AttentionConfigs(
         forward=AttentionKernelConfig(128, 64, 8, 3),
-        backward_dkdv=AttentionKernelConfig(64, 128, 8, 3),
         backward_dq=AttentionKernelConfig(128, 64, 8, 3),
     )
     return varlen_impl(spec, flex, "three stages")

@@ -10,9 +10,12 @@ warp-instructions of the innermost unmasked tensor-core loop per MFLOP of its te
 work (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
 kernels of different tile shapes fairly, and it moves with every change to a kernel.
 
-Flags: SPILL (any spill), SMEM (over the CTA's shared-memory limit), NO-HGMMA (an sm_90
-kernel without warpgroup MMA), and OVER-TARGET (an sm_90 attention kernel at head_dim
-128 above `TARGET_PER_MFLOP`). The exit status is 1 when any line is flagged.
+Flags: SPILL (a spill inside that loop, where every iteration pays it, or more than
+`SPILL_OUTSIDE_LOOP_BYTES` elsewhere), SERIAL (ptxas serialized the warpgroup MMAs: each
+waits for the one before, which no instruction count shows), SMEM (over the CTA's
+shared-memory limit), NO-HGMMA (an sm_90 kernel without warpgroup MMA), and OVER-TARGET
+(an sm_90 attention kernel at head_dim 128 above `TARGET_PER_MFLOP`). The exit status is
+1 when any line is flagged.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+SPILL_OUTSIDE_LOOP_BYTES = 64
+"""Spill bytes per thread tolerated outside the innermost tensor-core loop (a program
+pays them once, not every iteration)."""
 
 TARGET_PER_MFLOP = 550
 """Issue target: forward, dQ and dK/dV each at most this many warp-instructions per MFLOP
@@ -38,8 +45,11 @@ _COLUMNS = (
 
 def _flags(report: Any, name: str, head_dim: int | None) -> list[str]:
     flags = []
-    if report.spills:
+    spilled = max(report.spill_store_bytes, report.spill_load_bytes)
+    if report.loop_spills or spilled > SPILL_OUTSIDE_LOOP_BYTES:
         flags.append("SPILL")
+    if report.serialized_wgmma:
+        flags.append("SERIAL")
     if report.exceeds_shared_memory:
         flags.append("SMEM")
     # Warpgroup MMA exists on sm_90 only (Blackwell has tcgen05, sm_120 mma.sync).

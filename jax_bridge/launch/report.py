@@ -50,12 +50,14 @@ class InnerLoop:
       instructions: instructions per iteration, per warp (every warp runs the loop body).
       mma_flops: tensor-core FLOPs one iteration does for the whole CTA, from the shapes of
         its HGMMA (per warpgroup: 2*M*N*K) and HMMA (per warp: 2*M*N*K) instructions.
+      spill_instructions: local-memory loads and stores (LDL, STL: spills) in the body.
     """
 
     start: int
     end: int
     instructions: int
     mma_flops: int
+    spill_instructions: int = 0
 
     def instructions_per_mflop(self, num_warps: int) -> float:
         """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
@@ -104,7 +106,8 @@ def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
         ops = [op for address, op, _ in body if lo <= address <= hi]
         flops = sum(_mma_flops(op, num_warps) for op in ops)
         if flops:
-            found.append(InnerLoop(lo, hi, len(ops), flops))
+            spilling = sum(op.split(".")[0] in ("LDL", "STL") for op in ops)
+            found.append(InnerLoop(lo, hi, len(ops), flops, spilling))
     inner = [
         loop
         for loop in found
@@ -151,6 +154,10 @@ class KernelReport:
       sass_opcodes: how often each SASS opcode (without modifiers) appears.
       inner_loop: the innermost tensor-core loop (None without one), for the throughput
         proxy `instructions_per_mflop`.
+      serialized_wgmma: ptxas serialized the kernel's warpgroup MMAs (its C7515 notice:
+        each waits for the one before, no overlap with other work). The instruction
+        counts cannot see it; on an H100 the dK/dV kernel it hit ran at two thirds of the
+        dQ kernel's tensor throughput.
     """
 
     kernel: str
@@ -166,10 +173,17 @@ class KernelReport:
     uses_mma: bool
     sass_opcodes: Mapping[str, int]
     inner_loop: InnerLoop | None = None
+    serialized_wgmma: bool = False
 
     @property
     def spills(self) -> bool:
         return self.spill_store_bytes + self.spill_load_bytes > 0
+
+    @property
+    def loop_spills(self) -> bool:
+        """Spill loads or stores inside the innermost tensor-core loop (every iteration
+        pays them; a spill elsewhere costs a program a few instructions once)."""
+        return self.inner_loop is not None and self.inner_loop.spill_instructions > 0
 
     @property
     def ctas_per_sm(self) -> int:
@@ -193,6 +207,8 @@ class KernelReport:
             f"stages={self.num_stages}: {self.registers} regs, "
             f"spills {self.spill_store_bytes}/{self.spill_load_bytes} B, "
             f"smem {self.shared_memory_bytes} B, wgmma={self.uses_wgmma}, mma={self.uses_mma}"
+            + (", wgmma serialized" if self.serialized_wgmma else "")
+            + (", spills in the loop" if self.loop_spills else "")
         )
 
 
@@ -220,13 +236,19 @@ def _ptxas_statistics(ptx: str, compute_capability: int) -> dict[str, int]:
             text=True,
             check=True,
         )
-    log = result.stdout + result.stderr
+    return ptxas_log_statistics(result.stdout + result.stderr)
+
+
+def ptxas_log_statistics(log: str) -> dict[str, Any]:
+    """Registers, spills, stack and wgmma serialization, read off a `ptxas -v` log."""
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else 0
     return {
         "registers": number(r"Used (\d+) registers"),
         "spill_store_bytes": number(r"(\d+) bytes spill stores"),
         "spill_load_bytes": number(r"(\d+) bytes spill loads"),
         "stack_bytes": number(r"(\d+) bytes stack frame"),
+        # "(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized"
+        "serialized_wgmma": "wgmma.mma_async instructions are serialized" in log,
     }
 
 

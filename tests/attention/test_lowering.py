@@ -178,9 +178,20 @@ _TRITON_3_6_SPILLS = {
 DKDV_GROUPS_TARGET = 650 if TRITON_3_6 else 550
 
 
+# dK/dV visits its masked query tiles (the diagonal band and the sequence's edge) in one
+# loop: as two loops around the unmasked one, Triton 3.6 serialized the wgmma of every
+# causal dK/dV kernel (ptxas C7515). Its wgmma in flight cost registers: the
+# register-heavy causal defaults spill up to 60 B under either Triton, never in the loop
+# (`KernelReport.loop_spills`), where `bench report` tolerates 64 B.
+_DKDV_SPILL_OUTSIDE_LOOP = 64
+
+
 def assert_spills_expected(report, key):
-    """No spills, or under Triton 3.6 at most the bytes `_TRITON_3_6_SPILLS` lists."""
+    """No spills, or under Triton 3.6 at most the bytes `_TRITON_3_6_SPILLS` lists; dK/dV
+    also up to `_DKDV_SPILL_OUTSIDE_LOOP` bytes where none is in its loop."""
     allowed = _TRITON_3_6_SPILLS.get(key, 0) if TRITON_3_6 else 0
+    if key[2] == "backward_dkdv" and not report.loop_spills:
+        allowed = max(allowed, _DKDV_SPILL_OUTSIDE_LOOP)
     spilled = max(report.spill_store_bytes, report.spill_load_bytes)
     assert spilled <= allowed, (report.summary(), f"allowed {allowed} B")
 
@@ -203,7 +214,7 @@ def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bflo
 )
 def test_static_report_at_default_configs(compute_capability, head_dim, kind, features, persistent):
     """Every feature set's default tiles, in both launch modes: no spills at head_dim
-    <= 128, tensor cores, and wgmma on sm_90."""
+    <= 128, tensor cores, and on sm_90 wgmma that ptxas does not serialize."""
     report = attention_kernel_report(
         kind, head_dim, compute_capability, features=features, persistent=persistent
     )
@@ -212,7 +223,7 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind, fe
     if head_dim <= 128:
         assert_spills_expected(report, (compute_capability, head_dim, kind, features, None))
     if compute_capability >= 90:
-        assert report.uses_wgmma, report.summary()
+        assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
@@ -231,11 +242,13 @@ def test_dkdv_groups_not_a_power_of_two(group, features):
 
 
 @pytest.mark.parametrize("group", [1, 2, 8])
-def test_dkdv_tma_default_has_no_spills_and_a_shorter_loop(group):
+def test_dkdv_tma_default_has_a_clean_shorter_loop(group):
     """Hopper's dK/dV default where descriptors launch (64x128, Q and dO through TMA;
-    causal; GQA groups that are powers of two, as the default requires): no spills under
-    Triton 3.6 or 3.9, bulk tensor copies, and a causal loop within the pointer tile's
-    target."""
+    causal; GQA groups that are powers of two, as the default requires), under Triton 3.6
+    and 3.9: wgmma not serialized, bulk tensor copies, no spill in its loop (a few bytes
+    outside it: its wgmma kept in flight, since the masked tiles share one loop, cost the
+    registers; serialized before, it spilled none), and a causal loop within the pointer
+    tile's target."""
     variant = attention_variant("backward_dkdv", 128, 90, descriptors=True)
     assert variant.name.endswith("_tma") and variant.constexprs["BLOCK_M"] == 64
     heads = dict(NUM_Q_HEADS=group * variant.constexprs["NUM_KV_HEADS"])
@@ -243,7 +256,8 @@ def test_dkdv_tma_default_has_no_spills_and_a_shorter_loop(group):
         dataclasses.replace(variant, constexprs={**variant.constexprs, **heads}), 90
     )
     print(report.summary())
-    assert not report.spills, report.summary()
+    assert not (report.serialized_wgmma or report.loop_spills), report.summary()
+    assert max(report.spill_store_bytes, report.spill_load_bytes) <= 40, report.summary()
     assert report.sass_opcodes.get("UTMALDG", 0) > 0, report.summary()
     assert report.instructions_per_mflop <= DKDV_GROUPS_TARGET, report.summary()
 

@@ -14,6 +14,7 @@ from jax_bridge.launch.report import (
     ctas_per_sm,
     innermost_mma_loop,
     max_shared_memory_per_cta,
+    ptxas_log_statistics,
     static_kernel_report,
 )
 
@@ -121,3 +122,35 @@ def test_ctas_per_sm(args, expected):
 def test_shared_memory_limit_per_cta():
     assert max_shared_memory_per_cta(90) == 227 * 1024
     assert max_shared_memory_per_cta(80) == 163 * 1024
+
+
+def test_ptxas_log_statistics_read_spills_and_wgmma_serialization():
+    """The counts and ptxas' C7515 notice (serialized warpgroup MMAs, which no
+    instruction count shows), as ptxas 12.8 words them."""
+    log = """ptxas info    : Compiling entry function 'k' for 'sm_90a'
+ptxas info    : Function properties for k
+    16 bytes stack frame, 12 bytes spill stores, 20 bytes spill loads
+ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are \
+serialized due to non wgmma instructions defining accumulator registers of a wgmma \
+between start and end of the pipeline stage in the function 'k'
+ptxas info    : Used 255 registers, used 1 barriers"""
+    stats = ptxas_log_statistics(log.replace("\\\n", ""))
+    assert stats == dict(
+        registers=255, spill_store_bytes=12, spill_load_bytes=20, stack_bytes=16,
+        serialized_wgmma=True,
+    )  # fmt: skip
+    clean = ptxas_log_statistics(log.split("ptxas info    : (C7515)")[0])
+    assert clean["serialized_wgmma"] is False
+
+
+def test_loop_spills_are_counted_in_the_loop_only():
+    """LDL / STL inside the innermost MMA loop count; those outside do not."""
+    sass = """
+        /*0000*/  STL [R1], R2 ;
+        /*0010*/  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/  LDL R3, [R1+0x4] ;
+        /*0030*/  @P0 BRA 0x10 ;
+        /*0040*/  LDL R4, [R1+0x8] ;
+    """
+    loop = innermost_mma_loop(sass, num_warps=4)
+    assert (loop.start, loop.end, loop.spill_instructions) == (0x10, 0x30, 1)

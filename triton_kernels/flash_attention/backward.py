@@ -98,6 +98,8 @@ def _dkdv_query_tiles(
     total_q,
     start,
     end,
+    start2,
+    end2,
     keys,
     shift,
     len_q,
@@ -118,10 +120,12 @@ def _dkdv_query_tiles(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TWO_RANGES: tl.constexpr,
     TMA: tl.constexpr = False,
 ):
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
-    of the GROUP query heads first_head, first_head + 1, ... that share this kv head.
+    (and, with TWO_RANGES, then [start2, end2)) of the GROUP query heads first_head,
+    first_head + 1, ... that share this kv head.
 
     One flat loop over (query tile, head) pairs, heads innermost: a loop over heads
     around the tile loop would keep its own state live across three tile loops, which
@@ -136,17 +140,28 @@ def _dkdv_query_tiles(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    num_steps = tl.cdiv(end - start, BLOCK_M) * GROUP
+    # An empty range may have end < start (`_column_phases`): no tiles, not fewer.
+    first_tiles = tl.maximum(tl.cdiv(end - start, BLOCK_M), 0)
+    tiles = first_tiles
+    if TWO_RANGES:
+        tiles += tl.maximum(tl.cdiv(end2 - start2, BLOCK_M), 0)
+    num_steps = tiles * GROUP
     # Step s visits query tile s // GROUP of head s % GROUP. For a power-of-two group
     # those are a shift and a mask; otherwise (g, m) are carried and stepped on, which
     # costs fewer instructions than a division by a general constant.
     STEP_BY_MASK: tl.constexpr = (GROUP & (GROUP - 1)) == 0
     g = start * 0
     m = start
+    gap = start2 - (start + first_tiles * BLOCK_M)
+    if TWO_RANGES:
+        m = tl.where(first_tiles > 0, start, start2)
     for step in range(0, num_steps):
         if STEP_BY_MASK:
             g = step % GROUP
-            m = start + (step // GROUP) * BLOCK_M
+            tile = step // GROUP
+            m = start + tile * BLOCK_M
+            if TWO_RANGES:  # the second range's tiles sit `gap` further on
+                m += tl.where(tile < first_tiles, 0, gap)
         cols = m + offs_m  # query positions within the sequence
         col_ok = cols < len_q
         # Inline, not a helper: as a call it costs the non-TMA kernel spills under
@@ -180,6 +195,8 @@ def _dkdv_query_tiles(
             next_tile = g == GROUP
             m = tl.where(next_tile, m + BLOCK_M, m)
             g = tl.where(next_tile, 0, g)
+            if TWO_RANGES:  # past the first range's last tile: the second's first
+                m = tl.where(m == start + first_tiles * BLOCK_M, start2, m)
     return dk, dv
 
 
@@ -264,28 +281,29 @@ def _dkdv_tile(
         q_seq, do_seq = q_rows, do_rows
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
-    # Without a right window start == 0 and full_start == min(0, end) <= 0.
-    if HAS_WINDOW_RIGHT:
-        dk, dv = _dkdv_query_tiles(
-            dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
-            first_head, total_q, start, full_start, keys, shift, len_q, window_left,
-            window_right, qk_scale_log2, scale_over_cap, cap_log2,
-            Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
-        )  # fmt: skip
+    # The masked tiles first, in one loop: the band a right bound leaves on the diagonal,
+    # [start, full_start) (empty without one: start == 0, full_start <= 0), and the
+    # edge, [full_end, end); then the unmasked middle. With the two masked ranges as loops
+    # of their own around the middle, Triton 3.6 compiles every causal dK/dV kernel to
+    # serialized wgmma (ptxas C7515: non-wgmma instructions defining accumulator
+    # registers within a pipeline stage).
+    band_start, band_end = start, full_start
+    if not HAS_WINDOW_RIGHT:  # one masked range
+        band_start, band_end = full_end, end
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
-        first_head, total_q, full_start, full_end, keys, shift, len_q, window_left,
-        window_right, qk_scale_log2, scale_over_cap, cap_log2,
-        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
+        first_head, total_q, band_start, band_end, full_end, end, keys, shift, len_q,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        HAS_WINDOW_RIGHT, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
-        first_head, total_q, full_end, end, keys, shift, len_q, window_left,
-        window_right, qk_scale_log2, scale_over_cap, cap_log2,
-        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA,
+        first_head, total_q, full_start, full_end, full_end, full_end, keys, shift, len_q,
+        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, False, TMA,
     )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.

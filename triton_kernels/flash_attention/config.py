@@ -177,10 +177,13 @@ _AMPERE_16BIT_LIGHT: _Table = {
 _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
-# through TMA at 64x128. By pointers that tile spills under Triton 3.9 (76 B) and takes 595
-# warp-instructions per MFLOP under Triton 3.6; with TMA it is spill-free under both (348 /
-# 554, against 540 / 710 for 32x128 by pointers). Not without a right bound (spills 8 / 36
-# B), nor persistent (44 / 20 B). On the H100 (Triton 3.6, 2026-11-27,
+# through TMA at 64x128: 349 / 532 warp-instructions per MFLOP under Triton 3.9 / 3.6,
+# against 540 / 648 for 32x128 by pointers, its loop free of spills (a few bytes outside
+# it: 4-8 B under 3.9, 16-36 B under 3.6; by pointers the tile spills 48-80 B).
+# (Until 2026-11-27 every causal dK/dV kernel compiled by Triton 3.6 had its wgmma
+# serialized by ptxas, C7515: the kernel now visits its masked tiles in one loop.) Not
+# taken without a right bound, nor persistent (they spilled more: 8-44 B, measured before
+# that change). On the H100 (Triton 3.6, 2026-11-27, with the serialized kernel,
 # bench/results/gpu-check-20261127T0221Z-tma.json) 4 x 4096 causal fwd+bwd took 3.46 ms
 # with it against 3.74 by default, though the other two kernels ran with TMA too (all
 # three with TMA at their default tiles: forward 5% slower, fwd+bwd 3%); 16 x 1024: 1.35
