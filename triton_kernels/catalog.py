@@ -11,6 +11,7 @@ constexprs, the default configuration of `default_attention_config` / `gmm_confi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -258,7 +259,11 @@ GMM_KERNELS = {
         gmm_config,
         dict(TRANSPOSE_RHS=True, ACCUMULATE=True),
     ),
-    "tgmm_token_major": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False)),
+    "tgmm_token_major": (
+        tgmm_kernel,
+        functools.partial(tgmm_config, lhs_token_major=True),
+        dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False),
+    ),
     "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
 }
 # The gmm launches that can take their tiles through tensor descriptors (tgmm cannot yet).

@@ -9,6 +9,8 @@ the gmm kernel as int32 arrays, so group sizes and the group offset may be trace
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -223,7 +225,8 @@ def tgmm(
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
-    config = _config(options, m, k, n, lhs.dtype, tgmm_config)
+    make = functools.partial(tgmm_config, lhs_token_major=options.lhs_token_major)
+    config = _config(options, m, k, n, lhs.dtype, make)
     meta = group_metadata(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=num_groups
     )
