@@ -109,7 +109,7 @@ def _launch(
     constexprs = attention_constexprs(
         kind, config, features, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
         head_dim=head_dim, softmax_scale=options.spec.softmax_scale,
-        input_precision=_input_precision(options, q.dtype), persistent=persistent,
+        input_precision=triton_input_precision(options.precision, q.dtype), persistent=persistent,
         has_d_lse=has_d_lse,
     )  # fmt: skip
     return dict(
@@ -125,13 +125,6 @@ _KERNEL_NAMES = {
     "backward_dq": "varlen_attention_bwd_dq",
     "backward_dkdv": "varlen_attention_bwd_dkdv",
 }
-
-
-def _input_precision(options: AttentionOptions, dtype: jnp.dtype) -> str:
-    """tl.dot's input precision (it matters for float32 operands only)."""
-    if jnp.dtype(dtype) != jnp.float32:
-        return "ieee"
-    return triton_input_precision(options.precision)
 
 
 def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array | None:

@@ -144,7 +144,6 @@ def _launch(
     """The launch keywords of kernel `kind`: warps, stages, name and the constexprs
     (`block_sparse_constexprs`; find_bad_rows: as the bad-row arguments passed)."""
     config = plan.configs[kind]
-    precision = "ieee" if q.dtype != jnp.float32 else triton_input_precision(options.precision)
     score_mod = options.score_mod
     constexprs = block_sparse_constexprs(
         kind,
@@ -154,7 +153,7 @@ def _launch(
         num_kv_heads=k.shape[2],
         head_dim=q.shape[-1],
         softmax_scale=options.softmax_scale,
-        input_precision=precision,
+        input_precision=triton_input_precision(options.precision, q.dtype),
         soft_cap=options.logits_soft_cap is not None,
         alibi=plan.has_alibi,
         sinks=sinks,

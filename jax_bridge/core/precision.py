@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 
 Precision = jax.lax.Precision
 
@@ -61,6 +62,9 @@ def canonicalize_precision(precision: Any, op: str) -> Precision:
     )
 
 
-def triton_input_precision(precision: Precision) -> str:
-    """tl.dot's `input_precision` for float32 operands under `precision`."""
+def triton_input_precision(precision: Precision, dtype: Any = "float32") -> str:
+    """tl.dot's `input_precision` for operands of `dtype` under `precision`: the setting
+    matters for float32 only; 16-bit operands multiply exactly ("ieee")."""
+    if np.dtype(dtype) != np.float32:
+        return "ieee"
     return _TRITON_INPUT_PRECISION[precision]

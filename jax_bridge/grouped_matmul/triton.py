@@ -66,13 +66,6 @@ def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype) -> bool:
     return True
 
 
-def _input_precision(options: MatmulOptions, dtype) -> str:
-    """tl.dot's input precision (it matters for float32 operands only)."""
-    if np.dtype(dtype) != np.float32:
-        return "ieee"
-    return triton_input_precision(options.precision)
-
-
 def _init_only(existing_out: jax.Array | None, out_shape: jax.ShapeDtypeStruct) -> jax.Array:
     if existing_out is not None:
         return existing_out
@@ -195,7 +188,7 @@ def gmm(
         **config.shape_constexprs(m, k, n),
         TRANSPOSE_RHS=options.transpose_rhs,
         ACCUMULATE=accumulate,
-        INPUT_PRECISION=_input_precision(options, lhs.dtype),
+        INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
         TMA=_tma(config, k, n, lhs.dtype),
     )
 
@@ -249,5 +242,5 @@ def tgmm(
         **config.shape_constexprs(m, k, n),
         LHS_TOKEN_MAJOR=options.lhs_token_major,
         ACCUMULATE=accumulate,
-        INPUT_PRECISION=_input_precision(options, lhs.dtype),
+        INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
     )

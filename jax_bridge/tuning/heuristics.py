@@ -25,6 +25,7 @@ from triton_kernels.flash_attention.config import (
     AttentionConfigs,
     AttentionFeatures,
     block_d,
+    check_kind,
     default_attention_config,
 )
 from triton_kernels.grouped_matmul.config import (
@@ -265,8 +266,7 @@ def attention_candidates(
     each candidate is a compile on the device). The default is the kernels' table entry
     for `features` and `descriptors` (`default_attention_config`).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}")
     name = _dtype_name(dtype)

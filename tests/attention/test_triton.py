@@ -29,7 +29,7 @@ from jax_bridge.attention import schedule
 from jax_bridge.attention import triton as attention_triton
 from jax_bridge.attention.api import AttentionOptions
 from jax_bridge.attention.spec import AttentionSpec
-from jax_bridge.core.precision import DEFAULT_PRECISION
+from jax_bridge.core.precision import DEFAULT_PRECISION, triton_input_precision
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
 from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
@@ -290,7 +290,7 @@ def test_rows_a_launch_does_not_reach_stay_nan():
         BLOCK_N=block,
         BLOCK_D=block_d(32),
         HAS_SINKS=False,
-        INPUT_PRECISION=attention_triton._input_precision(options, q.dtype),
+        INPUT_PRECISION=triton_input_precision(options.precision, q.dtype),
         RAW_SCORE_MAX=True,
         PERSISTENT=False,
         **features.kernel_flags(),

@@ -28,6 +28,7 @@ from triton_kernels.block_sparse.forward import (
     _modified_scores,
     _nonfinite_rows,
     _poison_rows,
+    _row_flag_bits,
     _row_flags,
     _zero_rows,
 )
@@ -285,8 +286,7 @@ def _query_row_flags(row_flags_ptr, batch, head, cols, q_len, NUM_Q_HEADS: tl.co
     """(q_bad, do_bad) bool [len(cols)]: query rows `cols` of `head` whose q, or dO, holds
     a NaN or an infinity, from the dQ kernel's int8 flags (bit 0: q, bit 1: dO); False
     past q_len."""
-    offsets = (batch * q_len + cols) * NUM_Q_HEADS + head
-    flags = tl.load(row_flags_ptr + offsets, mask=cols < q_len, other=0)
+    flags = _row_flag_bits(row_flags_ptr, batch, q_len, cols, head, NUM_Q_HEADS)
     return (flags & 1) != 0, (flags & 2) != 0
 
 

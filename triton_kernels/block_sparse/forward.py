@@ -212,11 +212,17 @@ def _zero_rows(x, rows):
 
 
 @triton.jit
-def _row_flags(flags_ptr, batch, length, idx, head, HEADS: tl.constexpr):
-    """bool [len(idx)]: the flags (int8 [batch, length, HEADS]) of rows `idx` of `head`;
-    False past `length`."""
+def _row_flag_bits(flags_ptr, batch, length, idx, head, HEADS: tl.constexpr):
+    """int8 [len(idx)]: the flags (int8 [batch, length, HEADS]) of rows `idx` of `head`;
+    0 past `length`."""
     offsets = (batch * length + idx) * HEADS + head
-    return tl.load(flags_ptr + offsets, mask=idx < length, other=0) != 0
+    return tl.load(flags_ptr + offsets, mask=idx < length, other=0)
+
+
+@triton.jit
+def _row_flags(flags_ptr, batch, length, idx, head, HEADS: tl.constexpr):
+    """bool [len(idx)]: whether `_row_flag_bits` flags rows `idx` of `head`."""
+    return _row_flag_bits(flags_ptr, batch, length, idx, head, HEADS) != 0
 
 
 @triton.jit

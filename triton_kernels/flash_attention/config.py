@@ -122,6 +122,12 @@ class AttentionConfigs:
                 )
 
 
+def check_kind(kind: str) -> None:
+    """ValueError unless `kind` is one of `KINDS`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
 def block_d(head_dim: int) -> int:
     """The head-dim tile: the next power of two (>= 16); the kernel masks the padding."""
     return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
@@ -266,8 +272,7 @@ def default_attention_config(
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
       gqa_group: query heads per key/value head (`_HOPPER_DKDV_TMA` takes powers of two).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    check_kind(kind)
     if dtype_name not in ("float16", "bfloat16", "float32"):
         raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype_name!r}")
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:

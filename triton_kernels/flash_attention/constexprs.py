@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from triton_kernels.flash_attention.config import (
-    KINDS,
     AttentionFeatures,
     AttentionKernelConfig,
     block_d,
+    check_kind,
 )
 
 __all__ = [
@@ -67,11 +67,6 @@ def _tile_constexprs(
     )
 
 
-def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-
-
 def attention_constexprs(
     kind: str,
     config: AttentionKernelConfig,
@@ -93,7 +88,7 @@ def attention_constexprs(
     reads an lse cotangent. TMA is `config.tma`: the caller checks that the launch can
     pass descriptors.
     """
-    _check_kind(kind)
+    check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(PERSISTENT=persistent, TMA=config.tma, **features.kernel_flags())
     if kind == "forward":
@@ -133,7 +128,7 @@ def block_sparse_constexprs(
     tiles (`finds_bad_rows_in_kernel` of the target; the caller passes the bad-row
     arguments to match).
     """
-    _check_kind(kind)
+    check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(HAS_SOFT_CAP=soft_cap, HAS_ALIBI=alibi, SCORE_MOD=score_mod, **rule_flags)
     if kind != "forward":
