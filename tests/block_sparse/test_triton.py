@@ -206,6 +206,13 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
         assert text.count("triton_kernel_call") == 3
 
 
+# The forward finds the rows that see a non-finite value after its loops, not in them
+# (a select on the accumulator serialized the loop's wgmma); on sm_90 that cold pass
+# costs the light d=128 tile a few bytes of spill outside the loops (4 B under Triton
+# 3.6, 12 B under 3.9).
+_FORWARD_SPILL_OUTSIDE_LOOP = 16
+
+
 @pytest.mark.parametrize("compute_capability", [80, 90])
 @pytest.mark.parametrize(
     ("head_dim", "soft_cap", "alibi"),
@@ -214,9 +221,10 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
 @pytest.mark.parametrize("kind", ["forward", "backward_dq", "backward_dkdv"])
 def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap, alibi, kind):
     """The default tiles (bf16, a causal mask's token rule, GQA; a soft cap, and ALiBi
-    too, in the register-heavy cases): no spills, tensor cores, wgmma on sm_90; there,
-    without either, the full-tile loop costs at most 10% more warp-instructions per MFLOP
-    than the varlen kernel's unmasked loop."""
+    too, in the register-heavy cases): no spills (the forward: none in its loop, at most
+    `_FORWARD_SPILL_OUTSIDE_LOOP` bytes outside), tensor cores, wgmma on sm_90 and not
+    serialized; there, without either, the full-tile loop costs at most 10% more
+    warp-instructions per MFLOP than the varlen kernel's unmasked loop."""
     from jax_bridge.launch.report import variant_report
     from triton_kernels.catalog import attention_variant, block_sparse_variant
 
@@ -225,9 +233,12 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
     )
     report = variant_report(variant, compute_capability)
     print(variant.description, report.summary(), report.instructions_per_mflop)
-    assert report.uses_mma and not report.spills, report.summary()
+    allowed = _FORWARD_SPILL_OUTSIDE_LOOP if kind == "forward" else 0
+    spilled = max(report.spill_store_bytes, report.spill_load_bytes)
+    assert not report.loop_spills and spilled <= allowed, report.summary()
+    assert report.uses_mma, report.summary()
     if compute_capability >= 90:
-        assert report.uses_wgmma, report.summary()
+        assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
         if not soft_cap:
             varlen = variant_report(attention_variant(kind, head_dim, compute_capability), 90)
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop

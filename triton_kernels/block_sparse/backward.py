@@ -30,6 +30,7 @@ from triton_kernels.block_sparse.forward import (
     _poison_rows,
     _row_flag_bits,
     _row_flags,
+    _rows_seeing,
     _zero_rows,
 )
 from triton_kernels.flash_attention.backward import _load_row_stats
@@ -222,11 +223,11 @@ def block_sparse_dq_kernel(
         else:
             k_bad = _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
         if tl.max(k_bad.to(tl.int32), 0) > 0:  # rare: see the forward
-            dq = _poison_rows(dq, _allowed(
+            dq = _poison_rows(dq, _rows_seeing(_allowed(
                 rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
                 kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
                 HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
-            ), k_bad)  # fmt: skip
+            ), k_bad))  # fmt: skip
         allowed = _allowed(
             rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
             kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
@@ -433,8 +434,8 @@ def block_sparse_dkdv_kernel(
                     q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
                     MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
                 )  # fmt: skip
-                dk = _poison_rows(dk, seen, q_bad)
-                dv = _poison_rows(dv, seen, do_bad)
+                dk = _poison_rows(dk, _rows_seeing(seen, q_bad))
+                dv = _poison_rows(dv, _rows_seeing(seen, do_bad))
             allowed = _allowed(
                 cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
                 q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,

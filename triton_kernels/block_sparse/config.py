@@ -27,9 +27,9 @@ __all__ = ["KINDS", "block_sparse_config"]
 # (sm_90 or sm_80 family, dtype, kind, head-dim tile, soft cap)
 #   -> (block_m, block_n, num_warps, num_stages)
 _OVERRIDES = {
-    # The light 128x128 forward at d=128 spills under Triton 3.6 (the lent GPUs' compiler:
-    # 80 B at two stages for the report's problem) and not at three; under 3.9 three stages
-    # cost 1.5% more loop instructions (541 vs 533 per MFLOP).
+    # The light 128x128 forward at d=128 spills 20 B under Triton 3.6 (the lent GPUs'
+    # compiler) at two stages and 4 B at three, outside its loops; under 3.9 0 and 12 B,
+    # and three stages cost 2% more loop instructions (548 vs 536 per MFLOP).
     (90, "bfloat16", "forward", 128, False): (128, 128, 8, 3),
     # dK/dV with a soft cap at d=128 spills 8 B at 32x128.
     (90, "bfloat16", "backward_dkdv", 128, True): (16, 128, 8, 2),

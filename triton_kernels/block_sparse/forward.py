@@ -29,10 +29,11 @@ padding is False; the predicate is bounded by q_len / kv_len).
 Isolation: a masked score is a select to -inf, never a product with 0. A partial tile's
 value-side products (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) read a copy of
 their right operand whose non-finite rows the bridge zeroed, so a masked (zero) weight
-never meets a NaN; the rows that may see such a row are made NaN instead
-(`_poison_rows`, from int8 flags `[batch, len, heads]` of those rows, the tile's mask
-evaluated again only when a flag is set): NaN or Inf in one document never reaches
-another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
+never meets a NaN; the rows that may see such a row are made NaN instead (from int8
+flags `[batch, len, heads]` of those rows, the tile's mask evaluated again only when a
+flag is set: `_poison_rows` in the backward's loops; the forward's loop only notes it,
+and `_rows_seeing_bad_values` finds those rows after it): NaN or Inf in one document
+never reaches another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
 kernels find and zero those rows in the tiles they load instead (FIND_BAD_ROWS: no copy
 a call). dK/dV never reads copies: its partial tiles load the flagged rows of q and dO
 as zeros, from flags the dQ kernel writes (sm_90) or XLA computes (sm_80..89).
@@ -190,12 +191,18 @@ def _allowed(
 
 
 @triton.jit
-def _poison_rows(acc, allowed, bad):
-    """acc with NaN rows where a row may see a non-finite row of the other operand: the
-    reference's 0 * NaN-free value there is NaN (and stays NaN: every later update of an
-    accumulator row scales and adds to it). allowed: bool [R, C]; bad: bool [C]."""
-    hit = tl.max((allowed & bad[None, :]).to(tl.int32), 1) > 0
-    return tl.where(hit[:, None], float("nan"), acc)
+def _rows_seeing(allowed, bad):
+    """bool [R]: the rows of a tile that may see a non-finite row of the other operand
+    (allowed: bool [R, C]; bad: bool [C]): the reference's 0 * NaN-free value there is
+    NaN."""
+    return tl.max((allowed & bad[None, :]).to(tl.int32), 1) > 0
+
+
+@triton.jit
+def _poison_rows(x, rows):
+    """x [R, C] with NaN rows where `rows` ([R] bool). An accumulator row poisoned stays
+    NaN: every later update scales and adds to it."""
+    return tl.where(rows[:, None], float("nan"), x)
 
 
 @triton.jit
@@ -277,6 +284,76 @@ def _forward_step(
             acc, m_i, l_i, s2, v, 1.0, False, PARTIAL, INPUT_PRECISION
         )
     return acc, m_i, l_i
+
+
+@triton.jit
+def _rows_seeing_bad_values(
+    v_ptr,
+    v_bad_ptr,
+    tiles_ptr,
+    codes_ptr,
+    base,
+    full,
+    total,
+    kv_base,
+    batch,
+    kv_head,
+    tile,
+    table_ptr,
+    q_doc_ptr,
+    kv_doc_ptr,
+    q_pos_ptr,
+    kv_pos_ptr,
+    q_len,
+    kv_len,
+    window_left,
+    window_right,
+    prefix,
+    MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr,
+    FIND_BAD_ROWS: tl.constexpr,
+):
+    """bool [BLOCK_M]: the rows of query tile `tile` that may see a non-finite value
+    row in the partial tiles full..total of their list (full tiles read V as given: NaN
+    reaches their rows by itself). Called after the loop, only when it found such a row.
+
+    The loop only notes that one exists: a NaN select on its accumulator made ptxas
+    serialize its wgmma (C7515, Triton 3.9), and a per-row vector kept across it spilled
+    (Triton 3.6). The mask is evaluated transposed here so that the compiler does not
+    share (and keep live across the loop) the query-side loads that the loop makes."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = tile * BLOCK_M + offs_m
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    seeing = offs_m < 0
+    for t in range(full, total):
+        kv_tile = tl.load(tiles_ptr + base + t)
+        cols = kv_tile * BLOCK_N + offs_n
+        if FIND_BAD_ROWS:
+            kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+            v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+            v = _load_rows(v_ptrs, cols < kv_len, offs_d < HEAD_DIM, True, BLOCK_D == HEAD_DIM)
+            v_bad = _nonfinite_rows(v)
+        else:
+            v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        code = tl.load(codes_ptr + base + t)
+        allowed_t = _allowed(
+            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+        )  # fmt: skip
+        seeing |= tl.max((allowed_t & v_bad[:, None]).to(tl.int32), 0) > 0  # over keys
+    return seeing
 
 
 @triton.jit
@@ -391,6 +468,7 @@ def block_sparse_forward_kernel(
             scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
             SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
+    any_bad = False  # a partial tile held a non-finite value row
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
@@ -406,18 +484,18 @@ def block_sparse_forward_kernel(
         code = tl.load(codes_ptr + base + t)
         if FIND_BAD_ROWS:
             v_bad = _nonfinite_rows(v)
+            v = _zero_rows(v, v_bad)
+            any_bad |= tl.max(v_bad.to(tl.int32), 0) > 0
         else:
             v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
-        if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again here so
-            # that the common path keeps nothing extra live
-            acc = _poison_rows(acc, _allowed(
-                rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
-                kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
-                HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
-            ), v_bad)  # fmt: skip
-        if FIND_BAD_ROWS:
-            # Always, not in the branch above: there the select cost spills.
-            v = _zero_rows(v, v_bad)
+            if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again
+                # here so that the common path keeps nothing extra live
+                acc = _poison_rows(acc, _rows_seeing(_allowed(
+                    rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N,
+                    False,
+                ), v_bad))  # fmt: skip
         allowed = _allowed(
             rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
             kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
@@ -431,6 +509,18 @@ def block_sparse_forward_kernel(
 
     out, lse = _final_rows(acc, m_i, l_i)
     out_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    out_ok = row_ok[:, None] & d_ok[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_ok)
     lse_row = (batch * NUM_Q_HEADS + head) * q_len
     tl.store(lse_ptr + lse_row + rows, lse, mask=row_ok)
+    if any_bad:  # rare: find the rows that see them again and overwrite them with NaN
+        seeing = _rows_seeing_bad_values(
+            v_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base, full, total, kv_base, batch, kv_head,
+            tile, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
+            window_left, window_right, prefix, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
+            PREDICATE, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, ROWS_ALIGNED,
+            FIND_BAD_ROWS,
+        )  # fmt: skip
+        nan = tl.full([BLOCK_M, BLOCK_D], float("nan"), out_ptr.dtype.element_ty)
+        tl.debug_barrier()  # the store above first, whichever threads made it
+        tl.store(out_ptrs, nan, mask=out_ok & seeing[:, None])
