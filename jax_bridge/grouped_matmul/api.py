@@ -89,7 +89,8 @@ def grouped_matmul(
       rhs: [num_groups, k, n], or [num_groups, n, k] with `transpose_rhs=True`.
       group_sizes: int32 [num_groups_total], rows per group; `sum <= m`. Rows past the
         sum belong to no group. Without `group_offset`, `num_groups_total == num_groups`.
-        Traced sizes are not checked: a negative one counts as 0, rows past m are cut.
+        Traced sizes are not checked: a negative one counts as 0, and the groups are cut
+        at the m rows that exist, exactly (a sum past int32 does not wrap around).
       preferred_element_type: dtype of the result (None: the operands' dtype promoted to
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.
@@ -98,7 +99,10 @@ def grouped_matmul(
         the launch configuration choose. `m` need not be a multiple of `tm`.
       group_offset: int or int32 scalar (may be traced): `rhs` holds groups
         `[group_offset, group_offset + num_groups)` of those described by `group_sizes`
-        (expert parallelism). Only their rows are computed.
+        (expert parallelism). Only their rows are computed. A traced offset is not
+        checked: outside `[0, num_groups_total - num_groups]` it is taken as
+        `jax.lax.dynamic_slice` takes a start (a negative one counts from the end, then
+        it is clamped into that range), so the local groups are always real ones.
       existing_out: [m, n] of `preferred_element_type`: the result is added to it.
       transpose_rhs: `rhs` is stored `[num_groups, n, k]`.
       interpret: run the Triton kernels through Triton's interpreter (on the host, even
@@ -174,13 +178,15 @@ def transposed_grouped_matmul(
       lhs: [k, m], columns sorted by group.
       rhs: [m, n], rows sorted by group.
       group_sizes: int32 [num_groups_total]; `sum <= m`; rows past the sum are ignored.
+        Traced sizes and offsets are not checked: as in `grouped_matmul`.
       preferred_element_type: dtype of the result (None: the operands' dtype promoted to
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.
       tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None; here
         `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
       group_offset: int or int32 scalar (may be traced): compute groups
-        `[group_offset, group_offset + num_groups)` only.
+        `[group_offset, group_offset + num_groups)` only (a traced one out of range: as
+        in `grouped_matmul`).
       num_groups: groups in the result; defaults to `len(group_sizes)` and must be
         given with `group_offset`.
       existing_out: [num_groups, k, n] of `preferred_element_type`: added to the result.

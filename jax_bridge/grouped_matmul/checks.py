@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.core.validation import as_int32, is_traced, require, require_all
+from jax_bridge.grouped_matmul.metadata import group_ends
 from triton_kernels.grouped_matmul.config import check_tiling
 
 TilingArg = tuple[int, int, int] | Callable[[int, int, int], tuple[int, int, int] | None] | None
@@ -126,8 +127,13 @@ def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: 
             "(pass group_offset when rhs holds a slice of the groups)."
         )
     require_all(sizes >= 0, "group_sizes must be non-negative.")
-    xp = jnp if is_traced(sizes) else np
-    require(xp.sum(sizes) <= m, f"group_sizes must sum to at most {m}, the rows of lhs.")
+    if is_traced(sizes):
+        # An int32 sum wraps (two sizes near 2**31 add up to a small one); summed by
+        # `group_ends`, saturating at m + 1, it cannot, and it passes m only if the sum does.
+        total = group_ends(sizes, m + 1)[-1]
+    else:
+        total = np.sum(sizes, dtype=np.int64)
+    require(total <= m, f"group_sizes must sum to at most {m}, the rows of lhs.")
     return jnp.asarray(sizes)
 
 

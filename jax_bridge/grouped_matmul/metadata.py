@@ -39,7 +39,8 @@ class GroupMetadata(NamedTuple):
       num_chunks: [1], how many leading slots are real chunks; the rest are surplus.
 
     Invariants (for slots `s < num_chunks`, whatever the sizes: traced ones are never
-    checked, and `local_group_bounds` counts a negative size as 0 and clips at m):
+    checked, and `local_group_bounds` counts a negative size as 0 and cuts the groups
+    at m, without int32 wrap-around):
       * the local groups tile the rows `[group_starts[0], group_ends[-1])`, one after
         another, without gaps or overlaps;
       * `chunk_group` is non-decreasing and group g's slots start at its first row and
@@ -67,6 +68,20 @@ def num_chunk_slots(m: int, block_m: int, num_groups: int) -> int:
     return max(cdiv(m, block_m) + num_groups - 1, 1)
 
 
+def group_ends(group_sizes: jax.Array, m: int) -> jax.Array:
+    """int32 [num_groups_total]: one past each group's last row, cut at m.
+
+    `ends[i] = min(max(group_sizes[0], 0) + ... + max(group_sizes[i], 0), m)`, exactly,
+    whatever the (traced, unchecked) sizes: a negative size counts as 0, and the sums
+    saturate at m instead of wrapping around int32 (sizes near 2**31 would wrap a plain
+    `cumsum` to small or negative ends, and groups would overlap).
+    """
+    sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, m)
+    # Prefix sums under min(a + b, m), which is associative on [0, m]; written as
+    # a + min(b, m - a) it never leaves [0, m], so no partial sum can overflow.
+    return jax.lax.associative_scan(lambda a, b: a + jnp.minimum(b, m - a), sizes)
+
+
 def local_group_bounds(
     group_sizes: jax.Array,
     *,
@@ -79,22 +94,24 @@ def local_group_bounds(
     Args:
       group_sizes: int32 [num_groups_total], rows per group, in row order.
       m: number of rows.
-      group_offset: first local group (int or int32 scalar, may be traced).
+      group_offset: first local group (int or int32 scalar, may be traced), taken as
+        `jax.lax.dynamic_slice` takes a start: a negative one counts from the end, then
+        it is clamped to `[0, num_groups_total - num_groups]`.
       num_groups: number of local groups (static).
 
     Returns:
-      starts, ends: int32 [num_groups], non-decreasing, with `starts[i + 1] = ends[i]`:
-      a traced negative size counts as 0 (such a group is empty and overlaps none), and
-      bounds are clipped to `[0, m]`, so that a traced `sum(group_sizes) > m` can never
-      address rows past `m`.
+      starts, ends: int32 [num_groups], non-decreasing, in `[0, m]`, with
+      `starts[i + 1] = ends[i]`: a traced negative size counts as 0 (such a group is empty
+      and overlaps none), and the groups are cut to the m rows that exist (`group_ends`),
+      so that a traced `sum(group_sizes) > m`, even one past int32, never addresses rows
+      past `m`.
     """
-    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-    ends = jnp.cumsum(sizes)
-    starts = ends - sizes
+    ends = group_ends(group_sizes, m)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     offset = jnp.asarray(group_offset, jnp.int32).reshape(())
     starts = jax.lax.dynamic_slice_in_dim(starts, offset, num_groups)
     ends = jax.lax.dynamic_slice_in_dim(ends, offset, num_groups)
-    return jnp.clip(starts, 0, m), jnp.clip(ends, 0, m)
+    return starts, ends
 
 
 # Jitted (sizes static) so that an eager call (the Triton backend's, op by op) compiles one

@@ -7,6 +7,12 @@ NaN or Inf in one group's rows or weights stays in that group, forward and backw
 Products run at `Precision.HIGHEST` in float32 (float64 for float64 inputs under
 `jax.enable_x64(True)`). Differentiable with `jax.grad` in lhs, rhs and
 existing_out; group sizes and the offset may be traced.
+
+Values are not checked (the ops refuse bad concrete ones; traced ones they cannot), and
+garbage gets the backends' rules: a negative size counts as 0; groups are cut at the m
+rows that exist, exactly (sizes near 2**31 do not wrap around int32); an offset outside
+`[0, len(group_sizes) - num_groups]` is taken as `jax.lax.dynamic_slice` takes a start:
+a negative one counts from the end, then it is clamped into that range.
 """
 
 from __future__ import annotations
@@ -26,13 +32,23 @@ def _local_group_of_rows(
     group_sizes: jax.Array, m: int, group_offset: Any, num_groups: int
 ) -> tuple[jax.Array, jax.Array]:
     """(local group index [m] clipped into range, whether the row is in a local group [m]).
-    A traced negative size counts as 0, as in every backend (`local_group_bounds`)."""
+    Unchecked sizes and offsets as on every backend (module docstring)."""
     sizes = jnp.maximum(jnp.asarray(group_sizes, jnp.int32), 0)
-    ends = jnp.cumsum(sizes)
+
+    def cut_at_m(end, size):  # the next group's end: end + size, at most m, never wrapped
+        end = end + jnp.minimum(size, m - end)
+        return end, end
+
+    _, ends = jax.lax.scan(cut_at_m, jnp.int32(0), sizes)
     rows = jnp.arange(m, dtype=jnp.int32)
     # A row's group is the number of groups that end at or before it.
     group = jnp.searchsorted(ends, rows, side="right").astype(jnp.int32)
-    local = group - (0 if group_offset is None else jnp.asarray(group_offset, jnp.int32))
+    offset = 0
+    if group_offset is not None:
+        total = sizes.shape[0]
+        offset = jnp.asarray(group_offset, jnp.int32).reshape(())
+        offset = jnp.clip(jnp.where(offset < 0, offset + total, offset), 0, total - num_groups)
+    local = group - offset
     in_local = (local >= 0) & (local < num_groups) & (rows < ends[-1])
     return jnp.clip(local, 0, num_groups - 1), in_local
 
@@ -58,7 +74,8 @@ def grouped_matmul_reference(
 
     Args:
       lhs: [m, k]; rhs: [num_groups, k, n] ([num_groups, n, k] with `transpose_rhs`).
-      group_sizes: int [num_groups_total]; group_offset: int or scalar, or None (0).
+      group_sizes: int [num_groups_total]; group_offset: int or scalar, or None (0);
+        values outside the op's contract as in the module docstring.
       existing_out: [m, n] or None: added to the local groups' rows and kept elsewhere.
       preferred_element_type: the result's dtype; None: float32 (float64 for float64).
 

@@ -248,5 +248,8 @@ def test_traced_group_sizes_are_checked_by_checkify():
     )
     error, _ = f(jnp.asarray([10, 20, 3], jnp.int32))
     assert "sum to at most 32" in str(error.get())
+    # Summed in int32 these would wrap around to 3.
+    error, _ = f(jnp.asarray([2**31 - 1, 2**31 - 1, 5], jnp.int32))
+    assert "sum to at most 32" in str(error.get())
     error, _ = f(jnp.asarray([10, 20, 2], jnp.int32))
     assert error.get() is None

@@ -10,9 +10,10 @@ dtype (`tests/grouped_matmul/helpers.py`): float32 2e-5, float16 2e-3, bfloat16 
 Cases: empty groups first, in the middle and last, length-1 groups, one group holding
 every row, rows past sum(group_sizes), m/k/n not multiples of the tiles, group_offset at
 both ends, existing_out, transpose_rhs, float32/float16/bfloat16, traced sizes and
-offsets, expert parallelism under shard_map, and hypothesis-random problems. The Triton
-launcher on the CPU starts outputs as NaN: the finiteness check in `assert_close` proves
-every element was written. Adding a backend is one entry in `IMPLEMENTATIONS`.
+offsets (garbage too: negative sizes, sums past int32, offsets out of range), expert
+parallelism under shard_map, and hypothesis-random problems. The Triton launcher on the
+CPU starts outputs as NaN: the finiteness check in `assert_close` proves every element
+was written. Adding a backend is one entry in `IMPLEMENTATIONS`.
 """
 
 from __future__ import annotations
@@ -478,6 +479,78 @@ def test_traced_negative_sizes_count_as_zero(implementation):
         float64 = gmm_float64(lhs, rhs, np.maximum(sizes, 0), offset=offset)
         assert_close(out, reference, name="vs grouped_matmul_reference", oracle=float64)
         assert_close(out, float64, name="vs the float64 loop")
+
+
+@every_implementation
+def test_traced_sizes_past_int32_are_cut_at_m(implementation):
+    """Traced sizes whose sums pass int32 do not wrap around: the groups are cut at the m
+    rows that exist, exactly, on every backend and in the reference. Wrapped, [2**31 - 1,
+    2**31 - 1, 5] would end its groups at [2**31 - 1, -2, 3], and group 2 would take
+    rows 0..2 from group 0."""
+    rng = np.random.default_rng(13)
+    m, k, n, big, quarter = 64, 16, 16, 2**31 - 1, 2**30
+
+    @jax.jit
+    def f(lhs, rhs, sizes, offset, existing):
+        kw = dict(tiling=(16, 16, 16), group_offset=offset, implementation=implementation)
+        out = grouped_matmul(lhs, rhs, sizes, existing_out=existing, **kw)
+        return out, transposed_grouped_matmul(lhs.T, existing, sizes, num_groups=3, **kw)
+
+    for sizes, offset in (
+        ([big, big, 5], 0),
+        ([40, big, big, 5], 1),
+        ([30, quarter, quarter, quarter, quarter, 7], 2),  # sums to 37 mod 2**32
+    ):
+        lhs, rhs, existing = normal(rng, (m, k)), normal(rng, (3, k, n)), normal(rng, (m, n))
+        traced = jnp.asarray(sizes, jnp.int32)
+        out, weights = f(lhs, rhs, traced, jnp.int32(offset), existing)
+        # The sizes cut at m, from exact (int64) sums.
+        cut = np.diff(np.minimum(np.cumsum(np.asarray(sizes, np.int64)), m), prepend=0)
+        reference = grouped_matmul_reference(
+            lhs, rhs, traced, group_offset=offset, existing_out=existing
+        )
+        float64 = gmm_float64(lhs, rhs, cut, offset=offset, existing=existing)
+        assert_close(out, reference, name="gmm vs grouped_matmul_reference", oracle=float64)
+        assert_close(out, float64, name="gmm vs the float64 loop")
+        reference = transposed_grouped_matmul_reference(
+            lhs.T, existing, traced, num_groups=3, group_offset=offset
+        )
+        float64 = tgmm_float64(lhs.T, existing, cut, num_groups=3, offset=offset)
+        assert_close(weights, reference, name="tgmm vs the reference", oracle=float64)
+        assert_close(weights, float64, name="tgmm vs the float64 loop")
+
+
+@every_implementation
+def test_traced_group_offset_out_of_range_is_taken_as_dynamic_slice_takes_it(implementation):
+    """A traced offset is not checked: outside [0, len(group_sizes) - num_groups] it is
+    taken as `jax.lax.dynamic_slice` takes a start (a negative one counts from the end,
+    then it is clamped into that range), on every backend and in the reference."""
+    rng = np.random.default_rng(14)
+    m, k, n = 64, 16, 16
+    sizes = jnp.asarray([10, 20, 5, 17], jnp.int32)  # 2 local groups: offsets 0..2
+
+    @jax.jit
+    def f(lhs, rhs, offset, existing):
+        kw = dict(tiling=(16, 16, 16), group_offset=offset, implementation=implementation)
+        out = grouped_matmul(lhs, rhs, sizes, existing_out=existing, **kw)
+        return out, transposed_grouped_matmul(lhs.T, existing, sizes, num_groups=2, **kw)
+
+    # (traced offset, the offset it is taken as)
+    for offset, taken_as in ((-1, 2), (-3, 1), (-7, 0), (-(2**31), 0), (3, 2), (9, 2)):
+        lhs, rhs, existing = normal(rng, (m, k)), normal(rng, (2, k, n)), normal(rng, (m, n))
+        out, weights = f(lhs, rhs, jnp.int32(offset), existing)
+        reference = grouped_matmul_reference(
+            lhs, rhs, sizes, group_offset=jnp.int32(offset), existing_out=existing
+        )
+        float64 = gmm_float64(lhs, rhs, sizes, offset=taken_as, existing=existing)
+        assert_close(out, reference, name=f"gmm at {offset} vs the reference", oracle=float64)
+        assert_close(out, float64, name=f"gmm at {offset} vs the float64 loop")
+        reference = transposed_grouped_matmul_reference(
+            lhs.T, existing, sizes, num_groups=2, group_offset=jnp.int32(offset)
+        )
+        float64 = tgmm_float64(lhs.T, existing, sizes, num_groups=2, offset=taken_as)
+        assert_close(weights, reference, name=f"tgmm at {offset} vs the reference", oracle=float64)
+        assert_close(weights, float64, name=f"tgmm at {offset} vs the float64 loop")
 
 
 @every_implementation

@@ -87,10 +87,11 @@ def test_metadata_visits_each_row_of_each_local_group_exactly_once(problem):
 
 @st.composite
 def unchecked_metadata_problems(draw):
-    """Any values a traced call may bring: negative sizes, sizes past m, offsets outside
-    the groups (clamped, as `jax.lax.dynamic_slice` clamps them)."""
+    """Any values a traced call may bring: negative sizes, sizes past m (and sums past
+    int32), offsets outside the groups (clamped, as `jax.lax.dynamic_slice` clamps them)."""
     num_total = draw(st.integers(1, 9))
-    sizes = draw(st.lists(st.integers(-5, 40), min_size=num_total, max_size=num_total))
+    size = st.one_of(st.integers(-5, 40), st.integers(2**31 - 40, 2**31 - 1))
+    sizes = draw(st.lists(size, min_size=num_total, max_size=num_total))
     local = draw(st.integers(1, num_total))
     offset = draw(st.integers(-2, num_total + 1))
     block = draw(st.sampled_from([1, 4, 16, 128]))
@@ -130,13 +131,21 @@ def test_many_groups_take_the_xla_metadata(monkeypatch):
             np.testing.assert_array_equal(a, b, err_msg=field)
 
 
-def test_local_group_bounds_clip_to_m_when_sizes_overflow():
-    # Traced sizes are not value-checked: bounds must still stay inside [0, m].
-    starts, ends = jax.jit(local_group_bounds, static_argnames=("m", "num_groups"))(
-        jnp.asarray([10, 30, 25], jnp.int32), m=32, group_offset=1, num_groups=2
-    )
-    np.testing.assert_array_equal(starts, [10, 32])
-    np.testing.assert_array_equal(ends, [32, 32])
+@pytest.mark.parametrize(
+    "sizes, offset, want",
+    [
+        ([10, 30, 25], 1, ([10, 32], [32, 32])),
+        # sums past int32 (a plain int32 cumsum wraps them to [2**31 - 1, -2, 3])
+        ([2**31 - 1, 2**31 - 1, 5], 1, ([32, 32], [32, 32])),
+        ([20, 2**30, 2**30, 2**30, 2**30, 3], 3, ([32, 32], [32, 32])),
+    ],
+)
+def test_local_group_bounds_clip_to_m_when_sizes_overflow(sizes, offset, want):
+    # Traced sizes are not value-checked: bounds are the exact ones cut at m, in [0, m].
+    bounds_fn = jax.jit(local_group_bounds, static_argnames=("m", "num_groups"))
+    starts, ends = bounds_fn(jnp.asarray(sizes, jnp.int32), m=32, group_offset=offset, num_groups=2)
+    np.testing.assert_array_equal(starts, want[0])
+    np.testing.assert_array_equal(ends, want[1])
 
 
 # --- launch configuration ----------------------------------------------------------------

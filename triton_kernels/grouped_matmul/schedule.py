@@ -15,21 +15,25 @@ def _local_groups(group_sizes_ptr, group_offset_ptr, groups,
                   G_TOTAL: tl.constexpr, GROUPS: tl.constexpr, TOTAL_SLOTS: tl.constexpr,
                   M: tl.constexpr):  # fmt: skip
     """(starts, ends) [GROUP_SLOTS] of the local groups `groups` (lanes >= GROUPS: 0, 0):
-    their rows, a negative size counted as 0, clipped to [0, M]
-    (`local_group_bounds`). The offset is taken as `jax.lax.dynamic_slice` takes a start:
-    a negative one counts from the end, then it is clamped to [0, G_TOTAL - GROUPS]."""
+    their rows, a negative size counted as 0, cut at M (`local_group_bounds`). The offset
+    is taken as `jax.lax.dynamic_slice` takes a start: a negative one counts from the end,
+    then it is clamped to [0, G_TOTAL - GROUPS]."""
     offset = tl.load(group_offset_ptr)
     offset = tl.where(offset < 0, offset + G_TOTAL, offset)
     offset = tl.minimum(tl.maximum(offset, 0), G_TOTAL - GROUPS)
+    # Sums in int64: G_TOTAL sizes below 2**31 add up far below 2**63, so (unlike int32,
+    # where traced sizes near 2**31 wrap) the bounds are exact before they are cut at M.
     every = tl.arange(0, TOTAL_SLOTS)
-    sizes = tl.maximum(tl.load(group_sizes_ptr + every, mask=every < G_TOTAL, other=0), 0)
+    sizes = tl.load(group_sizes_ptr + every, mask=every < G_TOTAL, other=0)
+    sizes = tl.maximum(sizes, 0).to(tl.int64)
     before = tl.sum(tl.where(every < offset, sizes, 0), 0)
     local = groups < GROUPS
-    own = tl.maximum(tl.load(group_sizes_ptr + offset + groups, mask=local, other=0), 0)
+    own = tl.load(group_sizes_ptr + offset + groups, mask=local, other=0)
+    own = tl.maximum(own, 0).to(tl.int64)
     ends = before + tl.cumsum(own, 0)
     starts = ends - own
-    starts = tl.where(local, tl.minimum(tl.maximum(starts, 0), M), 0)
-    ends = tl.where(local, tl.minimum(tl.maximum(ends, 0), M), 0)
+    starts = tl.where(local, tl.minimum(starts, M), 0).to(tl.int32)
+    ends = tl.where(local, tl.minimum(ends, M), 0).to(tl.int32)
     return starts, ends
 
 
