@@ -37,6 +37,9 @@ SM_LIMITS = {
     100: (65536, 228 * 1024, 64, 32),
     120: (65536, 100 * 1024, 48, 32),
 }
+LOOP_RELOADS_TOLERATED = 1
+"""Spill loads (and no store) an innermost loop may hold before `KernelReport.loop_spills`
+says it spills (Triton 3.6's dK/dV loop at 64x128 reloads one loop-invariant register)."""
 _RESERVED_SHARED_PER_CTA = 1024
 _REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256
 
@@ -51,6 +54,7 @@ class InnerLoop:
       mma_flops: tensor-core FLOPs one iteration does for the whole CTA, from the shapes of
         its HGMMA (per warpgroup: 2*M*N*K) and HMMA (per warp: 2*M*N*K) instructions.
       spill_instructions: local-memory loads and stores (LDL, STL: spills) in the body.
+      spill_stores: the stores (STL) among them.
     """
 
     start: int
@@ -58,6 +62,7 @@ class InnerLoop:
     instructions: int
     mma_flops: int
     spill_instructions: int = 0
+    spill_stores: int = 0
 
     def instructions_per_mflop(self, num_warps: int) -> float:
         """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
@@ -107,7 +112,8 @@ def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
         flops = sum(_mma_flops(op, num_warps) for op in ops)
         if flops:
             spilling = sum(op.split(".")[0] in ("LDL", "STL") for op in ops)
-            found.append(InnerLoop(lo, hi, len(ops), flops, spilling))
+            stores = sum(op.split(".")[0] == "STL" for op in ops)
+            found.append(InnerLoop(lo, hi, len(ops), flops, spilling, stores))
     inner = [
         loop
         for loop in found
@@ -181,9 +187,15 @@ class KernelReport:
 
     @property
     def loop_spills(self) -> bool:
-        """Spill loads or stores inside the innermost tensor-core loop (every iteration
-        pays them; a spill elsewhere costs a program a few instructions once)."""
-        return self.inner_loop is not None and self.inner_loop.spill_instructions > 0
+        """Spills inside the innermost tensor-core loop, which every iteration pays (a
+        spill elsewhere costs a program a few instructions once): any store, or more than
+        `LOOP_RELOADS_TOLERATED` loads. A lone reload is a value kept in local memory
+        across the loop and read once an iteration, from L1, by a loop of hundreds of
+        instructions."""
+        loop = self.inner_loop
+        return loop is not None and (
+            loop.spill_stores > 0 or loop.spill_instructions > LOOP_RELOADS_TOLERATED
+        )
 
     @property
     def ctas_per_sm(self) -> int:

@@ -173,9 +173,10 @@ _TRITON_3_6_SPILLS = {
     (90, 128, "forward_tma", AttentionFeatures(causal=True), None): 4,
     (90, 128, "backward_dkdv_tma_persistent", AttentionFeatures(causal=True), None): 4,
 }
-# The dK/dV loop's issue target on sm_90 at d=128, causal; under 3.6 the same tiles
-# measure 648 warp-instructions per MFLOP with 3 or 7 query heads per kv head.
-DKDV_GROUPS_TARGET = 650 if TRITON_3_6 else 550
+# The dK/dV loop's issue target on sm_90 at d=128, causal (the issue's 550 per MFLOP),
+# under both Tritons: 3.6 measured 643-648 until the loop's row statistics took a scalar
+# offset (494 with 3 or 7 query heads per kv head; 3.9: 532).
+DKDV_GROUPS_TARGET = 550
 
 
 # dK/dV visits its masked query tiles (the diagonal band and the sequence's edge) in one
@@ -245,10 +246,10 @@ def test_dkdv_groups_not_a_power_of_two(group, features):
 def test_dkdv_tma_default_has_a_clean_shorter_loop(group):
     """Hopper's dK/dV default where descriptors launch (64x128, Q and dO through TMA;
     causal; GQA groups that are powers of two, as the default requires), under Triton 3.6
-    and 3.9: wgmma not serialized, bulk tensor copies, no spill in its loop (a few bytes
-    outside it: its wgmma kept in flight, since the masked tiles share one loop, cost the
-    registers; serialized before, it spilled none), and a causal loop within the pointer
-    tile's target."""
+    and 3.9: wgmma not serialized, bulk tensor copies, no spill in its loop (under 3.6 one
+    reload of a loop invariant, `LOOP_RELOADS_TOLERATED`; a few bytes outside it: its
+    wgmma kept in flight, since the masked tiles share one loop, cost the registers;
+    serialized before, it spilled none), and a causal loop within the target."""
     variant = attention_variant("backward_dkdv", 128, 90, descriptors=True)
     assert variant.name.endswith("_tma") and variant.constexprs["BLOCK_M"] == 64
     heads = dict(NUM_Q_HEADS=group * variant.constexprs["NUM_KV_HEADS"])

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from jax_bridge.launch.report import (
+    KernelReport,
     ctas_per_sm,
     innermost_mma_loop,
     max_shared_memory_per_cta,
@@ -153,4 +154,29 @@ def test_loop_spills_are_counted_in_the_loop_only():
         /*0040*/  LDL R4, [R1+0x8] ;
     """
     loop = innermost_mma_loop(sass, num_warps=4)
-    assert (loop.start, loop.end, loop.spill_instructions) == (0x10, 0x30, 1)
+    assert (loop.start, loop.end, loop.spill_instructions, loop.spill_stores) == (0x10, 0x30, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "body, spills",
+    [
+        ("LDL R3, [R1+0x4] ;", False),  # one reload an iteration: tolerated
+        ("LDL R3, [R1+0x4] ;\n/*0028*/ LDL R5, [R1+0x8] ;", True),
+        ("STL [R1+0x4], R3 ;", True),  # any store
+    ],
+)
+def test_loop_spills_tolerate_one_reload_and_no_store(body, spills):
+    """`KernelReport.loop_spills`: more than `LOOP_RELOADS_TOLERATED` spill loads, or any
+    spill store, in the innermost MMA loop."""
+    sass = f"""
+        /*0010*/  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/  {body}
+        /*0030*/  @P0 BRA 0x10 ;
+    """
+    report = KernelReport(
+        kernel="k", compute_capability=90, num_warps=8, num_stages=2, registers=255,
+        spill_store_bytes=4, spill_load_bytes=4, stack_bytes=8, shared_memory_bytes=0,
+        uses_wgmma=True, uses_mma=True, sass_opcodes={},
+        inner_loop=innermost_mma_loop(sass, num_warps=8),
+    )  # fmt: skip
+    assert report.loop_spills is spills

@@ -310,8 +310,11 @@ def _dkdv_query_tile(q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_t
         _tile_ptrs(d_out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED), do_ok, d_ok,
         CHECK, EVEN_D,
     )  # fmt: skip
-    stats = (batch * NUM_Q_HEADS + head) * q_len + cols
-    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, cols < q_len, CHECK)
+    # A scalar offset, then the tile's: `_dkdv_query_tiles` (flash_attention) says why.
+    stats = (batch * NUM_Q_HEADS + head) * q_len + q_tile * BLOCK_M
+    lse2, delta = _load_row_stats(
+        (lse_log2_ptr + stats) + offs_m, (delta_ptr + stats) + offs_m, cols < q_len, CHECK
+    )
     return cols, q, do, lse2, delta
 
 

@@ -183,9 +183,10 @@ _AMPERE_16BIT_LIGHT: _Table = {
 _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
-# through TMA at 64x128: 349 / 532 warp-instructions per MFLOP under Triton 3.9 / 3.6,
-# against 540 / 648 for 32x128 by pointers, its loop free of spills (a few bytes outside
-# it: 4-8 B under 3.9, 16-36 B under 3.6; by pointers the tile spills 48-80 B).
+# through TMA at 64x128: 341 / 360 warp-instructions per MFLOP under Triton 3.9 / 3.6,
+# against 528 / 492 for 32x128 by pointers, its loop free of spills (under 3.6 one
+# reload of a loop invariant; a few bytes outside it: 0-20 B under 3.9, 20-32 B under
+# 3.6; by pointers the tile spills 84-116 B under 3.9, in its loop).
 # (Until 2026-11-27 every causal dK/dV kernel compiled by Triton 3.6 had its wgmma
 # serialized by ptxas, C7515: the kernel now visits its masked tiles in one loop.) Not
 # taken without a right bound, nor persistent (they spilled more: 8-44 B, measured before
