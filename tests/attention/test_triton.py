@@ -128,6 +128,27 @@ def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
     ).tma
 
 
+def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward():
+    """A persistent walk (past 64 sequences) keeps the forward's smaller tile (128x128
+    spills there) and takes the light calls' dQ and dK/dV tiles, as a program a tile
+    does (the static report: spill-free under Triton 3.6 and 3.9), except the TMA one."""
+    causal = AttentionFeatures(causal=True)
+    for compute_capability, head_dim, kind in [
+        (90, 128, "backward_dq"), (90, 64, "backward_dq"), (80, 64, "backward_dq"),
+        (90, 64, "backward_dkdv"),
+    ]:  # fmt: skip
+        args = (head_dim, "bfloat16", compute_capability, kind)
+        walk = default_attention_config(*args, features=causal, persistent=True)
+        assert walk == default_attention_config(*args, features=causal), args
+    walk = default_attention_config(128, "bfloat16", 90, "forward", features=causal,
+                                    persistent=True)  # fmt: skip
+    assert (walk.block_m, walk.block_n) == (128, 64)
+    assert default_attention_config(128, "bfloat16", 90, "forward", features=causal).block_n == 128
+    heavy = AttentionFeatures(causal=True, soft_cap=True)
+    assert default_attention_config(128, "bfloat16", 90, "backward_dq", features=heavy,
+                                    persistent=True).block_n == 32  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

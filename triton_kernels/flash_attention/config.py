@@ -181,6 +181,13 @@ _AMPERE_16BIT_LIGHT: _Table = {
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
+# Persistent launches (past 64 sequences: packed batches of many documents) take the
+# light dQ and dK/dV tiles too, spill-free under Triton 3.6 and 3.9
+# (sm_90 and sm_80, causal or not, 1, 3 or 7 query heads per kv head; 4 B under 3.6
+# with 3 or 7), warp-instructions per MFLOP 3.6 / 3.9: dQ d=128 496 -> 360 / 600 -> 422,
+# d=64 783 -> 610 / 931 -> 702, sm_80 d=64 992 -> 837 / 987 -> 837; dK/dV d=64 843 ->
+# 654 / 874 -> 643. Not the forward's 128x128: 80-100 B of spill at two stages under
+# 3.6 (40-68 B at three), 16-28 B under 3.9.
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
 # through TMA at 64x128: 341 / 360 warp-instructions per MFLOP under Triton 3.9 / 3.6,
@@ -266,8 +273,9 @@ def default_attention_config(
       compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
       kind: one of `KINDS`.
       features: the call's code-changing options (larger tiles where they do not spill).
-      persistent: the kernel walks its tile list (PERSISTENT): the loop holds registers,
-        so the larger tiles of light calls are not taken.
+      persistent: the kernel walks its tile list (PERSISTENT): the walk holds registers,
+        so the forward does not take the larger tiles of light calls (128x128 spills
+        there: see `_LIGHT_TABLES`), nor dK/dV the TMA tile.
       descriptors: the launch can use device-side tensor descriptors
         (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
@@ -291,13 +299,14 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif compute_capability in _LIGHT_TABLES and not (features.register_heavy or persistent):
-        if _takes_hopper_dkdv_tma(
+    elif compute_capability in _LIGHT_TABLES and not features.register_heavy:
+        if not persistent and _takes_hopper_dkdv_tma(
             head_dim, compute_capability, kind, features, descriptors, gqa_group
         ):
             return _HOPPER_DKDV_TMA
-        light = _LIGHT_TABLES[compute_capability]
-        config = light.get(kind, {}).get(tile_d, config)
+        if not (persistent and kind == "forward"):
+            light = _LIGHT_TABLES[compute_capability]
+            config = light.get(kind, {}).get(tile_d, config)
     if not hopper and persistent and features.register_heavy:
         config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)
