@@ -151,6 +151,8 @@ def test_default_precision_compiles_exact_float32_products():
 # --- static report ------------------------------------------------------------------------
 
 HEAVY = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
+# Sliding-window calls take some light tiles (`_WINDOWED_LIGHT`): checked on their own.
+SLIDING = AttentionFeatures(causal=True, window_left=True)
 
 # Triton 3.6 (the lent GPU machines' compiler) allocates registers differently from 3.9,
 # and a few dK/dV defaults spill there. Each has a spill-free tile under 3.6 (16x128 on
@@ -187,17 +189,25 @@ DKDV_GROUPS_TARGET = 550
 _DKDV_SPILL_OUTSIDE_LOOP = 64
 
 
+# Under either Triton, outside the loop: the persistent sliding-window forward at its
+# 128x64 tile spills 12 B under 3.9 (at two stages or three; none under 3.6).
+_OUTSIDE_LOOP_SPILLS = {(90, 128, "forward", SLIDING, None): 12}
+
+
 def assert_spills_expected(report, key):
     """No spills, or under Triton 3.6 at most the bytes `_TRITON_3_6_SPILLS` lists; dK/dV
-    also up to `_DKDV_SPILL_OUTSIDE_LOOP` bytes where none is in its loop."""
+    also up to `_DKDV_SPILL_OUTSIDE_LOOP` bytes where none is in its loop, and the kernels
+    `_OUTSIDE_LOOP_SPILLS` lists what it lists there."""
     allowed = _TRITON_3_6_SPILLS.get(key, 0) if TRITON_3_6 else 0
+    if not report.loop_spills:
+        allowed = max(allowed, _OUTSIDE_LOOP_SPILLS.get(key, 0))
     if key[2] == "backward_dkdv" and not report.loop_spills:
         allowed = max(allowed, _DKDV_SPILL_OUTSIDE_LOOP)
     spilled = max(report.spill_store_bytes, report.spill_load_bytes)
     assert spilled <= allowed, (report.summary(), f"allowed {allowed} B")
 
 
-FEATURES = [AttentionFeatures(causal=True), AttentionFeatures(), HEAVY]
+FEATURES = [AttentionFeatures(causal=True), AttentionFeatures(), SLIDING, HEAVY]
 
 
 def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bfloat16", **kw):

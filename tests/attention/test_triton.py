@@ -14,6 +14,9 @@ Numerics of the backend as a whole are in `test_conformance.py`.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +45,7 @@ from tests.attention.helpers import (
 )
 from tests.devices import needs_tensor_descriptors
 from triton_kernels.flash_attention.config import (
+    _WINDOWED_LIGHT,
     KINDS,
     AttentionFeatures,
     block_d,
@@ -79,7 +83,9 @@ FEATURE_SETS = [
 @pytest.mark.parametrize("compute_capability", COMPUTE_CAPABILITIES)
 def test_register_heavy_calls_never_get_larger_tiles(compute_capability, features):
     """The light tables only ever enlarge tiles, and only for calls without the
-    register-heavy options; heavy calls keep the tiles proven not to spill with all on."""
+    register-heavy options (sliding-window calls, whose only one is a left window: where
+    `_WINDOWED_LIGHT` lists them); heavy calls keep the tiles proven not to spill with all
+    on."""
     heavy = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
     for kind in KINDS:
         for head_dim in (64, 128, 256):
@@ -90,7 +96,12 @@ def test_register_heavy_calls_never_get_larger_tiles(compute_capability, feature
                 head_dim, "bfloat16", compute_capability, kind, features=heavy
             )
             assert config.block_m * config.block_n >= base.block_m * base.block_n
-            if features.register_heavy or compute_capability in (86, 89):
+            windowed = (
+                features.window_left
+                and not (features.soft_cap or features.alibi)
+                and (compute_capability, kind, max(64, head_dim), False) in _WINDOWED_LIGHT
+            )
+            if compute_capability in (86, 89) or (features.register_heavy and not windowed):
                 assert config == base
 
 
@@ -126,6 +137,26 @@ def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
     assert not default_attention_config(
         128, "bfloat16", None, "backward_dkdv", descriptors=True
     ).tma
+
+
+def test_sliding_window_calls_take_the_light_tiles_listed_for_them():
+    """A left window alone (no soft cap, no ALiBi) takes the light call's tile exactly
+    where `_WINDOWED_LIGHT` lists it; with a soft cap or ALiBi too, the heavy tile."""
+    for window in (AttentionFeatures(causal=True, window_left=True),
+                   AttentionFeatures(window_left=True, window_right=True)):  # fmt: skip
+        for compute_capability, kind, head_dim, persistent in itertools.product(
+            (80, 90), KINDS, (64, 128), (False, True)
+        ):
+            args = (head_dim, "bfloat16", compute_capability, kind)
+            config = default_attention_config(*args, features=window, persistent=persistent)
+            light = default_attention_config(
+                *args, features=AttentionFeatures(causal=True), persistent=persistent
+            )
+            heavy = default_attention_config(
+                *args, features=dataclasses.replace(window, alibi=True), persistent=persistent
+            )
+            listed = (compute_capability, kind, head_dim, persistent) in _WINDOWED_LIGHT
+            assert config == (light if listed else heavy), (args, persistent, window)
 
 
 def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward():
