@@ -45,7 +45,7 @@ from tests.attention.helpers import (
 )
 from tests.devices import needs_tensor_descriptors
 from triton_kernels.flash_attention.config import (
-    _WINDOWED_LIGHT,
+    _HEAVY_LIGHT,
     KINDS,
     AttentionFeatures,
     block_d,
@@ -83,9 +83,8 @@ FEATURE_SETS = [
 @pytest.mark.parametrize("compute_capability", COMPUTE_CAPABILITIES)
 def test_register_heavy_calls_never_get_larger_tiles(compute_capability, features):
     """The light tables only ever enlarge tiles, and only for calls without the
-    register-heavy options (sliding-window calls, whose only one is a left window: where
-    `_WINDOWED_LIGHT` lists them); heavy calls keep the tiles proven not to spill with all
-    on."""
+    register-heavy options (or where `_HEAVY_LIGHT` lists the call's); heavy calls keep
+    the tiles proven not to spill with all on."""
     heavy = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
     for kind in KINDS:
         for head_dim in (64, 128, 256):
@@ -96,12 +95,10 @@ def test_register_heavy_calls_never_get_larger_tiles(compute_capability, feature
                 head_dim, "bfloat16", compute_capability, kind, features=heavy
             )
             assert config.block_m * config.block_n >= base.block_m * base.block_n
-            windowed = (
-                features.window_left
-                and not (features.soft_cap or features.alibi)
-                and (compute_capability, kind, max(64, head_dim), False) in _WINDOWED_LIGHT
+            listed = (compute_capability, kind, max(64, head_dim), False) in _HEAVY_LIGHT.get(
+                features.heavy_options, ()
             )
-            if compute_capability in (86, 89) or (features.register_heavy and not windowed):
+            if compute_capability in (86, 89) or (features.register_heavy and not listed):
                 assert config == base
 
 
@@ -139,24 +136,24 @@ def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
     ).tma
 
 
-def test_sliding_window_calls_take_the_light_tiles_listed_for_them():
-    """A left window alone (no soft cap, no ALiBi) takes the light call's tile exactly
-    where `_WINDOWED_LIGHT` lists it; with a soft cap or ALiBi too, the heavy tile."""
-    for window in (AttentionFeatures(causal=True, window_left=True),
-                   AttentionFeatures(window_left=True, window_right=True)):  # fmt: skip
-        for compute_capability, kind, head_dim, persistent in itertools.product(
-            (80, 90), KINDS, (64, 128), (False, True)
-        ):
-            args = (head_dim, "bfloat16", compute_capability, kind)
-            config = default_attention_config(*args, features=window, persistent=persistent)
-            light = default_attention_config(
-                *args, features=AttentionFeatures(causal=True), persistent=persistent
-            )
-            heavy = default_attention_config(
-                *args, features=dataclasses.replace(window, alibi=True), persistent=persistent
-            )
-            listed = (compute_capability, kind, head_dim, persistent) in _WINDOWED_LIGHT
-            assert config == (light if listed else heavy), (args, persistent, window)
+@pytest.mark.parametrize("options", [*_HEAVY_LIGHT, ("alibi", "soft_cap", "window_left")])
+def test_heavy_calls_take_the_light_tiles_listed_for_them(options):
+    """A call whose register-heavy options are `options` takes the light call's tile
+    exactly where `_HEAVY_LIGHT[options]` lists it, else the tile of all of them on."""
+    listed = _HEAVY_LIGHT.get(options, frozenset())
+    everything = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
+    for causal, compute_capability, kind, head_dim, persistent in itertools.product(
+        (True, False), (80, 90), KINDS, (64, 128), (False, True)
+    ):
+        features = AttentionFeatures(causal=causal, **dict.fromkeys(options, True))
+        assert features.heavy_options == options
+        args = (head_dim, "bfloat16", compute_capability, kind)
+        config = default_attention_config(*args, features=features, persistent=persistent)
+        plain = dataclasses.replace(features, soft_cap=False, alibi=False, window_left=False)
+        light = default_attention_config(*args, features=plain, persistent=persistent)
+        heavy = default_attention_config(*args, features=everything, persistent=persistent)
+        key = (compute_capability, kind, head_dim, persistent)
+        assert config == (light if key in listed else heavy), (options, key, causal)
 
 
 def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward():
@@ -175,7 +172,7 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
                                     persistent=True)  # fmt: skip
     assert (walk.block_m, walk.block_n) == (128, 64)
     assert default_attention_config(128, "bfloat16", 90, "forward", features=causal).block_n == 128
-    heavy = AttentionFeatures(causal=True, soft_cap=True)
+    heavy = AttentionFeatures(causal=True, soft_cap=True, alibi=True)
     assert default_attention_config(128, "bfloat16", 90, "backward_dq", features=heavy,
                                     persistent=True).block_n == 32  # fmt: skip
 

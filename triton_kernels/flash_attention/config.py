@@ -84,10 +84,16 @@ class AttentionFeatures:
         return self.causal or self.window_right
 
     @property
+    def heavy_options(self) -> tuple[str, ...]:
+        """The register-heavy options on, by name, sorted: score arithmetic beyond the
+        scale and a right bound (ALiBi's |i - j| term, the tanh of a soft cap and its
+        gradient, a second window bound)."""
+        return tuple(name for name in ("alibi", "soft_cap", "window_left") if getattr(self, name))
+
+    @property
     def register_heavy(self) -> bool:
-        """Score arithmetic beyond the scale and a right bound: the tanh of a soft cap
-        (and its gradient), ALiBi's |i - j| term, a second window bound."""
-        return self.soft_cap or self.alibi or self.window_left
+        """Any of `heavy_options` on."""
+        return bool(self.heavy_options)
 
     def kernel_flags(self) -> dict[str, bool]:
         """The constexpr switches every attention kernel takes (the forward also takes
@@ -168,9 +174,9 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
 # matmul work. `python -m bench report` (bf16, causal, d=128, sm_90), warp-instructions
 # of the inner loop per MFLOP: forward 694 -> 527, dQ 610 -> 417; Hopper dK/dV at d=64
 # takes 64x128 (904 -> 650 at d=64). With a soft cap, ALiBi and a left window these
-# tiles spill, so heavy calls keep the tables above (sliding-window calls, a left window
-# alone, take some: `_WINDOWED_LIGHT`). sm_80 gains too (forward 1301 ->
-# 845); its dQ at d=128 spills at 128x64. Other architectures keep the tables above.
+# tiles spill, so heavy calls keep the tables above, but where `_HEAVY_LIGHT` lists
+# them. sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. Other
+# architectures keep the tables above.
 _HOPPER_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
     "backward_dkdv": {64: (64, 128, 8, 2)},
@@ -250,34 +256,59 @@ def _takes_hopper_dkdv_tma(
     )
 
 
-# Sliding-window calls (a left window; no soft cap, no ALiBi): the window masks only the
-# tiles at its edges, so their unmasked loop is the causal one, and they take the light
-# tiles where those stay spill-free with the window, under Triton 3.6 and 3.9 (causal or
-# not, sinks, 1 or 3 query heads per kv head), by (arch, kind, head-dim tile,
-# persistent); warp-instructions per MFLOP 3.6 / 3.9: sm_90 dQ d=128 526 -> 373 / 610 ->
-# 417, d=64 804 -> 626 / 931 -> 692; forward d=64 1091 -> 858 / 1133 -> 896; dK/dV d=64
-# 847 -> 637 / 881 -> 639; sm_80 forward d=64 1373 -> 1133 / 1404 -> 1133, dQ d=64 971
-# -> 837 / 971 -> 837. Not the forward at d=128 (3.9 spills 96-112 B on sm_90, 3.6 128 B
-# on sm_80), nor the persistent dQ at d=128 (3.9: 112-148 B).
-_WINDOWED_LIGHT = {
-    (90, "backward_dq", 128, False),
-    (90, "backward_dq", 64, False),
-    (90, "backward_dq", 64, True),
-    (90, "forward", 64, False),
-    (90, "backward_dkdv", 64, False),
-    (90, "backward_dkdv", 64, True),
-    (80, "forward", 64, False),
-    (80, "backward_dq", 64, False),
-    (80, "backward_dq", 64, True),
-}
+# Calls with register-heavy options take the light tiles where those stay free with them:
+# spill-free and not serialized under Triton 3.6 and 3.9 (causal or not, sinks, 1 or 3
+# query heads per kv head), listed by the call's heavy options, then (arch, kind,
+# head-dim tile, persistent). A left window alone (sliding-window attention) masks only
+# the tiles at its edges, so its unmasked loop is the causal one; a soft cap and ALiBi
+# add work to every score. Warp-instructions per MFLOP, 3.6 / 3.9, sm_90 dQ d=128:
+# window 526 -> 373 / 610 -> 417, soft cap 1055 -> 923 / 1172 -> 987, ALiBi 636 -> 497
+# / 750 -> 553; ALiBi's forward at d=128 870 -> 685 / 1089 -> 934; at d=64 the forward,
+# dQ and dK/dV gain 8-25%. Not listed: the forward at d=128 with a window or a soft cap
+# (32-148 B of spill), the persistent dQ at d=128 with a window alone (3.9: 112-148 B),
+# the forward at d=128 on sm_80 (4-148 B), any other combination of options.
+_HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
+    ("window_left",): frozenset({
+        (90, "backward_dq", 128, False),
+        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
+        (90, "forward", 64, False),
+        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
+        (80, "forward", 64, False),
+        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
+    }),
+    ("soft_cap",): frozenset({
+        (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
+        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
+        (90, "forward", 64, False),
+        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
+        (80, "forward", 64, False),
+        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
+    }),
+    ("alibi",): frozenset({
+        (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
+        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
+        (90, "forward", 128, False), (90, "forward", 64, False),
+        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
+        (80, "forward", 64, False),
+        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
+    }),
+    ("soft_cap", "window_left"): frozenset({
+        (90, "backward_dq", 128, True),
+        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
+        (90, "forward", 64, False),
+        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
+        (80, "forward", 64, False),
+        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
+    }),
+}  # fmt: skip
 
 
-def _windowed_light(
+def _heavy_takes_light(
     features: AttentionFeatures, compute_capability: int, kind: str, tile_d: int, persistent: bool
 ) -> bool:
-    """Whether a sliding-window call takes the light tile (`_WINDOWED_LIGHT`)."""
-    windowed_only = features.window_left and not (features.soft_cap or features.alibi)
-    return windowed_only and (compute_capability, kind, tile_d, persistent) in _WINDOWED_LIGHT
+    """Whether a register-heavy call takes the light tile (`_HEAVY_LIGHT`)."""
+    listed = _HEAVY_LIGHT.get(features.heavy_options, frozenset())
+    return (compute_capability, kind, tile_d, persistent) in listed
 
 
 # Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
@@ -338,7 +369,7 @@ def default_attention_config(
         if not (persistent and kind == "forward"):
             light = _LIGHT_TABLES[compute_capability]
             config = light.get(kind, {}).get(tile_d, config)
-    elif _windowed_light(features, compute_capability, kind, tile_d, persistent):
+    elif _heavy_takes_light(features, compute_capability, kind, tile_d, persistent):
         config = _LIGHT_TABLES[compute_capability][kind][tile_d]
     if not hopper and persistent and features.register_heavy:
         config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
