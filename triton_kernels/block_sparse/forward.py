@@ -289,15 +289,12 @@ def _forward_step(
 @triton.jit
 def _rows_seeing_bad_values(
     v_ptr,
-    v_bad_ptr,
     tiles_ptr,
     codes_ptr,
     base,
     full,
     total,
     kv_base,
-    batch,
-    kv_head,
     tile,
     table_ptr,
     q_doc_ptr,
@@ -320,11 +317,12 @@ def _rows_seeing_bad_values(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ROWS_ALIGNED: tl.constexpr,
-    FIND_BAD_ROWS: tl.constexpr,
 ):
     """bool [BLOCK_M]: the rows of query tile `tile` that may see a non-finite value
     row in the partial tiles full..total of their list (full tiles read V as given: NaN
-    reaches their rows by itself). Called after the loop, only when it found such a row.
+    reaches their rows by itself). With FIND_BAD_ROWS, after the forward's loop, only
+    when it found such a row (the flags path poisons its accumulator in the loop, which
+    serializes nothing on sm_80..89).
 
     The loop only notes that one exists: a NaN select on its accumulator made ptxas
     serialize its wgmma (C7515, Triton 3.9), and a per-row vector kept across it spilled
@@ -339,13 +337,10 @@ def _rows_seeing_bad_values(
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
-        if FIND_BAD_ROWS:
-            kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-            v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-            v = _load_rows(v_ptrs, cols < kv_len, offs_d < HEAD_DIM, True, BLOCK_D == HEAD_DIM)
-            v_bad = _nonfinite_rows(v)
-        else:
-            v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v = _load_rows(v_ptrs, cols < kv_len, offs_d < HEAD_DIM, True, BLOCK_D == HEAD_DIM)
+        v_bad = _nonfinite_rows(v)
         code = tl.load(codes_ptr + base + t)
         allowed_t = _allowed(
             rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
@@ -468,7 +463,7 @@ def block_sparse_forward_kernel(
             scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
             SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
-    any_bad = False  # a partial tile held a non-finite value row
+    any_bad = False  # a partial tile held a non-finite value row (FIND_BAD_ROWS)
     for t in range(full, total):
         kv_tile = tl.load(tiles_ptr + base + t)
         cols = kv_tile * BLOCK_N + offs_n
@@ -515,11 +510,10 @@ def block_sparse_forward_kernel(
     tl.store(lse_ptr + lse_row + rows, lse, mask=row_ok)
     if any_bad:  # rare: find the rows that see them again and overwrite them with NaN
         seeing = _rows_seeing_bad_values(
-            v_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base, full, total, kv_base, batch, kv_head,
-            tile, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len,
-            window_left, window_right, prefix, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
-            PREDICATE, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, ROWS_ALIGNED,
-            FIND_BAD_ROWS,
+            v_ptr, tiles_ptr, codes_ptr, base, full, total, kv_base, tile, table_ptr,
+            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left,
+            window_right, prefix, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE,
+            NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, ROWS_ALIGNED,
         )  # fmt: skip
         nan = tl.full([BLOCK_M, BLOCK_D], float("nan"), out_ptr.dtype.element_ty)
         tl.debug_barrier()  # the store above first, whichever threads made it
