@@ -10,8 +10,9 @@ warp-instructions of the innermost unmasked tensor-core loop per MFLOP of its te
 work (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
 kernels of different tile shapes fairly, and it moves with every change to a kernel.
 
-Flags: SPILL (a spill inside that loop, where every iteration pays it, or more than
-`SPILL_OUTSIDE_LOOP_BYTES` elsewhere), SERIAL (ptxas serialized the warpgroup MMAs: each
+Flags: SPILL (a spill store inside that loop, or more than `LOOP_RELOADS_TOLERATED`
+reloads, where every iteration pays them, or more than `SPILL_OUTSIDE_LOOP_BYTES`
+elsewhere), SERIAL (ptxas serialized the warpgroup MMAs: each
 waits for the one before, which no instruction count shows), SMEM (over the CTA's
 shared-memory limit), NO-HGMMA (an sm_90 kernel without warpgroup MMA), and OVER-TARGET
 (an sm_90 attention kernel at head_dim 128 above `TARGET_PER_MFLOP`). The exit status is

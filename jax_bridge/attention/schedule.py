@@ -57,7 +57,8 @@ def persistent(num_sequences: int) -> bool:
     `cdiv(total, block) + min(sequences, total)` rows, almost all empty when there are
     many sequences, and each program costs a block launch. Past `_SPARE_PROGRAMS`
     sequences, `cdiv(total, block) + _SPARE_PROGRAMS` programs walk the list instead (their
-    loop costs registers: `default_attention_config(persistent=True)` keeps smaller tiles)."""
+    loop costs registers: `default_attention_config(persistent=True)` keeps the forward's
+    smaller tile)."""
     return num_sequences > _SPARE_PROGRAMS
 
 

@@ -129,8 +129,9 @@ def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: 
     require_all(sizes >= 0, "group_sizes must be non-negative.")
     if is_traced(sizes):
         # An int32 sum wraps (two sizes near 2**31 add up to a small one); summed by
-        # `group_ends`, saturating at m + 1, it cannot, and it passes m only if the sum does.
-        total = group_ends(sizes, m + 1)[-1]
+        # `group_ends`, saturating at m + 1, it cannot, and it passes m only if the sum does
+        # (m + 1 kept in int32: for an lhs of 2**31 - 1 rows a sum past m goes unseen).
+        total = group_ends(sizes, min(m + 1, 2**31 - 1))[-1]
     else:
         total = np.sum(sizes, dtype=np.int64)
     require(total <= m, f"group_sizes must sum to at most {m}, the rows of lhs.")

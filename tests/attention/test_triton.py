@@ -81,7 +81,7 @@ FEATURE_SETS = [
 
 @pytest.mark.parametrize("features", FEATURE_SETS, ids=lambda f: f.describe())
 @pytest.mark.parametrize("compute_capability", COMPUTE_CAPABILITIES)
-def test_register_heavy_calls_never_get_larger_tiles(compute_capability, features):
+def test_heavy_calls_get_larger_tiles_only_where_listed(compute_capability, features):
     """The light tables only ever enlarge tiles, and only for calls without the
     register-heavy options (or where `_HEAVY_LIGHT` lists the call's); heavy calls keep
     the tiles proven not to spill with all on."""

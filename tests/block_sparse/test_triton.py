@@ -244,12 +244,15 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
 
 
+@pytest.mark.parametrize("as_table", [False, True], ids=["token-rule", "table"])
 @pytest.mark.parametrize("find_in_kernel", [False, True], ids=["copy-of-v", "in-kernel"])
-def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kernel):
+def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kernel, as_table):
     """V's non-finite rows found by the forward kernel in its partial tiles (sm_90 and up)
     or read from the bridge's copy and flags (sm_80..89): the same outputs, and a NaN or an
     infinity in one document's V reaches exactly the rows that see it. Rows of the other
-    documents are the clean call's, bit for bit within each path."""
+    documents are the clean call's, bit for bit within each path. The same documents as
+    a token rule and as a table of partial blocks (the in-kernel path finds the rows
+    after its loop, evaluating the mask transposed)."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.block_sparse import triton as block_sparse_triton
 
@@ -257,6 +260,9 @@ def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kern
     length = 96
     cu = np.array([0, 30, 70, 96], np.int32)
     mask = DocumentMask(cu, shape=(length, length), causal=True)
+    if as_table:
+        doc = np.searchsorted(cu, np.arange(length), side="right")
+        mask = NumpyMask((doc[:, None] == doc[None, :]) & np.tri(length, dtype=bool))
     rng = np.random.default_rng(8)
     q, k, v = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "qkv")
 

@@ -31,8 +31,8 @@ value-side products (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) read a c
 their right operand whose non-finite rows the bridge zeroed, so a masked (zero) weight
 never meets a NaN; the rows that may see such a row are made NaN instead (from int8
 flags `[batch, len, heads]` of those rows, the tile's mask evaluated again only when a
-flag is set: `_poison_rows` in the backward's loops; the forward's loop only notes it,
-and `_rows_seeing_bad_values` finds those rows after it): NaN or Inf in one document
+flag is set: `_poison_rows` in the loops, but with FIND_BAD_ROWS the forward's loop only
+notes it, and `_rows_seeing_bad_values` finds those rows after it): NaN or Inf in one document
 never reaches another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
 kernels find and zero those rows in the tiles they load instead (FIND_BAD_ROWS: no copy
 a call). dK/dV never reads copies: its partial tiles load the flagged rows of q and dO
