@@ -144,10 +144,13 @@ def varlen_impl(spec: MaskSpec, config=None, label: str = "") -> Impl:
     `config` (an `AttentionConfigs`, for A/B rows: `label` names it)."""
     from jax_bridge import varlen_attention
 
+    window = None if spec.window is None else (spec.window, 0)
+
     def fn(q, k, v, cu):
         return varlen_attention(
-            q, k, v, cu, cu, causal=spec.causal, implementation="triton", config=config
-        )
+            q, k, v, cu, cu, causal=spec.causal, sliding_window=window,
+            implementation="triton", config=config,
+        )  # fmt: skip
 
     def prepare(host):
         import jax.numpy as jnp
@@ -563,7 +566,8 @@ def _sdpa(spec: MaskSpec) -> list[Impl]:
 
 def varlen_cases(sizes: Sizes) -> list[Case]:
     """16 docs x 1024, 4 x 4096, 1 x 16384 causal; 4 x 4096 not causal; 4 x 4096 GQA; the
-    mixed lengths (padded cuDNN; no SDPA, which has no ragged batch)."""
+    mixed lengths (padded cuDNN; no SDPA, which has no ragged batch); one document with a
+    causal sliding window (cuDNN's local window, FlexAttention; no SDPA)."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     rows = [(f"{t // n}x{n} causal", MaskSpec((n,) * (t // n)), heads) for n in sizes.equal_docs]
     mid = sizes.equal_docs[1]
@@ -586,10 +590,13 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     ]  # fmt: skip
     mixed = MaskSpec(sizes.mixed_docs)
     key = f"mixed {sizes.mixed_docs[0]}..{sizes.mixed_docs[-1]} causal"
-    cases.append(
+    windowed = MaskSpec((t,), window=sizes.window)
+    cases += [
         _attention_case("attention", "varlen_attention", key, mixed, heads, sizes,
-                        varlen_impl(mixed), [])
-    )  # fmt: skip
+                        varlen_impl(mixed), []),
+        _attention_case("attention", "varlen_attention", f"1x{t} causal window {sizes.window}",
+                        windowed, heads, sizes, varlen_impl(windowed), []),
+    ]  # fmt: skip
     return cases
 
 

@@ -131,7 +131,8 @@ def test_the_issue_rows_are_declared():
     keys = [case.key for case in gpu_rows.cases(sizes)]
     for key in (
         "16x1024 causal", "4x4096 causal", "1x16384 causal", "4x4096 not causal",
-        "4x4096 causal GQA", "mixed 7000..484 causal", "16384 tok causal",
+        "4x4096 causal GQA", "mixed 7000..484 causal", "1x16384 causal window 1024",
+        "16384 tok causal",
         "16384 tok window 1024", "16384 tok 16 documents", "16384 tok random 50%",
         "m8192 G64", "m32768 G32",
     ):  # fmt: skip
