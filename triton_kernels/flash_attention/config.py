@@ -293,7 +293,7 @@ _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
         (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
     }),
     ("soft_cap", "window_left"): frozenset({
-        # persistent only: one a tile spills 8-16 B (3.9 causal, 3.6 with GQA 3)
+        # persistent only: a program a tile spills 8-16 B (3.9 causal, 3.6 GQA 3)
         (90, "backward_dq", 128, True),
         (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
         (90, "forward", 64, False),
