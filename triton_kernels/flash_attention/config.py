@@ -304,10 +304,16 @@ _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
 }  # fmt: skip
 
 
-def _heavy_takes_light(
+def _takes_light_tile(
     features: AttentionFeatures, compute_capability: int, kind: str, tile_d: int, persistent: bool
 ) -> bool:
-    """Whether a register-heavy call takes the light tile (`_HEAVY_LIGHT`)."""
+    """Whether a call takes `_LIGHT_TABLES`' tile, where it has one: calls without the
+    register-heavy options, and heavy ones where `_HEAVY_LIGHT` lists them; never a
+    persistent forward (its walk holds registers: 128x128 spills there)."""
+    if compute_capability not in _LIGHT_TABLES or (persistent and kind == "forward"):
+        return False
+    if not features.register_heavy:
+        return True
     listed = _HEAVY_LIGHT.get(features.heavy_options, frozenset())
     return (compute_capability, kind, tile_d, persistent) in listed
 
@@ -362,16 +368,12 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif compute_capability in _LIGHT_TABLES and not features.register_heavy:
-        if not persistent and _takes_hopper_dkdv_tma(
+    elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
+        if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
             head_dim, compute_capability, kind, features, descriptors, gqa_group
         ):
             return _HOPPER_DKDV_TMA
-        if not (persistent and kind == "forward"):
-            light = _LIGHT_TABLES[compute_capability]
-            config = light.get(kind, {}).get(tile_d, config)
-    elif _heavy_takes_light(features, compute_capability, kind, tile_d, persistent):
-        config = _LIGHT_TABLES[compute_capability][kind][tile_d]
+        config = _LIGHT_TABLES[compute_capability].get(kind, {}).get(tile_d, config)
     if not hopper and persistent and features.register_heavy:
         config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)
