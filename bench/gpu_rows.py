@@ -422,20 +422,28 @@ def _gmm_jax(fn: Callable, name: str) -> Impl:
     return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
 
 
-def grouped_matmul_impl(tma: bool = False, tiling: tuple[int, int, int] | None = None) -> Impl:
-    """Ours; `tma` or `tiling`: gmm's tiles through tensor descriptors, or at `tiling`
-    (`grouped_matmul`'s argument), forward only (A/B rows against the default: a
-    `config=` reaches the weight gradient's tgmm launch as well, which would then run at
-    gmm's tile)."""
+def grouped_matmul_impl(
+    tma: bool = False,
+    tiling: tuple[int, int, int] | None = None,
+    op_tiling: tuple[int, int, int] | None = None,
+) -> Impl:
+    """Ours. A/B rows against the default: `tma` or `tiling`: gmm's tiles through tensor
+    descriptors, or at `tiling`, forward only (a `config=` reaches the weight gradient's
+    tgmm launch as well, which would then run at gmm's tile); `op_tiling`: passed as the
+    op's `tiling`, which every launch of the forward and the gradient takes at its own
+    sizes (forward and fwd+bwd)."""
     from jax_bridge import grouped_matmul
 
     def fn(lhs, rhs, sizes):
         config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling) if tma or tiling else None
-        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton",
-                              preferred_element_type=lhs.dtype)  # fmt: skip
+        return grouped_matmul(
+            lhs, rhs, sizes, config=config, tiling=op_tiling, implementation="triton",
+            preferred_element_type=lhs.dtype,
+        )  # fmt: skip
 
     name = "ours triton" + (" tma" if tma else "")
     name += f" {'x'.join(map(str, tiling))}" if tiling else ""
+    name += f" tiling {'x'.join(map(str, op_tiling))}" if op_tiling else ""
     impl = _gmm_jax(fn, name)
     return dataclasses.replace(impl, grad=False) if tma or tiling else impl
 
@@ -444,11 +452,10 @@ def _gmm_config(m: int, k: int, n: int, tma: bool, tiling: tuple[int, int, int] 
     """gmm's bf16 config for this launch target at `tiling` (None: the default), with
     `tma` as given."""
     from jax_bridge.launch.target import launch_target
-    from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config
+    from triton_kernels.grouped_matmul.config import gmm_config
 
     capability = launch_target().compute_capability
-    config = gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
-                        tiling=tiling or DEFAULT_TILING)  # fmt: skip
+    config = gmm_config(m, k, n, element_bytes=2, compute_capability=capability, tiling=tiling)
     return dataclasses.replace(config, tma=tma)
 
 
@@ -456,6 +463,9 @@ def _gmm_config(m: int, k: int, n: int, tma: bool, tiling: tuple[int, int, int] 
 # group (the H100's ncu: gmm's grid 127 x 11 for 64 x 11 tiles of work); 64-row tiles
 # multiply ~25% fewer rows. An A/B anchor until a GPU says which wins.
 _GMM_SMALL_GROUP_TILING = (64, 128, 128)
+# The default before gmm took 128 x 64 x 256 tiles on Hopper (`gmm_default_tiling`, not
+# yet timed there): the op at megablox's tiling runs every kernel as it did then.
+_GMM_PREVIOUS_DEFAULT_TILING = (128, 128, 128)
 
 
 def ragged_dot_impl() -> Impl:
@@ -628,6 +638,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
             anchors.append(grouped_matmul_impl(tma=True))
         if m // groups <= 256:
             anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING))
+        anchors.append(grouped_matmul_impl(op_tiling=_GMM_PREVIOUS_DEFAULT_TILING))
         if torch_available():
             anchors.append(torch_grouped_mm_impl())
         cases.append(

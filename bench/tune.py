@@ -94,15 +94,18 @@ def attention_report_fn(
 def grouped_matmul_report_fn(dtype: str, compute_capability: int) -> Callable[[Any], Iterator]:
     """params -> the static reports of the kernels one config of `grouped_matmul` and its
     gradient launches (gmm, gmm with transposed rhs, tgmm over token-major lhs), compiled
-    one by one as they are read: pruning stops at the first kernel with a problem."""
+    one by one as they are read: pruning stops at the first kernel with a problem. The
+    op's default config stands for the op without `config=` (as `tune_grouped_matmul`
+    times it): each kernel at its own default."""
     from jax_bridge.tuning import default_grouped_matmul_config
     from triton_kernels.catalog import grouped_matmul_variant
 
     default = default_grouped_matmul_config(GMM_PROBLEM, dtype, compute_capability)
-    names = ("gmm", "gmm_transposed_accumulate", "tgmm_token_major")
+    names = ("gmm", "gmm_transposed", "tgmm_token_major")
 
     def reports(params: Any) -> Iterator:
         config = params.to_grouped_matmul_config(default)
+        config = None if config == default else config
         for name in names:
             variant = grouped_matmul_variant(name, compute_capability, dtype, GMM_PROBLEM, config)
             yield _kernel_report(variant, compute_capability)
@@ -207,7 +210,9 @@ def tune(ops: Sequence[str], args: argparse.Namespace, cache: Any, cc: int | Non
             )
             _print_result(name, candidates, result)
             default = default_grouped_matmul_config(GMM_PROBLEM, args.dtype, cc)
-            print(f"  grouped_matmul(..., config={result.best.to_grouped_matmul_config(default)})")
+            best = result.best.to_grouped_matmul_config(default)
+            print("  grouped_matmul(...) as it is: the default wins" if best == default
+                  else f"  grouped_matmul(..., config={best})")  # fmt: skip
             continue
         tokens = ATTENTION_DOCS * ATTENTION_DOC_LEN
         q = jax.random.normal(keys[0], (tokens, Q_HEADS, args.head_dim), dtype)

@@ -169,12 +169,12 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "4x16 causal", "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the second varlen row three pipeline stages and
-    # the dK/dV tile before TMA, on grouped matmul gmm with TMA and, its groups being
-    # small, at 64-row tiles.
+    # the dK/dV tile before TMA, on grouped matmul gmm with TMA, its groups being small,
+    # at 64-row tiles, and every launch at megablox's tiling (the default before Hopper's).
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x128x128", "ours triton varlen dkdv 32x128 by pointers",
-        "ours triton varlen three stages",
+        "ours triton varlen three stages", "ours triton tiling 128x128x128",
     }  # fmt: skip
     for row in found:
         assert row["times"] and row["baseline_times"]

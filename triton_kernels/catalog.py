@@ -36,7 +36,6 @@ from triton_kernels.flash_attention.constexprs import (
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 from triton_kernels.grouped_matmul.config import (
-    DEFAULT_TILING,
     GroupedMatmulConfig,
     gmm_config,
     tgmm_config,
@@ -251,12 +250,15 @@ def block_sparse_variant(
     )
 
 
-# name: (kernel, config function, layout constexprs)
+# name: (kernel, config function, layout constexprs). The launches of a training step:
+# gmm (forward), gmm_transposed (the input gradient), tgmm_token_major (the weight
+# gradient); the other two cover `existing_out` and tgmm's [k, m] layout.
 GMM_KERNELS = {
     "gmm": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=False, ACCUMULATE=False)),
+    "gmm_transposed": (gmm_kernel, gmm_config, dict(TRANSPOSE_RHS=True, ACCUMULATE=False)),
     "gmm_transposed_accumulate": (
         gmm_kernel,
-        gmm_config,
+        functools.partial(gmm_config, accumulate=True),
         dict(TRANSPOSE_RHS=True, ACCUMULATE=True),
     ),
     "tgmm_token_major": (
@@ -289,7 +291,6 @@ def grouped_matmul_variant(
             n,
             element_bytes=element_bytes,
             compute_capability=compute_capability,
-            tiling=DEFAULT_TILING,
         )
     element = TRITON_TYPES[dtype_name]
     types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
@@ -343,7 +344,6 @@ def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:
     """A gmm kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`."""
     _, make_config, _ = GMM_KERNELS[name]
     m, k, n = GMM_PROBLEM
-    default = make_config(m, k, n, element_bytes=2, compute_capability=compute_capability,
-                          tiling=DEFAULT_TILING)  # fmt: skip
+    default = make_config(m, k, n, element_bytes=2, compute_capability=compute_capability)
     config = dataclasses.replace(default, tma=True)
     return grouped_matmul_variant(name, compute_capability, config=config)

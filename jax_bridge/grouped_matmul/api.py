@@ -40,7 +40,7 @@ from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import interpreting
-from triton_kernels.grouped_matmul.config import DEFAULT_TILING, GroupedMatmulConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
 # What `refuse_forward_mode` offers instead (the gradients are grouped matmuls again).
@@ -73,7 +73,7 @@ def grouped_matmul(
     rhs: jax.Array,
     group_sizes: jax.Array,
     preferred_element_type: Any = jnp.float32,
-    tiling: checks.TilingArg = DEFAULT_TILING,
+    tiling: checks.TilingArg = None,
     group_offset: jax.Array | int | None = None,
     existing_out: jax.Array | None = None,
     transpose_rhs: bool = False,
@@ -94,9 +94,12 @@ def grouped_matmul(
       preferred_element_type: dtype of the result (None: the operands' dtype promoted to
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.
-      tiling: `(tm, tk, tn)` block sizes of the Triton kernel (powers of two >= 16, shrunk
-        to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or None to let
-        the launch configuration choose. `m` need not be a multiple of `tm`.
+      tiling: `(tm, tk, tn)` block sizes of the Triton kernels (powers of two >= 16,
+        shrunk to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or
+        None (the default) to let each kernel's launch configuration choose for the GPU:
+        (128, 128, 128) as in megablox, but (128, 64, 256) for gmm on Hopper with 16-bit
+        inputs and no `existing_out` (`gmm_config`). A tiling given here is used by the
+        gradient's matmuls too, each at its own sizes. `m` need not be a multiple of `tm`.
       group_offset: int or int32 scalar (may be traced): `rhs` holds groups
         `[group_offset, group_offset + num_groups)` of those described by `group_sizes`
         (expert parallelism). Only their rows are computed. A traced offset is not
@@ -162,7 +165,7 @@ def transposed_grouped_matmul(
     rhs: jax.Array,
     group_sizes: jax.Array,
     preferred_element_type: Any = jnp.float32,
-    tiling: checks.TilingArg = DEFAULT_TILING,
+    tiling: checks.TilingArg = None,
     group_offset: jax.Array | int | None = None,
     num_groups: int | None = None,
     existing_out: jax.Array | None = None,
@@ -182,8 +185,9 @@ def transposed_grouped_matmul(
       preferred_element_type: dtype of the result (None: the operands' dtype promoted to
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.
-      tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None; here
-        `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
+      tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None
+        (the default: (128, 128, 128), `tgmm_config`); here `tm` is the step over a
+        group's rows and a program owns a `[tk, tn]` tile.
       group_offset: int or int32 scalar (may be traced): compute groups
         `[group_offset, group_offset + num_groups)` only (a traced one out of range: as
         in `grouped_matmul`).

@@ -160,11 +160,12 @@ def gmm(
     out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # nothing to multiply: every row keeps its init
         return _init_only(existing_out, out_shape)
-    config = _config(options, m, k, n, lhs.dtype, gmm_config)
+    accumulate = existing_out is not None
+    make = functools.partial(gmm_config, accumulate=accumulate)
+    config = _config(options, m, k, n, lhs.dtype, make)
     meta = group_metadata(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=rhs.shape[0]
     )
-    accumulate = existing_out is not None
     # Rows that no tile writes (other experts' rows, rows past sum(group_sizes)) must
     # still hold init: alias existing_out, or the kernel zeroes them.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)

@@ -284,7 +284,10 @@ def tune_grouped_matmul(
         representative problem (the cache key holds its shapes and dtypes).
       with_gradient: time the forward and its gradient (gmm, transposed gmm and tgmm all
         run with the one config the op takes); False: the forward only.
-      candidates: default `grouped_matmul_candidates` for the shape and this GPU.
+      candidates: default `grouped_matmul_candidates` for the shape and this GPU. The
+        op's default config (`default_grouped_matmul_config`, the first candidate) is
+        timed as the op runs without `config=`: each gradient launch then takes its own
+        kernel's default (tgmm's differs from gmm's on Hopper).
       prune, cache, repeats, force, timer: as `autotune`.
 
     Returns:
@@ -305,6 +308,7 @@ def tune_grouped_matmul(
 
     def build(params: FwdParams) -> Callable[..., Any]:
         config = params.to_grouped_matmul_config(default)
+        config = None if config == default else config
         gmm = lambda x, w, sizes: grouped_matmul(
             x, w, sizes, implementation="triton", config=config
         )

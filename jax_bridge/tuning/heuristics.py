@@ -10,6 +10,7 @@ shared memory before anything is timed (`jax_bridge.tuning.autotune`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection
 
 import jax.numpy as jnp
@@ -174,15 +175,10 @@ def default_grouped_matmul_config(
     transposed: bool = False,
 ) -> GroupedMatmulConfig:
     """The config `grouped_matmul` (`transposed_grouped_matmul` when `transposed`) runs
-    for `shape` = (m, k, n) without `tiling` or `config` arguments."""
+    for `shape` = (m, k, n) without `tiling`, `config` or `existing_out` arguments."""
     make = tgmm_config if transposed else gmm_config
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
-    return make(
-        *shape,
-        element_bytes=element_bytes,
-        compute_capability=compute_capability,
-        tiling=DEFAULT_TILING,
-    )
+    return make(*shape, element_bytes=element_bytes, compute_capability=compute_capability)
 
 
 def default_params(
@@ -325,9 +321,9 @@ def grouped_matmul_candidates(
     transposed: bool = False,
 ) -> list[FwdParams]:
     """Configs of `gmm_kernel` (or `tgmm_kernel` when `transposed`) to time, the op's
-    default (`DEFAULT_TILING`) first: a grid of tilings, each completed by `gmm_config` /
-    `tgmm_config` (tiles shrunk to small dimensions, warps and stages from its
-    shared-memory budget)."""
+    default (`default_grouped_matmul_config`) first: a grid of tilings, each completed by
+    `gmm_config` / `tgmm_config` (tiles shrunk to small dimensions, warps and stages from
+    its shared-memory budget)."""
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
     make = tgmm_config if transposed else gmm_config
     step = 128 // element_bytes  # 128 bytes of each operand row per reduction step
@@ -336,8 +332,8 @@ def grouped_matmul_candidates(
         tilings = [(s, tk, tn) for s in (step, 2 * step) for tk in rows for tn in cols]
     else:
         tilings = [(tm, s, tn) for tm in rows for s in (step, 2 * step) for tn in cols]
-    configs = [
-        make(*shape, element_bytes=element_bytes, compute_capability=compute_capability, tiling=t)
-        for t in (DEFAULT_TILING, *tilings)
-    ]
+    complete = functools.partial(
+        make, *shape, element_bytes=element_bytes, compute_capability=compute_capability
+    )
+    configs = [complete(), *(complete(tiling=t) for t in (DEFAULT_TILING, *tilings))]
     return [FwdParams.from_grouped_matmul_config(config) for config in _unique(configs)]

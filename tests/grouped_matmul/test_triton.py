@@ -29,7 +29,9 @@ from jax_bridge.grouped_matmul.metadata import (
     make_group_metadata,
     num_chunk_slots,
 )
+from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
+from jax_bridge.tuning import default_grouped_matmul_config
 from tests.grouped_matmul.helpers import (
     assert_close,
     bounds,
@@ -37,8 +39,9 @@ from tests.grouped_matmul.helpers import (
     normal,
     tgmm_float64,
 )
-from triton_kernels.grouped_matmul.config import gmm_config, tgmm_config
-from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel
+from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_kernel
+from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 # --- group metadata ----------------------------------------------------------------------
 
@@ -153,8 +156,18 @@ def test_local_group_bounds_clip_to_m_when_sizes_overflow(sizes, offset, want):
 
 def test_launch_config_defaults_and_overrides():
     default = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90)
-    assert default.tiling == (128, 64, 128) and default.num_warps == 8
-    assert gmm_config(8192, 2048, 1408, element_bytes=4, compute_capability=90).block_k == 32
+    assert default.tiling == (128, 64, 256) and default.num_warps == 8
+    # megablox's tiling elsewhere, and where the Hopper tile's init epilogue would spill
+    for capability, accumulate in ((80, False), (None, False), (90, True)):
+        other = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
+                           accumulate=accumulate)  # fmt: skip
+        assert other.tiling == DEFAULT_TILING, (capability, accumulate)
+    # 4-byte inputs: half the reduction step, so that stages still fit
+    fp32 = gmm_config(8192, 2048, 1408, element_bytes=4, compute_capability=90)
+    assert fp32.tiling == (128, 64, 128) and fp32.num_stages == 3
+    assert tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90).tiling == (
+        DEFAULT_TILING
+    )
     override = gmm_config(
         8192, 2048, 1408, element_bytes=2, compute_capability=80, tiling=(64, 32, 64)
     )
@@ -163,6 +176,64 @@ def test_launch_config_defaults_and_overrides():
     small = gmm_config(20, 8, 100, element_bytes=2, compute_capability=90, tiling=(128, 128, 128))
     assert small.tiling == (32, 16, 128)
     assert tgmm_config(20, 40, 8, element_bytes=2, compute_capability=None).tiling == (32, 64, 16)
+
+
+def _record_launches(monkeypatch) -> list:
+    """Replaces the backend's `triton_call` with a recorder of (kernel, launch): no
+    kernel runs; it returns arrays of the outputs' shapes holding 0.5."""
+    launches = []
+
+    def recorder(*args, kernel, out_shape, grid, name, num_warps, num_stages, **kw):
+        del args, grid, name
+        launches.append((kernel, dict(kw, num_warps=num_warps, num_stages=num_stages)))
+        many = isinstance(out_shape, tuple)
+        shapes = out_shape if many else [out_shape]
+        outputs = tuple(jnp.full(s.shape, 0.5, s.dtype) for s in shapes)
+        return outputs if many else outputs[0]
+
+    monkeypatch.setattr(triton_backend, "triton_call", recorder)
+    return launches
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["", "existing_out"])
+def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate):
+    """Without tiling or config, the forward gmm, the input gradient's gmm (transposed
+    rhs) and the weight gradient's tgmm (token-major lhs) each launch their own kernel's
+    default for the target GPU and sizes (`gmm_config` / `tgmm_config`), which
+    `default_grouped_matmul_config` reports: on sm_90 the gmm launches without
+    existing_out take the Hopper tile, tgmm megablox's."""
+    launches = _record_launches(monkeypatch)
+    m, k, n, groups = 1024, 512, 768, 4
+    rng = np.random.default_rng(3)
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
+    init = normal(rng, (m, n)) if accumulate else None
+    sizes = jnp.asarray([300, 0, 500, 224], jnp.int32)
+
+    def loss(lhs, rhs):
+        return grouped_matmul(lhs, rhs, sizes, existing_out=init, implementation="triton").sum()
+
+    with cuda_lowering(capability):
+        jax.grad(loss, (0, 1))(lhs, rhs)
+    ops = [(kernel, launch) for kernel, launch in launches if kernel is not gmm_schedule_kernel]
+    assert [kernel for kernel, _ in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
+    wanted = [
+        gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
+                   accumulate=accumulate),
+        gmm_config(m, n, k, element_bytes=2, compute_capability=capability),
+        tgmm_config(m, k, n, element_bytes=2, compute_capability=capability,
+                    lhs_token_major=True),
+    ]  # fmt: skip
+    for (_, launch), config in zip(ops, wanted, strict=True):
+        got = (launch["BLOCK_M"], launch["BLOCK_K"], launch["BLOCK_N"])
+        assert got == config.tiling and launch["num_warps"] == config.num_warps
+        assert launch["num_stages"] == config.num_stages
+    hopper = capability == 90
+    assert wanted[0].tiling == ((128, 64, 256) if hopper and not accumulate else DEFAULT_TILING)
+    assert wanted[1].tiling == ((128, 64, 256) if hopper else DEFAULT_TILING)
+    assert wanted[2].tiling == DEFAULT_TILING
+    if not accumulate:  # what `default_grouped_matmul_config` reports (no existing_out)
+        assert default_grouped_matmul_config((m, k, n), jnp.bfloat16, capability) == wanted[0]
 
 
 @pytest.mark.parametrize("capability, budget_kib", [(80, 163), (86, 99), (90, 227)])

@@ -81,7 +81,9 @@ def test_tune_on_a_pretend_gpu_stores_the_winners(capsys, monkeypatch, cache_dir
         "varlen_attention.backward_dq",
     ):
         assert f"  {name}: " in out, out
-    assert "config=AttentionConfigs(" in out and "config=GroupedMatmulConfig(" in out
+    assert "config=AttentionConfigs(" in out
+    # the default config is the only candidate here: the op needs no config= for it
+    assert "grouped_matmul(...) as it is: the default wins" in out
     assert f"winners stored in {cache_dir / 'tuning.json'}" in out
     assert len(jax_bridge.tuning.TuningCache().entries()) == 4
     # Again: every winner comes from the cache.

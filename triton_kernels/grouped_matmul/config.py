@@ -27,7 +27,20 @@ _SHARED_MEMORY_BUDGET_DEFAULT = 90 * 1024
 _MAX_STAGES = 4
 
 DEFAULT_TILING = (128, 128, 128)
-"""`grouped_matmul`'s default `tiling` (each entry shrunk to its dimension)."""
+"""megablox's default tiling: each kernel's default for 16-bit inputs, but gmm's on
+Hopper (`gmm_default_tiling`); 4-byte inputs take half the reduction step."""
+
+# gmm's tile on Hopper for 16-bit inputs: a [128, 256] output tile is two warpgroups of
+# m64n256 MMAs, whose operands carry 2*128*256 / ((128 + 256) * 2) = 85 FLOP per byte
+# loaded against 64 at 128 x 128 (less L2-to-SM traffic per FLOP, where a grouped matmul
+# with many output tiles per group reads each operand many times); it is also the first
+# config Triton's matmul tutorial tries on NVIDIA GPUs (128 x 256 x 64, 8 warps). Static
+# report, sm_90 (bench report; 3.6 / 3.9 warp-instructions per MFLOP): 277 / 309 -> 219 /
+# 225 at m 32768, k 4096, n 2048, no spill, not serialized; the transposed-rhs launch
+# (the input gradient) 252 / 278 -> 191 / 198. With `existing_out` the epilogue's
+# [128, 256] float32 init tile spills (200 B): that launch keeps DEFAULT_TILING. Not yet
+# timed on a GPU (bench/gpu_rows.py times the two as A/B rows).
+_HOPPER_GMM_TILING = (128, 64, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +95,6 @@ def _fit(block: int, dim: int) -> int:
     return min(block, max(MIN_BLOCK, triton.next_power_of_2(max(dim, 1))))
 
 
-# 128x128 output tiles keep the tensor cores busy (two Hopper warpgroups of m64); the
-# reduction step is 128 bytes of each operand row per pipeline stage.
-def _reduction_step(element_bytes: int) -> int:
-    return 128 // element_bytes
-
-
 def _num_stages(stage_bytes: int, compute_capability: int | None) -> int:
     if compute_capability is None:  # interpreter: no pipelining to size
         return 2
@@ -104,6 +111,23 @@ def _num_warps(out_tile_elements: int) -> int:
     return 8 if out_tile_elements >= 128 * 128 else 4
 
 
+def _reduction_step(element_bytes: int) -> int:
+    # 256 bytes of each operand row per pipeline stage: DEFAULT_TILING's 128 elements at
+    # 16 bits; at 32 bits a 128-element step would leave room for a single stage.
+    return 256 // element_bytes
+
+
+def gmm_default_tiling(
+    *, element_bytes: int, compute_capability: int | None, accumulate: bool = False
+) -> tuple[int, int, int]:
+    """gmm's `(tm, tk, tn)` where the caller gives none: `_HOPPER_GMM_TILING` on sm_90
+    for 16-bit inputs without `existing_out` (`accumulate`), else `DEFAULT_TILING`
+    (with half its reduction step for 4-byte inputs)."""
+    if compute_capability == 90 and element_bytes == 2 and not accumulate:
+        return _HOPPER_GMM_TILING
+    return (128, _reduction_step(element_bytes), 128)
+
+
 def gmm_config(
     m: int,
     k: int,
@@ -112,6 +136,7 @@ def gmm_config(
     element_bytes: int,
     compute_capability: int | None,
     tiling: tuple[int, int, int] | None = None,
+    accumulate: bool = False,
 ) -> GroupedMatmulConfig:
     """The launch configuration of `gmm_kernel` for `lhs: [m, k]`, `rhs: [g, k, n]`.
 
@@ -119,11 +144,18 @@ def gmm_config(
       m, k, n: problem sizes.
       element_bytes: size of one input element (2 for bf16/fp16, 4 for fp32).
       compute_capability: target GPU (80, 90, ...), or None for the interpreter.
-      tiling: `(tm, tk, tn)` to use instead of the default; each entry is shrunk to its
-        dimension (rounded up to a power of two) when larger.
+      tiling: `(tm, tk, tn)` to use instead of `gmm_default_tiling`; each entry is
+        shrunk to its dimension (rounded up to a power of two) when larger.
+      accumulate: the launch adds the product to `existing_out` (the kernel's
+        ACCUMULATE), which only the default tiling depends on.
     """
-    default = (128, _reduction_step(element_bytes), 128)
-    tm, tk, tn = check_tiling(tiling) if tiling is not None else default
+    if tiling is None:
+        tiling = gmm_default_tiling(
+            element_bytes=element_bytes,
+            compute_capability=compute_capability,
+            accumulate=accumulate,
+        )
+    tm, tk, tn = check_tiling(tiling)
     tm, tk, tn = _fit(tm, m), _fit(tk, k), _fit(tn, n)
     stage_bytes = (tm * tk + tk * tn) * element_bytes
     return GroupedMatmulConfig(
@@ -148,12 +180,13 @@ def tgmm_config(
     """The launch configuration of `tgmm_kernel` for `lhs: [k, m]` (`[m, k]` when
     `lhs_token_major`: gmm's weight gradient), `rhs: [m, n]`.
 
-    Same arguments as `gmm_config`; here `tm` is the reduction step and a program owns a
-    `[tk, tn]` tile of one group's output. On sm_90 a token-major lhs in 16 bits takes 4
-    warps: at 8, Triton 3.6's code has ptxas serialize the warpgroup MMAs (C7515), and at
-    4 the loop is shorter too (bench report, m=8192 k=2048 n=1408: 410 -> 336
-    warp-instructions per MFLOP under 3.6, 414 -> 360 under 3.9, no spill); the [k, m]
-    layout spills at 4 warps (610 B).
+    Same arguments as `gmm_config` (the default tiling is `DEFAULT_TILING` on every GPU,
+    with half its reduction step for 4-byte inputs); here `tm` is the reduction step and
+    a program owns a `[tk, tn]` tile of one group's output. On sm_90 a token-major lhs
+    in 16 bits takes 4 warps: at 8, Triton 3.6's code has ptxas serialize the warpgroup
+    MMAs (C7515), and at 4 the loop is shorter too (bench report, m=8192 k=2048 n=1408:
+    410 -> 336 warp-instructions per MFLOP under 3.6, 414 -> 360 under 3.9, no spill);
+    the [k, m] layout spills at 4 warps (610 B).
     """
     default = (_reduction_step(element_bytes), 128, 128)
     tm, tk, tn = check_tiling(tiling) if tiling is not None else default
