@@ -104,15 +104,21 @@ def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute
     assert report.uses_wgmma == (compute_capability >= 90), report.summary()
 
 
-@pytest.mark.parametrize("variant", ["gmm", "gmm_transposed_accumulate"])
-def test_even_k_drops_the_k_masks_from_the_loop(variant):
-    """K a multiple of the k step compiles the loop without k (and column) masks: fewer
-    instructions per MFLOP than the same tiles on a K that is not."""
+# Under Triton 3.6 / 3.9, instructions per MFLOP with even K and N against uneven: gmm
+# 223 / 229 against 278 / 305 (128x64x256), tgmm over token-major lhs 287 / 340 against
+# 336 / 360, tgmm 706 / 727 against 875 / 896.
+_EVEN_RATIOS = {"gmm": 0.95, "gmm_transposed_accumulate": 0.95, "tgmm_token_major": 0.97,
+                "tgmm": 0.95}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant, ratio", _EVEN_RATIOS.items(), ids=_EVEN_RATIOS.keys())
+def test_even_k_drops_the_k_masks_from_the_loop(variant, ratio):
+    """K (N) a multiple of its tile compiles the loop without k (column) masks: fewer
+    instructions per MFLOP than the same tiles on a K and N that are not."""
     even = _report(variant, 90)
     uneven = _report(variant, 90, (M, K - 48, N - 8))
     assert even.inner_loop.mma_flops == uneven.inner_loop.mma_flops
-    # Under Triton 3.9: gmm 160 against 229 instructions, the transposed one 146 against 162.
-    assert even.instructions_per_mflop < 0.95 * uneven.instructions_per_mflop
+    assert even.instructions_per_mflop < ratio * uneven.instructions_per_mflop
 
 
 def test_default_precision_compiles_exact_float32_products():

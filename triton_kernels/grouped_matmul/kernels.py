@@ -241,12 +241,22 @@ def tgmm_kernel(
         lhs_step = BLOCK_M
     rhs_ptrs = rhs_ptr + first_rows[:, None] * N + cols[None, :]
 
+    # Shapes are constexpr: where BLOCK_K divides K (BLOCK_N divides N) the k (column)
+    # mask is all-true, and compiling it away leaves only the row mask in the loop.
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
+    EVEN_N: tl.constexpr = N % BLOCK_N == 0
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for row in range(first_row, row_end, BLOCK_M):
         rows = row + offs_m
         in_rows = (rows >= row_begin) & (rows < row_end)
-        a = tl.load(lhs_ptrs, mask=in_k[:, None] & in_rows[None, :], other=0.0)
-        b = tl.load(rhs_ptrs, mask=in_rows[:, None] & in_cols[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(lhs_ptrs, mask=in_rows[None, :], other=0.0)
+        else:
+            a = tl.load(lhs_ptrs, mask=in_k[:, None] & in_rows[None, :], other=0.0)
+        if EVEN_N:
+            b = tl.load(rhs_ptrs, mask=in_rows[:, None], other=0.0)
+        else:
+            b = tl.load(rhs_ptrs, mask=in_rows[:, None] & in_cols[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         lhs_ptrs += lhs_step
         rhs_ptrs += BLOCK_M * N
