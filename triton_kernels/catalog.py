@@ -61,8 +61,9 @@ CAUSAL = AttentionFeatures(causal=True)
 
 # The heads of the static problem: GQA, so the kv-head arithmetic is in the kernel.
 _Q_HEADS, _KV_HEADS = 8, 2
-# A Mixtral-like expert layer for the grouped matmul kernels (their M, K, N are constexpr).
-GMM_PROBLEM = (8192, 2048, 1408)
+# A Mixtral-like expert layer for the grouped matmul kernels (their M, K, N are constexpr)
+# over 64 experts (tgmm's default depends on the rows per group).
+GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +264,7 @@ GMM_KERNELS = {
     ),
     "tgmm_token_major": (
         tgmm_kernel,
-        functools.partial(tgmm_config, lhs_token_major=True),
+        functools.partial(tgmm_config, lhs_token_major=True, num_groups=GMM_GROUPS),
         dict(LHS_TOKEN_MAJOR=True, ACCUMULATE=False),
     ),
     "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),

@@ -219,7 +219,9 @@ def tgmm(
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
-    make = functools.partial(tgmm_config, lhs_token_major=options.lhs_token_major)
+    make = functools.partial(
+        tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups
+    )
     config = _config(options, m, k, n, lhs.dtype, make)
     meta = group_metadata(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=num_groups

@@ -168,6 +168,15 @@ def test_launch_config_defaults_and_overrides():
     assert tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90).tiling == (
         DEFAULT_TILING
     )
+    # The weight gradient over short groups (<= 256 rows on average) on Hopper: 64-row
+    # steps at 2 stages; longer groups, other GPUs, the [k, m] layout: the default.
+    weight_gradient = dict(element_bytes=2, lhs_token_major=True)
+    short = tgmm_config(8192, 2048, 1408, compute_capability=90, num_groups=32, **weight_gradient)
+    assert (short.tiling, short.num_stages, short.num_warps) == ((64, 128, 128), 2, 4)
+    for capability, groups, token_major in ((90, 31, True), (80, 64, True), (90, 64, False)):
+        other = tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
+                            num_groups=groups, lhs_token_major=token_major)  # fmt: skip
+        assert other.tiling == DEFAULT_TILING, (capability, groups, token_major)
     override = gmm_config(
         8192, 2048, 1408, element_bytes=2, compute_capability=80, tiling=(64, 32, 64)
     )
@@ -200,9 +209,9 @@ def _record_launches(monkeypatch) -> list:
 def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate):
     """Without tiling or config, the forward gmm, the input gradient's gmm (transposed
     rhs) and the weight gradient's tgmm (token-major lhs) each launch their own kernel's
-    default for the target GPU and sizes (`gmm_config` / `tgmm_config`), which
+    default for the target GPU, sizes and groups (`gmm_config` / `tgmm_config`), which
     `default_grouped_matmul_config` reports: on sm_90 the gmm launches without
-    existing_out take the Hopper tile, tgmm megablox's."""
+    existing_out take the Hopper tile, tgmm over these short groups 64-row steps."""
     launches = _record_launches(monkeypatch)
     m, k, n, groups = 1024, 512, 768, 4
     rng = np.random.default_rng(3)
@@ -222,7 +231,7 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
                    accumulate=accumulate),
         gmm_config(m, n, k, element_bytes=2, compute_capability=capability),
         tgmm_config(m, k, n, element_bytes=2, compute_capability=capability,
-                    lhs_token_major=True),
+                    lhs_token_major=True, num_groups=groups),
     ]  # fmt: skip
     for (_, launch), config in zip(ops, wanted, strict=True):
         got = (launch["BLOCK_M"], launch["BLOCK_K"], launch["BLOCK_N"])
@@ -231,7 +240,8 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
     hopper = capability == 90
     assert wanted[0].tiling == ((128, 64, 256) if hopper and not accumulate else DEFAULT_TILING)
     assert wanted[1].tiling == ((128, 64, 256) if hopper else DEFAULT_TILING)
-    assert wanted[2].tiling == DEFAULT_TILING
+    # 256 rows per group on average: short groups, which Hopper's tgmm takes in 64-row steps
+    assert wanted[2].tiling == ((64, 128, 128) if hopper else DEFAULT_TILING)
     if not accumulate:  # what `default_grouped_matmul_config` reports (no existing_out)
         assert default_grouped_matmul_config((m, k, n), jnp.bfloat16, capability) == wanted[0]
 
