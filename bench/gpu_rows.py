@@ -426,16 +426,19 @@ def grouped_matmul_impl(
     tma: bool = False,
     tiling: tuple[int, int, int] | None = None,
     op_tiling: tuple[int, int, int] | None = None,
+    num_warps: int | None = None,
 ) -> Impl:
-    """Ours. A/B rows against the default: `tma` or `tiling`: gmm's tiles through tensor
-    descriptors, or at `tiling`, forward only (a `config=` reaches the weight gradient's
-    tgmm launch as well, which would then run at gmm's tile); `op_tiling`: passed as the
-    op's `tiling`, which every launch of the forward and the gradient takes at its own
-    sizes (forward and fwd+bwd)."""
+    """Ours. A/B rows against the default: `tma` or `tiling` (and `num_warps`): gmm's
+    tiles through tensor descriptors, or at `tiling`, forward only (a `config=` reaches
+    the weight gradient's tgmm launch as well, which would then run at gmm's tile);
+    `op_tiling`: passed as the op's `tiling`, which every launch of the forward and the
+    gradient takes at its own sizes (forward and fwd+bwd)."""
     from jax_bridge import grouped_matmul
 
     def fn(lhs, rhs, sizes):
-        config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling) if tma or tiling else None
+        config = None
+        if tma or tiling:
+            config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling, num_warps)
         return grouped_matmul(
             lhs, rhs, sizes, config=config, tiling=op_tiling, implementation="triton",
             preferred_element_type=lhs.dtype,
@@ -443,26 +446,31 @@ def grouped_matmul_impl(
 
     name = "ours triton" + (" tma" if tma else "")
     name += f" {'x'.join(map(str, tiling))}" if tiling else ""
+    name += f" {num_warps} warps" if num_warps else ""
     name += f" tiling {'x'.join(map(str, op_tiling))}" if op_tiling else ""
     impl = _gmm_jax(fn, name)
     return dataclasses.replace(impl, grad=False) if tma or tiling else impl
 
 
-def _gmm_config(m: int, k: int, n: int, tma: bool, tiling: tuple[int, int, int] | None):
+def _gmm_config(
+    m: int, k: int, n: int, tma: bool, tiling: tuple[int, int, int] | None, num_warps: int | None
+):
     """gmm's bf16 config for this launch target at `tiling` (None: the default), with
-    `tma` as given."""
+    `tma` and `num_warps` (None: the config's) as given."""
     from jax_bridge.launch.target import launch_target
     from triton_kernels.grouped_matmul.config import gmm_config
 
     capability = launch_target().compute_capability
     config = gmm_config(m, k, n, element_bytes=2, compute_capability=capability, tiling=tiling)
-    return dataclasses.replace(config, tma=tma)
+    return dataclasses.replace(config, tma=tma, num_warps=num_warps or config.num_warps)
 
 
 # 64 groups of ~128 rows in 128-row tiles leave about half of each tile's rows to another
 # group (the H100's ncu: gmm's grid 127 x 11 for 64 x 11 tiles of work); 64-row tiles
-# multiply ~25% fewer rows. An A/B anchor until a GPU says which wins.
-_GMM_SMALL_GROUP_TILING = (64, 128, 128)
+# multiply ~25% fewer rows. An A/B anchor until a GPU says which wins: the Hopper
+# default's k and n tiles, 64 rows, at 4 warps (one warpgroup of m64n256; static report,
+# sm_90, Triton 3.6: 255 warp-instructions per MFLOP, no spill; 370 at 8 warps).
+_GMM_SMALL_GROUP_TILING = (64, 64, 256)
 # The default before gmm took 128 x 64 x 256 tiles on Hopper (`gmm_default_tiling`, not
 # yet timed there): the op at megablox's tiling runs every kernel as it did then.
 _GMM_PREVIOUS_DEFAULT_TILING = (128, 128, 128)
@@ -653,7 +661,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         if USE_TMA:
             anchors.append(grouped_matmul_impl(tma=True))
         if m // groups <= 256:
-            anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING))
+            anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING, num_warps=4))
         anchors.append(grouped_matmul_impl(op_tiling=_GMM_PREVIOUS_DEFAULT_TILING))
         if torch_available():
             anchors.append(torch_grouped_mm_impl())
