@@ -50,19 +50,22 @@ class Sizes:
     block: int  # the random block-sparsity table's block
     matmuls: tuple[tuple[int, int, int, int], ...]  # (m, k, n, groups)
     attention_impl: str  # JAX's attention anchor: "cudnn" on a GPU
+    # documents of the many-document row (the kernels' persistent launches past 60; the
+    # CPU's 32 x 2: one token each would have gradients of exactly 0, nothing to compare)
+    many_docs: int
 
     @classmethod
     def gpu(cls) -> Sizes:
         return cls(
             16384, 16, (32, 8), 128, (1024, 4096, 16384), (7000, 4000, 2500, 1500, 900, 484),
-            1024, 128, ((8192, 2048, 1408, 64), (32768, 4096, 2048, 32)), "cudnn",
+            1024, 128, ((8192, 2048, 1408, 64), (32768, 4096, 2048, 32)), "cudnn", 64,
         )  # fmt: skip
 
     @classmethod
     def tiny(cls) -> Sizes:
         return cls(
             64, 2, (4, 1), 16, (4, 16, 64), (28, 16, 10, 6, 4),
-            16, 16, ((64, 32, 16, 4),), "xla",
+            16, 16, ((64, 32, 16, 4),), "xla", 32,
         )  # fmt: skip
 
 
@@ -596,15 +599,19 @@ def _sdpa(spec: MaskSpec) -> list[Impl]:
 
 
 def varlen_cases(sizes: Sizes) -> list[Case]:
-    """16 docs x 1024, 4 x 4096, 1 x 16384 causal; 4 x 4096 not causal; 4 x 4096 GQA; the
-    mixed lengths (padded cuDNN; no SDPA, which has no ragged batch); one document with a
+    """16 docs x 1024, 4 x 4096, 1 x 16384 causal; 4 x 4096 not causal; 4 x 4096 GQA; 64 x
+    256 causal (past 60 documents the kernels launch persistent programs); the mixed
+    lengths (padded cuDNN; no SDPA, which has no ragged batch); one document with a
     causal sliding window (cuDNN's local window, FlexAttention; no SDPA)."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     rows = [(f"{t // n}x{n} causal", MaskSpec((n,) * (t // n)), heads) for n in sizes.equal_docs]
     mid = sizes.equal_docs[1]
+    many = sizes.many_docs
     rows += [
         (f"{t // mid}x{mid} not causal", MaskSpec((mid,) * (t // mid), causal=False), heads),
         (f"{t // mid}x{mid} causal GQA", MaskSpec((mid,) * (t // mid)), sizes.gqa_heads),
+        # a packed batch of many documents: the kernels' persistent launches
+        (f"{many}x{t // many} causal", MaskSpec((t // many,) * many), heads),
     ]
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, and with --tma
@@ -681,8 +688,8 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
 # its first timing there).
 ORDER = (
     "16x1024 causal", "m8192 G64", "tok causal", "4x4096 causal", "m32768 G32",
-    "tok 16 documents", "mixed", "causal GQA", "1x16384 causal", "tok window", "tok random",
-    "not causal",
+    "tok 16 documents", "mixed", "64x256 causal", "causal GQA", "1x16384 causal",
+    "tok window", "tok random", "not causal",
 )  # fmt: skip
 
 
