@@ -29,6 +29,8 @@ from typing import Any
 
 OPS = ("attention", "grouped_matmul")
 ATTENTION_DOCS, ATTENTION_DOC_LEN, Q_HEADS, KV_HEADS = 8, 1024, 16, 4
+# The catalog's (`triton_kernels.catalog`, whose static reports prune the candidates),
+# spelled here so that the CLI starts without importing Triton.
 GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
 
 

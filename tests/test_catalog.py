@@ -2,9 +2,9 @@
 
 The static report and the tuner's pruning compile `triton_kernels.catalog` variants; a
 variant whose constexprs differ from the bridge's launch would price a kernel that never
-runs. Here the bridge's `triton_call` is replaced by a recorder (no kernel runs), and
-each recorded launch of a causal GQA call is compared with the catalog's variant for the
-same kernel, problem and tile config.
+runs. Here the bridge's `triton_call` is replaced by a recorder (`tests.launches`: no
+kernel runs), and each recorded launch of a causal GQA call is compared with the
+catalog's variant for the same kernel, problem and tile config.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from jax_bridge import block_sparse_attention, varlen_attention
 from jax_bridge.attention import triton as attention_triton
 from jax_bridge.block_sparse import triton as block_sparse_triton
 from pallas_tpu.splash import CausalMask
+from tests.launches import record_launches
 from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.catalog import (
     ATTENTION_KERNELS,
@@ -31,24 +32,6 @@ from triton_kernels.flash_attention.config import KINDS, default_attention_confi
 Q_HEADS, KV_HEADS, HEAD_DIM = 8, 2, 128
 
 
-def _record_launches(monkeypatch, module) -> dict:
-    """Replaces `module.triton_call` with a recorder: kernel -> its constexprs. It returns
-    arrays of the outputs' shapes holding 0.5 (no kernel runs)."""
-    launches = {}
-
-    def recorder(*args, kernel, out_shape, grid, name, num_warps, num_stages, **constexprs):
-        del args, grid, name, num_warps, num_stages
-        launches[kernel] = constexprs
-        many = isinstance(out_shape, tuple)
-        outputs = tuple(
-            jnp.full(s.shape, 0.5, s.dtype) for s in (out_shape if many else [out_shape])
-        )
-        return outputs if many else outputs[0]
-
-    monkeypatch.setattr(module, "triton_call", recorder)
-    return launches
-
-
 def _inputs(key, q_shape, kv_shape):
     kq, kk, kv = jax.random.split(key, 3)
     q = jax.random.normal(kq, q_shape, jnp.bfloat16)
@@ -58,7 +41,7 @@ def _inputs(key, q_shape, kv_shape):
 
 
 def test_varlen_launches_are_the_catalog_variants(monkeypatch):
-    launches = _record_launches(monkeypatch, attention_triton)
+    recorded = record_launches(monkeypatch, attention_triton)
     q, k, v = _inputs(jax.random.key(0), (96, Q_HEADS, HEAD_DIM), (96, KV_HEADS, HEAD_DIM))
     cu = jnp.asarray([0, 40, 96], jnp.int32)
 
@@ -67,6 +50,7 @@ def test_varlen_launches_are_the_catalog_variants(monkeypatch):
         return out.astype(jnp.float32).sum()
 
     jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    launches = {launch.kernel: launch.constexprs for launch in recorded}
     assert set(launches) == set(ATTENTION_KERNELS.values())
     for kind in KINDS:
         # the bridge's own tiles here (Triton's interpreter), in the catalog's variant
@@ -77,7 +61,7 @@ def test_varlen_launches_are_the_catalog_variants(monkeypatch):
 
 @pytest.mark.parametrize("soft_cap", [None, 30.0], ids=["plain", "soft_cap"])
 def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
-    launches = _record_launches(monkeypatch, block_sparse_triton)
+    recorded = record_launches(monkeypatch, block_sparse_triton)
     length = 64
     q, k, v = _inputs(
         jax.random.key(1), (1, length, Q_HEADS, HEAD_DIM), (1, length, KV_HEADS, HEAD_DIM)
@@ -91,6 +75,7 @@ def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
         return out.astype(jnp.float32).sum()
 
     jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    launches = {launch.kernel: launch.constexprs for launch in recorded}
     assert set(launches) == set(BLOCK_SPARSE_KERNELS.values())
     for kind in KINDS:
         capped = soft_cap is not None

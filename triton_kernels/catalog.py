@@ -281,7 +281,8 @@ def grouped_matmul_variant(
     config: GroupedMatmulConfig | None = None,
 ) -> KernelVariant:
     """One grouped matmul kernel (a key of `GMM_KERNELS`) at its default configuration
-    for `problem` = (m, k, n), or at `config`."""
+    for `problem` = (m, k, n) over `GMM_GROUPS` groups (which tgmm's default depends on),
+    or at `config`."""
     kernel, make_config, layout = GMM_KERNELS[name]
     m, k, n = problem
     element_bytes = 4 if dtype_name == "float32" else 2

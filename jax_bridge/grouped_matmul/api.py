@@ -96,10 +96,12 @@ def grouped_matmul(
         products accumulate in float32.
       tiling: `(tm, tk, tn)` block sizes of the Triton kernels (powers of two >= 16,
         shrunk to small dimensions), a callable `(m, k, n) -> (tm, tk, tn) | None`, or
-        None (the default) to let each kernel's launch configuration choose for the GPU:
-        (128, 128, 128) as in megablox, but (128, 64, 256) for gmm on Hopper with 16-bit
-        inputs and no `existing_out` (`gmm_config`). A tiling given here is used by the
-        gradient's matmuls too, each at its own sizes. `m` need not be a multiple of `tm`.
+        None (the default) to let each kernel's launch configuration choose for the GPU
+        (`gmm_config`, and `tgmm_config` for the weight gradient): megablox's (128, 128,
+        128), half the k step for float32; on Hopper at 16 bits gmm takes (128, 64, 256)
+        without `existing_out`, and the weight gradient (64, 128, 128) where groups
+        average at most 256 rows. A tiling given here is used by the gradient's matmuls
+        too, each at its own sizes. `m` need not be a multiple of `tm`.
       group_offset: int or int32 scalar (may be traced): `rhs` holds groups
         `[group_offset, group_offset + num_groups)` of those described by `group_sizes`
         (expert parallelism). Only their rows are computed. A traced offset is not
@@ -118,8 +120,10 @@ def grouped_matmul(
         float32 accumulation.
       implementation: "auto" (Triton on GPUs, else XLA), "triton" or "xla".
       config: the Triton kernels' full launch configuration (block sizes, warps,
-        stages), used as given for this call and its gradient's matmuls; it replaces
-        `tiling`. None: `tiling` and the shape decide.
+        stages), used as given for this call and its gradient's matmuls, but for pipeline
+        stages where a launch could not hold them in shared memory (tgmm, the weight
+        gradient, holds other tiles a stage than gmm); it replaces `tiling`. None:
+        `tiling` and the shape decide.
 
     Returns:
       [m, n] of `preferred_element_type`. Rows of groups outside the local range, and
@@ -186,8 +190,8 @@ def transposed_grouped_matmul(
         at least float32, e.g. float32 for bf16 and float64 for float64 operands);
         products accumulate in float32.
       tiling: `(tm, tk, tn)`, a callable `(m, k, n) -> (tm, tk, tn) | None`, or None
-        (the default: (128, 128, 128), `tgmm_config`); here `tm` is the step over a
-        group's rows and a program owns a `[tk, tn]` tile.
+        (the default: `tgmm_config`'s, (128, 128, 128), (64, 128, 128) for float32); here
+        `tm` is the step over a group's rows and a program owns a `[tk, tn]` tile.
       group_offset: int or int32 scalar (may be traced): compute groups
         `[group_offset, group_offset + num_groups)` only (a traced one out of range: as
         in `grouped_matmul`).

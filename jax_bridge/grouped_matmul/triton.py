@@ -9,6 +9,7 @@ the gmm kernel as int32 arrays, so group sizes and the group offset may be trace
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -25,6 +26,7 @@ from jax_bridge.grouped_matmul.metadata import (
     num_chunk_slots,
 )
 from jax_bridge.grouped_matmul.options import MatmulOptions
+from jax_bridge.launch.report import max_shared_memory_per_cta
 from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
@@ -36,10 +38,13 @@ from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_gri
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 
-def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> GroupedMatmulConfig:
-    """The caller's config, else `make` (gmm_config or tgmm_config) from the tiling."""
+def _config(
+    options: MatmulOptions, m: int, k: int, n: int, dtype, make, *, transposed: bool
+) -> GroupedMatmulConfig:
+    """The caller's config (`_within_shared_memory`), else `make` (gmm_config, or
+    tgmm_config when `transposed`) from the tiling."""
     if options.config is not None:
-        return options.config
+        return _within_shared_memory(options.config, np.dtype(dtype).itemsize, transposed)
     return make(
         m,
         k,
@@ -48,6 +53,23 @@ def _config(options: MatmulOptions, m: int, k: int, n: int, dtype, make) -> Grou
         compute_capability=launch_target().compute_capability,
         tiling=checks.resolve_tiling(options.tiling, m, k, n),
     )
+
+
+def _within_shared_memory(
+    config: GroupedMatmulConfig, element_bytes: int, transposed: bool
+) -> GroupedMatmulConfig:
+    """`config` as given, but with as many pipeline stages as the GPU's shared memory holds
+    where it could not launch at its own: a config reaches every matmul of the op's
+    gradient, and a gmm tile reused by tgmm (or the reverse) holds other tiles a stage
+    (gmm's 128 x 64 x 256 at 4 stages is 192 KB in gmm and 320 KB in tgmm)."""
+    capability = launch_target().compute_capability
+    if capability is None:  # the interpreter: no shared memory to fit
+        return config
+    limit = max_shared_memory_per_cta(capability)
+    stage = config.stage_bytes(element_bytes, transposed)
+    if config.num_stages * stage <= limit:
+        return config
+    return dataclasses.replace(config, num_stages=max(1, limit // stage))
 
 
 def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype) -> bool:
@@ -162,7 +184,7 @@ def gmm(
         return _init_only(existing_out, out_shape)
     accumulate = existing_out is not None
     make = functools.partial(gmm_config, accumulate=accumulate)
-    config = _config(options, m, k, n, lhs.dtype, make)
+    config = _config(options, m, k, n, lhs.dtype, make, transposed=False)
     meta = group_metadata(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=rhs.shape[0]
     )
@@ -222,7 +244,7 @@ def tgmm(
     make = functools.partial(
         tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups
     )
-    config = _config(options, m, k, n, lhs.dtype, make)
+    config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     meta = group_metadata(
         group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=num_groups
     )

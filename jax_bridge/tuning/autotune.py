@@ -283,7 +283,8 @@ def tune_grouped_matmul(
       lhs: [m, k]; rhs: [num_groups, k, n]; group_sizes: int32 [num_groups]: a
         representative problem (the cache key holds its shapes and dtypes).
       with_gradient: time the forward and its gradient (gmm, transposed gmm and tgmm all
-        run with the one config the op takes); False: the forward only.
+        run with the one config the op takes, tgmm with fewer stages where its shared
+        memory needs them); False: the forward only.
       candidates: default `grouped_matmul_candidates` for the shape and this GPU. The
         op's default config (`default_grouped_matmul_config`, the first candidate) is
         timed as the op runs without `config=`: each gradient launch then takes its own
@@ -292,7 +293,8 @@ def tune_grouped_matmul(
 
     Returns:
       The `TuneResult`; `result.best.to_grouped_matmul_config(
-      default_grouped_matmul_config(...))` is the op's `config=`.
+      default_grouped_matmul_config(...))` is the op's `config=`, unless it is that
+      default: then the op without `config=` is what won.
     """
     from jax_bridge.grouped_matmul.api import grouped_matmul  # ops never import tuning
 

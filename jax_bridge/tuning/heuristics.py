@@ -63,7 +63,8 @@ stage count chosen with it fits on every one of them."""
 ATTENTION_FEATURES = frozenset(f.name for f in dataclasses.fields(AttentionFeatures))
 """Names of the attention options that change the kernels' code (`AttentionFeatures`)."""
 GROUPED_MATMUL_FEATURES = frozenset({"transpose_rhs", "accumulate", "group_offset"})
-"""Grouped matmul options; none changes its default config today."""
+"""Grouped matmul options; "accumulate" (`existing_out`) changes gmm's default on
+Hopper (`gmm_default_tiling`), the others no default config."""
 OPS = ("attention", "grouped_matmul", "transposed_grouped_matmul")
 
 _DTYPES = ("float16", "bfloat16", "float32")
@@ -173,12 +174,16 @@ def default_grouped_matmul_config(
     dtype: object,
     compute_capability: int | None,
     transposed: bool = False,
+    accumulate: bool = False,
 ) -> GroupedMatmulConfig:
-    """The config `grouped_matmul` (`transposed_grouped_matmul` when `transposed`) runs
-    for `shape` = (m, k, n) without `tiling`, `config` or `existing_out` arguments."""
-    make = tgmm_config if transposed else gmm_config
+    """The config `grouped_matmul` (`transposed_grouped_matmul` when `transposed`) launches
+    for `shape` = (m, k, n) without `tiling` or `config` arguments, with `existing_out`
+    when `accumulate`. Its gradient's matmuls take their own kernels' defaults."""
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
-    return make(*shape, element_bytes=element_bytes, compute_capability=compute_capability)
+    target = dict(element_bytes=element_bytes, compute_capability=compute_capability)
+    if transposed:
+        return tgmm_config(*shape, **target)
+    return gmm_config(*shape, **target, accumulate=accumulate)
 
 
 def default_params(
@@ -191,7 +196,7 @@ def default_params(
     features: AttentionFeatures | Collection[str] = (),
 ) -> tuple[FwdParams, BwdParams | None]:
     """The default launch params of `op` as (forward, backward); backward is None for the
-    grouped matmuls, whose gradient matmuls run with the forward's config.
+    grouped matmuls, whose gradient matmuls take their own kernels' defaults.
 
     Args:
       op: "attention", "grouped_matmul" or "transposed_grouped_matmul".
@@ -202,8 +207,8 @@ def default_params(
         default is the one `grouped_matmul` runs without `tiling` or `config` arguments.
       features: the options the call uses. Attention: an `AttentionFeatures` or the
         names of the ones on (`ATTENTION_FEATURES`), passed to the kernels' tables.
-        Grouped matmul: names from `GROUPED_MATMUL_FEATURES` (validated; none changes
-        the default config today).
+        Grouped matmul: names from `GROUPED_MATMUL_FEATURES` (validated; "accumulate"
+        changes gmm's default on Hopper).
     """
     if op == "attention":
         if head_dim is None:
@@ -217,8 +222,10 @@ def default_params(
         _check_features(features, GROUPED_MATMUL_FEATURES, op)
         if shape is None or len(shape) != 3:
             raise ValueError(f"default_params({op!r}) needs shape=(m, k, n), got {shape!r}.")
-        transposed = op == "transposed_grouped_matmul"
-        config = default_grouped_matmul_config(shape, dtype, compute_capability, transposed)
+        transposed, accumulate = op == "transposed_grouped_matmul", "accumulate" in features
+        config = default_grouped_matmul_config(
+            shape, dtype, compute_capability, transposed, accumulate
+        )
         return FwdParams.from_grouped_matmul_config(config), None
     raise ValueError(f"op must be one of {OPS}, got {op!r}.")
 

@@ -106,9 +106,10 @@ def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute
 
 # Under Triton 3.6 / 3.9 (sm_90), instructions per MFLOP with even K and N against
 # uneven: gmm 223 / 229 against 271 / 277 (128x64x256), with transposed rhs and
-# existing_out 252 / 278 against 275 / 309, tgmm over token-major lhs 287 / 340 against
-# 336 / 360, tgmm 706 / 727 against 875 / 896.
-_EVEN_RATIOS = {"gmm": 0.95, "gmm_transposed_accumulate": 0.95, "tgmm_token_major": 0.97,
+# existing_out 252 / 278 against 275 / 309, tgmm over token-major lhs (64-row steps: 64
+# groups) 319 / 341 against 378 / 399 (at 128-row steps 287 / 340 against 336 / 360),
+# tgmm 706 / 727 against 875 / 896.
+_EVEN_RATIOS = {"gmm": 0.95, "gmm_transposed_accumulate": 0.95, "tgmm_token_major": 0.95,
                 "tgmm": 0.95}  # fmt: skip
 
 

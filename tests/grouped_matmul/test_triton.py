@@ -8,12 +8,16 @@
   sizes, and traced negative ones, which count as 0).
 * Launch configurations: `GroupedMatmulConfig` validation (messages name
   `GroupedMatmulConfig.field`), the defaults and tiling overrides of `gmm_config` /
-  `tgmm_config`, pipeline stages that fit shared memory, and `config=` through the
+  `tgmm_config`, pipeline stages that fit shared memory, the launches the op makes
+  (recorded for sm_80 and sm_90, no kernel runs): each kernel's default, or `config=`
+  in every launch with the stages tgmm's shared memory holds; and `config=` through the
   public ops: used as given (it replaces `tiling`), for the gradient's matmuls too, with
   the float64 loop's numbers.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import hypothesis
 import hypothesis.strategies as st
@@ -39,6 +43,7 @@ from tests.grouped_matmul.helpers import (
     normal,
     tgmm_float64,
 )
+from tests.launches import Launch, record_launches
 from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config, tgmm_config
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_kernel
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
@@ -187,23 +192,6 @@ def test_launch_config_defaults_and_overrides():
     assert tgmm_config(20, 40, 8, element_bytes=2, compute_capability=None).tiling == (32, 64, 16)
 
 
-def _record_launches(monkeypatch) -> list:
-    """Replaces the backend's `triton_call` with a recorder of (kernel, launch): no
-    kernel runs; it returns arrays of the outputs' shapes holding 0.5."""
-    launches = []
-
-    def recorder(*args, kernel, out_shape, grid, name, num_warps, num_stages, **kw):
-        del args, grid, name
-        launches.append((kernel, dict(kw, num_warps=num_warps, num_stages=num_stages)))
-        many = isinstance(out_shape, tuple)
-        shapes = out_shape if many else [out_shape]
-        outputs = tuple(jnp.full(s.shape, 0.5, s.dtype) for s in shapes)
-        return outputs if many else outputs[0]
-
-    monkeypatch.setattr(triton_backend, "triton_call", recorder)
-    return launches
-
-
 @pytest.mark.parametrize("capability", [80, 90])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["", "existing_out"])
 def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate):
@@ -212,7 +200,7 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
     default for the target GPU, sizes and groups (`gmm_config` / `tgmm_config`), which
     `default_grouped_matmul_config` reports: on sm_90 the gmm launches without
     existing_out take the Hopper tile, tgmm over these short groups 64-row steps."""
-    launches = _record_launches(monkeypatch)
+    launches = record_launches(monkeypatch, triton_backend)
     m, k, n, groups = 1024, 512, 768, 4
     rng = np.random.default_rng(3)
     lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
@@ -224,8 +212,8 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
 
     with cuda_lowering(capability):
         jax.grad(loss, (0, 1))(lhs, rhs)
-    ops = [(kernel, launch) for kernel, launch in launches if kernel is not gmm_schedule_kernel]
-    assert [kernel for kernel, _ in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
+    ops = [launch for launch in launches if launch.kernel is not gmm_schedule_kernel]
+    assert [launch.kernel for launch in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
     wanted = [
         gmm_config(m, k, n, element_bytes=2, compute_capability=capability,
                    accumulate=accumulate),
@@ -233,10 +221,8 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
         tgmm_config(m, k, n, element_bytes=2, compute_capability=capability,
                     lhs_token_major=True, num_groups=groups),
     ]  # fmt: skip
-    for (_, launch), config in zip(ops, wanted, strict=True):
-        got = (launch["BLOCK_M"], launch["BLOCK_K"], launch["BLOCK_N"])
-        assert got == config.tiling and launch["num_warps"] == config.num_warps
-        assert launch["num_stages"] == config.num_stages
+    for launch, config in zip(ops, wanted, strict=True):
+        assert _launched_config(launch) == config
     hopper = capability == 90
     assert wanted[0].tiling == ((128, 64, 256) if hopper and not accumulate else DEFAULT_TILING)
     assert wanted[1].tiling == ((128, 64, 256) if hopper else DEFAULT_TILING)
@@ -244,6 +230,38 @@ def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate
     assert wanted[2].tiling == ((64, 128, 128) if hopper else DEFAULT_TILING)
     if not accumulate:  # what `default_grouped_matmul_config` reports (no existing_out)
         assert default_grouped_matmul_config((m, k, n), jnp.bfloat16, capability) == wanted[0]
+
+
+def _launched_config(launch: Launch) -> GroupedMatmulConfig:
+    c = launch.constexprs
+    return GroupedMatmulConfig(
+        block_m=c["BLOCK_M"], block_k=c["BLOCK_K"], block_n=c["BLOCK_N"],
+        num_warps=launch.num_warps, num_stages=launch.num_stages, tma=c.get("TMA", False),
+    )  # fmt: skip
+
+
+def test_a_config_reaches_every_launch_with_the_stages_shared_memory_holds(monkeypatch):
+    """config= reaches the forward and both gradient launches; Hopper's default gmm config
+    (128 x 64 x 256, 4 stages: 192 KB in gmm) holds 80 KB a stage in tgmm, where 4 stages
+    could not launch (320 KB): the weight gradient takes the 2 that fit, the rest as given."""
+    launches = record_launches(monkeypatch, triton_backend)
+    m, k, n, groups = 1024, 512, 768, 4
+    rng = np.random.default_rng(4)
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
+    sizes = jnp.asarray([300, 0, 500, 224], jnp.int32)
+    config = default_grouped_matmul_config((m, k, n), jnp.bfloat16, 90)
+    assert (config.tiling, config.num_stages) == ((128, 64, 256), 4)
+
+    def loss(lhs, rhs):
+        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton").sum()
+
+    with cuda_lowering(90):
+        jax.grad(loss, (0, 1))(lhs, rhs)
+    ops = [launch for launch in launches if launch.kernel is not gmm_schedule_kernel]
+    assert [launch.kernel for launch in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
+    assert [_launched_config(launch) for launch in ops] == [
+        config, config, dataclasses.replace(config, num_stages=2)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("capability, budget_kib", [(80, 163), (86, 99), (90, 227)])
@@ -356,8 +374,8 @@ def test_config_is_used_as_given_for_the_op_and_its_gradient(monkeypatch):
     seen = []
     original = triton_backend._config  # the launch configuration every launch uses
 
-    def spy(*args):
-        seen.append(original(*args))
+    def spy(*args, **kwargs):
+        seen.append(original(*args, **kwargs))
         return seen[-1]
 
     monkeypatch.setattr(triton_backend, "_config", spy)

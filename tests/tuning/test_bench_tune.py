@@ -22,6 +22,12 @@ def test_without_a_gpu_it_explains_and_exits_0(capsys, cache_dir):
     assert not cache_dir.exists()  # nothing stored
 
 
+def test_the_grouped_matmul_problem_is_the_catalogs():
+    from triton_kernels import catalog
+
+    assert (tune.GMM_PROBLEM, tune.GMM_GROUPS) == (catalog.GMM_PROBLEM, catalog.GMM_GROUPS)
+
+
 def test_arguments_are_checked(capsys):
     with pytest.raises(SystemExit) as exit_info:
         tune.main(["--arch", "75"])

@@ -2,6 +2,7 @@
 every supported head_dim, dtype, GPU and feature set, and come from the kernels' tables."""
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import pytest
@@ -154,18 +155,21 @@ def test_attention_defaults_for_every_feature_set(features, head_dim, dtype, cap
     st.sets(st.sampled_from(sorted(GROUPED_MATMUL_FEATURES))),
 )
 def test_grouped_matmul_defaults_are_what_the_op_runs(shape, dtype, capability, features):
-    itemsize = jnp.dtype(dtype).itemsize
-    for op, make in (("grouped_matmul", gmm_config), ("transposed_grouped_matmul", tgmm_config)):
+    target = dict(element_bytes=jnp.dtype(dtype).itemsize, compute_capability=capability)
+    accumulate = "accumulate" in features  # existing_out: gmm's Hopper tile would spill
+    gmm = functools.partial(gmm_config, accumulate=accumulate)
+    for op, make in (("grouped_matmul", gmm), ("transposed_grouped_matmul", tgmm_config)):
         fwd, bwd = default_params(
             op, compute_capability=capability, dtype=dtype, shape=shape, features=features
         )
-        assert bwd is None  # the gradient matmuls run with the forward's config
-        # `grouped_matmul` without tiling/config arguments: each kernel's own default
+        assert bwd is None  # the gradient matmuls take their own kernels' defaults
+        # the op without tiling/config arguments launches its kernel's own default
         # (tests/grouped_matmul/test_triton.py records the op's launches)
-        expected = make(*shape, element_bytes=itemsize, compute_capability=capability)
+        expected = make(*shape, **target)
         assert fwd == FwdParams.from_grouped_matmul_config(expected)
         transposed = op == "transposed_grouped_matmul"
-        assert default_grouped_matmul_config(shape, dtype, capability, transposed) == expected
+        got = default_grouped_matmul_config(shape, dtype, capability, transposed, accumulate)
+        assert got == expected
 
 
 def test_default_params_refuses_unknown_ops_features_and_missing_sizes():

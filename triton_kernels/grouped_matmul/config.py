@@ -27,8 +27,9 @@ _SHARED_MEMORY_BUDGET_DEFAULT = 90 * 1024
 _MAX_STAGES = 4
 
 DEFAULT_TILING = (128, 128, 128)
-"""megablox's default tiling: each kernel's default for 16-bit inputs, but gmm's on
-Hopper (`gmm_default_tiling`); 4-byte inputs take half the reduction step."""
+"""megablox's default tiling: each kernel's default for 16-bit inputs but on Hopper
+(gmm's `_HOPPER_GMM_TILING`, tgmm's `_SHORT_GROUP_TILING`); 4-byte inputs take half its
+reduction step."""
 
 # gmm's tile on Hopper for 16-bit inputs: a [128, 256] output tile is two warpgroups of
 # m64n256 MMAs, whose operands carry 2*128*256 / ((128 + 256) * 2) = 85 FLOP per byte
@@ -38,8 +39,8 @@ Hopper (`gmm_default_tiling`); 4-byte inputs take half the reduction step."""
 # report, sm_90 (bench report; 3.6 / 3.9 warp-instructions per MFLOP): 277 / 309 -> 219 /
 # 225 at m 32768, k 4096, n 2048, no spill, not serialized; the transposed-rhs launch
 # (the input gradient) 252 / 278 -> 191 / 198. With `existing_out` the epilogue's
-# [128, 256] float32 init tile spills (200 B): that launch keeps DEFAULT_TILING. Not yet
-# timed on a GPU (bench/gpu_rows.py times the two as A/B rows).
+# [128, 256] float32 init tile spills (200 / 236 B under 3.6 / 3.9): that launch keeps
+# DEFAULT_TILING. Not yet timed on a GPU (bench/gpu_rows.py times the two as A/B rows).
 _HOPPER_GMM_TILING = (128, 64, 256)
 
 
@@ -71,6 +72,14 @@ class GroupedMatmulConfig(KernelConfig):
     @property
     def tiling(self) -> tuple[int, int, int]:
         return (self.block_m, self.block_k, self.block_n)
+
+    def stage_bytes(self, element_bytes: int, transposed: bool) -> int:
+        """Shared memory of one pipeline stage: gmm's lhs and rhs tiles, `[block_m,
+        block_k]` and `[block_k, block_n]`, or (`transposed`) tgmm's, `[block_k, block_m]`
+        and `[block_m, block_n]`."""
+        if transposed:
+            return (self.block_k + self.block_n) * self.block_m * element_bytes
+        return (self.block_m + self.block_n) * self.block_k * element_bytes
 
     def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
         """The kernels' shape and tile constexprs for problem sizes m, k, n."""
@@ -156,14 +165,11 @@ def gmm_config(
             accumulate=accumulate,
         )
     tm, tk, tn = check_tiling(tiling)
-    tm, tk, tn = _fit(tm, m), _fit(tk, k), _fit(tn, n)
-    stage_bytes = (tm * tk + tk * tn) * element_bytes
-    return GroupedMatmulConfig(
-        block_m=tm,
-        block_k=tk,
-        block_n=tn,
-        num_warps=_num_warps(tm * tn),
-        num_stages=_num_stages(stage_bytes, compute_capability),
+    tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
+    return dataclasses.replace(
+        tiles,
+        num_warps=_num_warps(tiles.block_m * tiles.block_n),
+        num_stages=_num_stages(tiles.stage_bytes(element_bytes, False), compute_capability),
     )
 
 
@@ -208,8 +214,9 @@ def tgmm_config(
     Same arguments as `gmm_config` (the default tiling is `DEFAULT_TILING` on every GPU,
     with half its reduction step for 4-byte inputs); here `tm` is the reduction step and
     a program owns a `[tk, tn]` tile of one group's output. `num_groups`: the groups the
-    launch computes, if known: on sm_90 a token-major lhs whose groups are short (at most
-    256 rows on average) takes `_SHORT_GROUP_TILING` at 2 stages by default. On sm_90 a
+    launch computes, if known: on sm_90 a token-major lhs of at most 256 rows per group
+    (m / num_groups, m counting every row of lhs) takes `_SHORT_GROUP_TILING` at 2
+    stages by default. On sm_90 a
     token-major lhs in 16 bits takes 4 warps: at 8, Triton 3.6's code has ptxas serialize
     the warpgroup MMAs (C7515), and at 4 the loop is shorter too (bench report, m=8192
     k=2048 n=1408: 410 -> 336 warp-instructions per MFLOP under 3.6, 414 -> 360 under
@@ -219,16 +226,13 @@ def tgmm_config(
     short = short and _short_groups(m, num_groups, element_bytes, compute_capability)
     default = _SHORT_GROUP_TILING if short else (_reduction_step(element_bytes), 128, 128)
     tm, tk, tn = check_tiling(tiling) if tiling is not None else default
-    tm, tk, tn = _fit(tm, m), _fit(tk, k), _fit(tn, n)
-    stage_bytes = (tk * tm + tm * tn) * element_bytes
-    num_stages = _num_stages(stage_bytes, compute_capability)
-    num_warps = _num_warps(tk * tn)
+    tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
+    num_stages = _num_stages(tiles.stage_bytes(element_bytes, True), compute_capability)
+    num_warps = _num_warps(tiles.block_k * tiles.block_n)
     if lhs_token_major and compute_capability == 90 and element_bytes == 2:
         num_warps = 4
-    return GroupedMatmulConfig(
-        block_m=tm,
-        block_k=tk,
-        block_n=tn,
+    return dataclasses.replace(
+        tiles,
         num_warps=num_warps,
         num_stages=min(num_stages, _SHORT_GROUP_STAGES) if short else num_stages,
     )
