@@ -594,6 +594,17 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, two, "forward 64x64 4 warps")
 
 
+def _wide_persistent_forward(spec: MaskSpec) -> Impl:
+    """An A/B of the persistent forward's tile (launches of more than 60 documents): it
+    keeps 128x64 since 128x128 spills there (static report, sm_90, d=128, Triton 3.6: 80 B
+    stored and 100 B loaded a thread, outside the key loop, none in it), though its key
+    loop runs 496 warp-instructions per MFLOP against 654."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    wide = AttentionConfigs(forward=AttentionKernelConfig(128, 128, 8, 2))
+    return varlen_impl(spec, wide, "forward 128x128")
+
+
 def _sdpa(spec: MaskSpec) -> list[Impl]:
     return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
 
@@ -616,8 +627,10 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, and with --tma
     # the dK/dV default before TMA; of the first (the shortest documents), a forward of two
-    # CTAs per SM.
+    # CTAs per SM; of the many documents, the persistent forward at 128x128.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
+        if i == len(rows) - 1:
+            return (_wide_persistent_forward(spec),)
         if i >= 2:
             return ()
         short = (_two_ctas_forward(spec),) if i == 0 else ()

@@ -159,25 +159,28 @@ def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     path = tmp_path / "results" / "dry.json"
-    # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents)
-    rows = ["16x4 causal", "4x16 causal", "m64 G4", "64 tok random 50%"]
+    # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents);
+    # 32x2 causal: the many-document row
+    rows = ["16x4 causal", "4x16 causal", "32x2 causal", "m64 G4", "64 tok random 50%"]
     status = gpu_check.main(["--dry-run", "--rows", *rows, "--json", str(path)])
     assert status == 0
     document = json.loads(path.read_text())
     assert {"commit", "torch", "jax_cuda_plugin"} <= document["machine"].keys()
     found = document["rows"]
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
-        "16x4 causal", "4x16 causal", "4x16 causal GQA", "m64 k32 n16 G4", "64 tok random 50%"
+        "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal", "m64 k32 n16 G4",
+        "64 tok random 50%",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages
-    # and the dK/dV tile before TMA, on the first a forward of two CTAs per SM, on
-    # grouped matmul gmm with TMA, its groups being small, at 64-row tiles, and every
-    # launch at megablox's tiling (the default before Hopper's).
+    # and the dK/dV tile before TMA, on the first a forward of two CTAs per SM, on the
+    # many documents the persistent forward at 128x128, on grouped matmul gmm with TMA,
+    # its groups being small, at 64-row tiles, and every launch at megablox's tiling (the
+    # default before Hopper's).
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton tiling 128x128x128",
-        "ours triton varlen forward 64x64 4 warps",
+        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
     }  # fmt: skip
     for row in found:
         assert row["times"] and row["baseline_times"]
