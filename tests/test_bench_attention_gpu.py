@@ -18,5 +18,6 @@ def test_section_runs_every_varlen_case(monkeypatch):
     assert attention_gpu.main(gpu_rows.Sizes.tiny()) == []
     keys, timing = seen[0]
     assert keys == ["16x4 causal", "4x16 causal", "1x64 causal", "4x16 not causal",
-                    "4x16 causal GQA", "mixed 28..4 causal", "1x64 causal window 16"]  # fmt: skip
+                    "4x16 causal GQA", "32x2 causal", "mixed 28..4 causal",
+                    "1x64 causal window 16"]  # fmt: skip
     assert timing == runner.Timing()

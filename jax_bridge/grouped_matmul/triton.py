@@ -245,9 +245,11 @@ def tgmm(
         tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups
     )
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
-    meta = group_metadata(
-        group_sizes, group_offset, m=m, block_m=config.block_m, num_groups=num_groups
-    )
+    # tgmm reads only the group bounds, which no row tile changes: its metadata launch
+    # takes the row tile gmm takes here, so that XLA merges it with the equal launch of
+    # the gmm calls beside it (a gradient makes both).
+    rows = _config(options, m, k, n, lhs.dtype, gmm_config, transposed=False).block_m
+    meta = group_metadata(group_sizes, group_offset, m=m, block_m=rows, num_groups=num_groups)
     accumulate = existing_out is not None
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
