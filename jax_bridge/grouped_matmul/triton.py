@@ -42,16 +42,21 @@ def _config(
     options: MatmulOptions, m: int, k: int, n: int, dtype, make, *, transposed: bool
 ) -> GroupedMatmulConfig:
     """The caller's config (`_within_shared_memory`), else `make` (gmm_config, or
-    tgmm_config when `transposed`) from the tiling."""
+    tgmm_config when `transposed`) from the tiling (a callable one is asked once)."""
     if options.config is not None:
         return _within_shared_memory(options.config, np.dtype(dtype).itemsize, transposed)
+    tiling = checks.resolve_tiling(options.tiling, m, k, n)
+    return _default_config(make, m, k, n, dtype, tiling)
+
+
+def _default_config(make, m: int, k: int, n: int, dtype, tiling) -> GroupedMatmulConfig:
     return make(
         m,
         k,
         n,
         element_bytes=np.dtype(dtype).itemsize,
         compute_capability=launch_target().compute_capability,
-        tiling=checks.resolve_tiling(options.tiling, m, k, n),
+        tiling=tiling,
     )
 
 
@@ -247,8 +252,11 @@ def tgmm(
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     # tgmm reads only the group bounds, which no row tile changes: its metadata launch
     # takes the row tile gmm takes here, so that XLA merges it with the equal launch of
-    # the gmm calls beside it (a gradient makes both).
-    rows = _config(options, m, k, n, lhs.dtype, gmm_config, transposed=False).block_m
+    # the gmm calls beside it (a gradient makes both). A config or tiling gives both
+    # kernels the same rows; only their defaults differ.
+    rows = config.block_m
+    if options.config is None and options.tiling is None:
+        rows = _default_config(gmm_config, m, k, n, lhs.dtype, None).block_m
     meta = group_metadata(group_sizes, group_offset, m=m, block_m=rows, num_groups=num_groups)
     accumulate = existing_out is not None
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
