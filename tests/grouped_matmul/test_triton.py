@@ -193,7 +193,7 @@ def test_launch_config_defaults_and_overrides():
 
 
 @pytest.mark.parametrize("capability", [80, 90])
-@pytest.mark.parametrize("accumulate", [False, True], ids=["", "existing_out"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["no_existing_out", "existing_out"])
 def test_the_op_launches_the_default_configs(monkeypatch, capability, accumulate):
     """Without tiling or config, the forward gmm, the input gradient's gmm (transposed
     rhs) and the weight gradient's tgmm (token-major lhs) each launch their own kernel's

@@ -211,16 +211,15 @@ def tgmm_config(
     """The launch configuration of `tgmm_kernel` for `lhs: [k, m]` (`[m, k]` when
     `lhs_token_major`: gmm's weight gradient), `rhs: [m, n]`.
 
-    Same arguments as `gmm_config` (the default tiling is `DEFAULT_TILING` on every GPU,
-    with half its reduction step for 4-byte inputs); here `tm` is the reduction step and
-    a program owns a `[tk, tn]` tile of one group's output. `num_groups`: the groups the
-    launch computes, if known: on sm_90 a token-major lhs of at most 256 rows per group
+    Same arguments as `gmm_config`; here `tm` is the reduction step and a program owns a
+    `[tk, tn]` tile of one group's output. `num_groups`: the groups the launch computes,
+    if known. The default tiling is `DEFAULT_TILING` (half its reduction step for 4-byte
+    inputs), but on sm_90 a 16-bit token-major lhs of at most 256 rows per group
     (m / num_groups, m counting every row of lhs) takes `_SHORT_GROUP_TILING` at 2
-    stages by default. On sm_90 a
-    token-major lhs in 16 bits takes 4 warps: at 8, Triton 3.6's code has ptxas serialize
-    the warpgroup MMAs (C7515), and at 4 the loop is shorter too (bench report, m=8192
-    k=2048 n=1408: 410 -> 336 warp-instructions per MFLOP under 3.6, 414 -> 360 under
-    3.9, no spill); the [k, m] layout spills at 4 warps (610 B).
+    stages. On sm_90 a 16-bit token-major lhs takes 4 warps: at 8, Triton 3.6's code has
+    ptxas serialize the warpgroup MMAs (C7515), and at 4 the loop is shorter too (bench
+    report, m=8192 k=2048 n=1408: 410 -> 336 warp-instructions per MFLOP under 3.6, 414
+    -> 360 under 3.9, no spill); the [k, m] layout spills at 4 warps (610 B).
     """
     short = tiling is None and lhs_token_major
     short = short and _short_groups(m, num_groups, element_bytes, compute_capability)
