@@ -9,7 +9,8 @@
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
 #   ncu    one Nsight Compute profile per op (ours on one attention and one grouped matmul
 #          row): time per kernel, ours against the XLA work around them; then the
-#          attention kernels' occupancy, stall and memory sections (16 x 1024, ~1 min);
+#          attention kernels' occupancy, stall and memory sections (16 x 1024, ~1 min)
+#          and grouped matmul's speed-of-light and memory sections (m 32768, < 75 s);
 #   quick-tests  the conformance tests of the Triton backend on the device (100 s);
 #   tests  (alone: `bash bench/gpu_check.sh tests`, `make gpu-tests`, about 5 minutes, a
 #          device call of its own) every GPU conformance test but the Pallas backend's (the
@@ -114,6 +115,17 @@ if [[ $steps == *" ncu "* ]]; then
     note "ncu sections of the attention kernels (ncu_detail.txt): exit $?"
     grep -E "attention_[a-z_]+_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|No Eligible" \
       "$logs/ncu_detail.txt" | while read -r line; do note "  $line"; done
+    # Grouped matmul's kernels of one m 32768 fwd+bwd (the forward's gmm, the input
+    # gradient's gmm, the weight gradient's tgmm): bound by L2 or DRAM traffic, or by
+    # neither? (gmm's Hopper tile was chosen for its L2 traffic.) --profile launches gmm
+    # twice (the forward's warm-up and timed calls) before the fwd+bwd: skip two.
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 75 \
+      ncu --clock-control none -k "regex:^t?gmm_kernel$" --launch-skip 2 --launch-count 3 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      "$PY" -m bench gpu-check --profile "m32768 G32" >"$logs/ncu_gmm_detail.txt" 2>&1
+    note "ncu sections of the grouped matmul kernels (ncu_gmm_detail.txt): exit $?"
+    grep -E "gmm_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Achieved Occupancy" \
+      "$logs/ncu_gmm_detail.txt" | while read -r line; do note "  $line"; done
   else
     note "ncu not found: no kernel profile"
   fi
