@@ -267,40 +267,26 @@ def _takes_hopper_dkdv_tma(
 # dQ and dK/dV gain 8-25%. Not listed: the forward at d=128 with a window or a soft cap
 # (32-148 B of spill), the persistent dQ at d=128 with a window alone (3.9: 112-148 B),
 # the forward at d=128 on sm_80 (4-148 B), any other combination of options.
+# At d=64 every listed option set takes these (forward, dQ, dK/dV on sm_90; forward and
+# dQ on sm_80); at d=128 each set its own.
+_HEAVY_LIGHT_D64 = frozenset({
+    (90, "forward", 64, False),
+    (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
+    (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
+    (80, "forward", 64, False),
+    (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
+})  # fmt: skip
 _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
-    ("window_left",): frozenset({
-        (90, "backward_dq", 128, False),
-        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
-        (90, "forward", 64, False),
-        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
-        (80, "forward", 64, False),
-        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
-    }),
-    ("soft_cap",): frozenset({
+    ("window_left",): _HEAVY_LIGHT_D64 | {(90, "backward_dq", 128, False)},
+    ("soft_cap",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
-        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
-        (90, "forward", 64, False),
-        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
-        (80, "forward", 64, False),
-        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
-    }),
-    ("alibi",): frozenset({
+    },
+    ("alibi",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
-        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
-        (90, "forward", 128, False), (90, "forward", 64, False),
-        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
-        (80, "forward", 64, False),
-        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
-    }),
-    ("soft_cap", "window_left"): frozenset({
-        # persistent only: a program a tile spills 8-16 B (3.9 causal, 3.6 GQA 3)
-        (90, "backward_dq", 128, True),
-        (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
-        (90, "forward", 64, False),
-        (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
-        (80, "forward", 64, False),
-        (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
-    }),
+        (90, "forward", 128, False),
+    },
+    # persistent only: a program a tile spills 8-16 B (3.9 causal, 3.6 GQA 3)
+    ("soft_cap", "window_left"): _HEAVY_LIGHT_D64 | {(90, "backward_dq", 128, True)},
 }  # fmt: skip
 
 
