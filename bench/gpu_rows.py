@@ -605,6 +605,19 @@ def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, wide, "forward 128x128")
 
 
+def _dq_atomic_backward(spec: MaskSpec) -> Impl:
+    """The A/B of the backward's two designs (`AttentionConfigs.dq_atomic`): dQ added
+    by atomics from the dK/dV kernel (FlashAttention-2's; 5 tile products a tile pair, at
+    32x128 on sm_90, d=128) against the default's dQ kernel, which recomputes QK^T and
+    dO V^T (7 products). Static report, sm_90, d=128, causal, Triton 3.6: 612
+    warp-instructions per MFLOP x 5 products against 360 x 4 (dK/dV, TMA) + 417 x 3 (dQ);
+    what the instruction counts do not price is the atomics' traffic (16 KB a step:
+    about 2 GB a 4 x 4096 backward). Its forward is the default's."""
+    from jax_bridge import AttentionConfigs
+
+    return varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics")
+
+
 def _sdpa(spec: MaskSpec) -> list[Impl]:
     return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
 
@@ -625,9 +638,10 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{many}x{t // many} causal", MaskSpec((t // many,) * many), heads),
     ]
 
-    # A/B anchors of the first two (causal) rows: three pipeline stages, and with --tma
-    # the dK/dV default before TMA; of the first (the shortest documents), a forward of two
-    # CTAs per SM; of the many documents, the persistent forward at 128x128.
+    # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
+    # and with --tma the dK/dV default before TMA; of the first (the shortest documents),
+    # a forward of two CTAs per SM; of the many documents, the persistent forward at
+    # 128x128.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
@@ -635,7 +649,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
             return ()
         short = (_two_ctas_forward(spec),) if i == 0 else ()
         tma = _dkdv_tile_before_tma(spec) if USE_TMA else ()
-        return (_three_stage_tiles(spec), *short, *tma)
+        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *short, *tma)
 
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),

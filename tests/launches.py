@@ -26,8 +26,11 @@ def record_launches(monkeypatch, module) -> list[Launch]:
     """The launches of `module.triton_call` from now on (the list fills as they come)."""
     launches: list[Launch] = []
 
-    def recorder(*args, kernel, out_shape, grid, name, num_warps, num_stages, **constexprs):
-        del args, grid, name
+    def recorder(
+        *args, kernel, out_shape, grid, name, num_warps, num_stages,
+        zeroed_outputs=(), input_output_aliases=None, **constexprs,
+    ):  # fmt: skip
+        del args, grid, name, zeroed_outputs, input_output_aliases
         launches.append(Launch(kernel, constexprs, num_warps, num_stages))
         many = isinstance(out_shape, tuple)
         shapes = out_shape if many else [out_shape]

@@ -171,8 +171,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal", "m64 k32 n16 G4",
         "64 tok random 50%",
     }  # fmt: skip
-    # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages
-    # and the dK/dV tile before TMA, on the first a forward of two CTAs per SM, on the
+    # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages,
+    # dQ by atomics and the dK/dV tile before TMA, on the first a forward of two CTAs per SM, on the
     # many documents the persistent forward at 128x128, on grouped matmul gmm with TMA,
     # its groups being small, at 64-row tiles, and every launch at megablox's tiling (the
     # default before Hopper's).
@@ -181,6 +181,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton tiling 128x128x128",
         "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
+        "ours triton varlen dq by atomics",
     }  # fmt: skip
     for row in found:
         assert row["times"] and row["baseline_times"]

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_bridge import block_sparse_attention, varlen_attention
+from jax_bridge import AttentionConfigs, block_sparse_attention, varlen_attention
 from jax_bridge.attention import triton as attention_triton
 from jax_bridge.block_sparse import triton as block_sparse_triton
 from pallas_tpu.splash import CausalMask
@@ -26,6 +26,7 @@ from triton_kernels.catalog import (
     attention_variant,
     block_sparse_variant,
 )
+from triton_kernels.flash_attention.backward import attention_backward_row_stats_kernel
 from triton_kernels.flash_attention.config import KINDS, default_attention_config
 
 # The catalog's heads (8 query, 2 key/value: GQA) and a head_dim the report uses.
@@ -40,22 +41,34 @@ def _inputs(key, q_shape, kv_shape):
     return q, k, v
 
 
-def test_varlen_launches_are_the_catalog_variants(monkeypatch):
+@pytest.mark.parametrize("dq_atomic", [False, True], ids=["dq-kernel", "dq-atomic"])
+def test_varlen_launches_are_the_catalog_variants(monkeypatch, dq_atomic):
+    """With `dq_atomic` no dQ kernel runs: the row statistics' pass (no matmul, not in
+    the catalog) and the dK/dV variant that accumulates dQ instead."""
     recorded = record_launches(monkeypatch, attention_triton)
     q, k, v = _inputs(jax.random.key(0), (96, Q_HEADS, HEAD_DIM), (96, KV_HEADS, HEAD_DIM))
     cu = jnp.asarray([0, 40, 96], jnp.int32)
+    configs = AttentionConfigs(dq_atomic=dq_atomic)
 
     def loss(q, k, v):
-        out = varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton")
+        out = varlen_attention(
+            q, k, v, cu, cu, causal=True, config=configs, implementation="triton"
+        )
         return out.astype(jnp.float32).sum()
 
     jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     launches = {launch.kernel: launch.constexprs for launch in recorded}
-    assert set(launches) == set(ATTENTION_KERNELS.values())
-    for kind in KINDS:
+    kinds = ("forward", "backward_dkdv") if dq_atomic else KINDS
+    expected = {ATTENTION_KERNELS[kind] for kind in kinds}
+    if dq_atomic:
+        expected.add(attention_backward_row_stats_kernel)
+    assert set(launches) == expected
+    for kind in kinds:
         # the bridge's own tiles here (Triton's interpreter), in the catalog's variant
         config = default_attention_config(HEAD_DIM, "bfloat16", None, kind, features=CAUSAL)
-        variant = attention_variant(kind, HEAD_DIM, 90, features=CAUSAL, config=config)
+        variant = attention_variant(
+            kind, HEAD_DIM, 90, features=CAUSAL, config=config, dq_atomic=dq_atomic
+        )
         assert launches[variant.kernel] == dict(variant.constexprs), kind
 
 

@@ -101,6 +101,7 @@ _FLOAT32_POINTERS = {
     "d_lse_ptr",
     "lse_log2_ptr",
     "delta_ptr",
+    "dq_accum_ptr",
     "sinks_ptr",
     "alibi_slopes_ptr",
     "shift_ptr",
@@ -135,15 +136,17 @@ def attention_variant(
     config: AttentionKernelConfig | None = None,
     persistent: bool = False,
     descriptors: bool = False,
+    dq_atomic: bool = False,
 ) -> KernelVariant:
     """One attention kernel (`kind` in forward/backward_dkdv/backward_dq) at its default
     configuration for the problem, or at `config`; `persistent`: the launch that walks
     the tile list (segment ids' mostly empty lists); `descriptors`: the default where
-    tensor descriptors can be launched (`default_attention_config`'s)."""
+    tensor descriptors can be launched (`default_attention_config`'s); `dq_atomic`: the
+    dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)."""
     if config is None:
         config = default_attention_config(
             head_dim, dtype_name, compute_capability, kind, features=features,
-            persistent=persistent, descriptors=descriptors,
+            persistent=persistent, descriptors=descriptors, dq_atomic=dq_atomic,
         )  # fmt: skip
     kernel = ATTENTION_KERNELS[kind]
     # float32 multiplies exactly by default ("ieee"; 16-bit inputs ignore the setting); an
@@ -151,12 +154,13 @@ def attention_variant(
     constexprs = attention_constexprs(
         kind, config, features, num_q_heads=_Q_HEADS, num_kv_heads=_KV_HEADS,
         head_dim=head_dim, softmax_scale=head_dim**-0.5, input_precision="ieee",
-        persistent=persistent,
+        persistent=persistent, dq_atomic=dq_atomic,
     )  # fmt: skip
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
-        + ("_tma" if config.tma else ""),
+        + ("_tma" if config.tma else "")
+        + ("_dq_atomic" if dq_atomic else ""),
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
         constexprs=constexprs,
@@ -334,6 +338,10 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
+        # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
+        variants.append(
+            attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)
+        )
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]

@@ -116,8 +116,11 @@ def varlen_attention(
       config: the Triton kernels' launch configuration: an `AttentionConfigs` (one
         `AttentionKernelConfig` per kernel, None fields keep their defaults), or one
         `AttentionKernelConfig` for all three kernels. None: chosen by head_dim, dtype
-        and GPU. With implementation="pallas": a splash `BlockSizes` (multiples of 128;
-        None fields default; the packed axes are padded to the blocks). Ignored by XLA.
+        and GPU. `AttentionConfigs(dq_atomic=True)` makes the backward FlashAttention-2's
+        (dQ added by float32 atomics from the dK/dV kernel, no dQ kernel; dQ's sums then
+        run in no fixed order). With implementation="pallas": a splash `BlockSizes`
+        (multiples of 128; None fields default; the packed axes are padded to the
+        blocks). Ignored by XLA.
       implementation: "auto" (Triton on GPUs, the Pallas splash kernels on TPUs, XLA
         elsewhere), "triton" (on a CPU it runs through Triton's interpreter: slow),
         "pallas" (off a TPU in Pallas' interpret mode: slow; no `alibi_slopes`; float32

@@ -15,6 +15,7 @@ bottom-right kernels, unchanged (the kernels choose by the pointer's element typ
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -22,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.attention.options import AttentionOptions
+from jax_bridge.attention.schedule import TileSchedule, programs, tile_schedule
 from jax_bridge.attention.schedule import persistent as walks_tile_lists
-from jax_bridge.attention.schedule import programs, tile_schedule
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.precision import triton_input_precision
@@ -37,6 +38,7 @@ from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
+    attention_backward_row_stats_kernel,
 )
 from triton_kernels.flash_attention.config import (
     MAX_HEAD_DIM,
@@ -45,6 +47,7 @@ from triton_kernels.flash_attention.config import (
     AttentionKernelConfig,
     block_d,
     default_attention_config,
+    row_stats_config,
 )
 from triton_kernels.flash_attention.constexprs import attention_constexprs
 from triton_kernels.flash_attention.forward import attention_forward_kernel
@@ -81,7 +84,7 @@ def _config(
     return default_attention_config(
         q.shape[2], jnp.dtype(q.dtype).name, capability, kind, features=features,
         persistent=persistent, descriptors=tensor_descriptors_available(),
-        gqa_group=q.shape[1] // k.shape[1],
+        gqa_group=q.shape[1] // k.shape[1], dq_atomic=_dq_atomic(options),
     )  # fmt: skip
 
 
@@ -96,8 +99,8 @@ def _launch(
     has_d_lse: bool = False,
 ) -> dict:
     """The launch keywords of kernel `kind` under `config`: warps, stages, name and the
-    constexprs (`attention_constexprs`). A config with `tma` is refused here unless the
-    hardware and head_dim allow it."""
+    constexprs (`attention_constexprs`; dK/dV's DQ_ATOMIC from `options.config`). A
+    config with `tma` is refused here unless the hardware and head_dim allow it."""
     head_dim = q.shape[2]
     if config.tma:
         require_tensor_descriptors("varlen_attention")
@@ -110,7 +113,7 @@ def _launch(
         kind, config, features, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
         head_dim=head_dim, softmax_scale=options.spec.softmax_scale,
         input_precision=triton_input_precision(options.precision, q.dtype), persistent=persistent,
-        has_d_lse=has_d_lse,
+        has_d_lse=has_d_lse, dq_atomic=_dq_atomic(options),
     )  # fmt: skip
     return dict(
         num_warps=config.num_warps,
@@ -125,6 +128,11 @@ _KERNEL_NAMES = {
     "backward_dq": "varlen_attention_bwd_dq",
     "backward_dkdv": "varlen_attention_bwd_dkdv",
 }
+
+
+def _dq_atomic(options: AttentionOptions) -> bool:
+    """Whether the dK/dV kernel accumulates dQ (`AttentionConfigs.dq_atomic`)."""
+    return options.config is not None and options.config.dq_atomic
 
 
 def _check_shift(shift: jax.Array | None, cu_seqlens_q: jax.Array) -> jax.Array | None:
@@ -267,7 +275,7 @@ def backward(
       d_sinks: float32 [Hq], or None without sinks. ALiBi slopes get no gradient.
     """
     total_q, num_q_heads, _ = q.shape
-    total_k, num_kv_heads, _ = k.shape
+    total_k = k.shape[0]
     shift = _check_shift(shift, cu_seqlens_q)
     if total_q == 0 or total_k == 0:  # every probability is 0: only sinks have a gradient
         delta = row_delta(out, d_out, d_lse)
@@ -281,59 +289,147 @@ def backward(
         cu_seqlens_q, cu_seqlens_k, total_q, total_k, dq_config.block_m, dkdv_config.block_n,
         features,
     )  # fmt: skip
-    scalars = _spec_arguments(options.spec, shift)
-    # dQ first: its programs also write the row statistics (delta, lse in log2 units)
-    # that the dK/dV kernel reads.
-    query_chunks = schedule.query_tiles
+    launch = _BackwardLaunch(
+        q, k, v, d_out, alibi_slopes, options, features, persistent, schedule, shift
+    )
+    lse = jnp.asarray(lse, jnp.float32)
+    if _dq_atomic(options):
+        delta, lse_log2 = _row_statistics(out, d_out, lse, d_lse, num_q_heads)
+        dk, dv, dq_accum = _dkdv(launch, dkdv_config, lse_log2, delta)
+        dq = (dq_accum * np.float32(options.spec.softmax_scale)).astype(q.dtype)
+    else:
+        # dQ first: its programs also write the row statistics (delta, lse in log2 units)
+        # that the dK/dV kernel reads.
+        dq, delta, lse_log2 = _dq_and_row_statistics(launch, dq_config, out, lse, d_lse)
+        dk, dv, _ = _dkdv(launch, dkdv_config, lse_log2, delta)
+    d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
+    return dq, dk, dv, d_sinks
+
+
+@dataclasses.dataclass(frozen=True)
+class _BackwardLaunch:
+    """What both backward kernels of one call take (the arrays, the call's options and
+    its tile lists)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    d_out: jax.Array
+    alibi_slopes: jax.Array | None
+    options: AttentionOptions
+    features: AttentionFeatures
+    persistent: bool
+    schedule: TileSchedule
+    shift: jax.Array | None = None
+
+    @property
+    def scalars(self) -> tuple:
+        return _spec_arguments(self.options.spec, self.shift)
+
+
+def _dq_and_row_statistics(
+    launch: _BackwardLaunch,
+    config: AttentionKernelConfig,
+    out: jax.Array,
+    lse: jax.Array,
+    d_lse: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The dQ kernel: (dq [total_q, Hq, D] in q's dtype, delta, lse_log2: float32 [Hq,
+    total_q])."""
+    q, k = launch.q, launch.k
+    total_q, num_q_heads, _ = q.shape
+    chunks = launch.schedule.query_tiles
     stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
-    dq, delta, lse_log2 = triton_call(
+    return triton_call(
         q,
         k,
-        v,
+        launch.v,
         out,
-        d_out,
-        jnp.asarray(lse, jnp.float32),
+        launch.d_out,
+        lse,
         float32_or_placeholder(d_lse),
-        schedule.cu_q,
-        schedule.cu_k,
-        query_chunks,
-        float32_or_placeholder(alibi_slopes),
+        launch.schedule.cu_q,
+        launch.schedule.cu_k,
+        chunks,
+        float32_or_placeholder(launch.alibi_slopes),
         total_q,
-        query_chunks.shape[0],
-        *scalars,
+        chunks.shape[0],
+        *launch.scalars,
         kernel=attention_backward_dq_kernel,
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), stats, stats),
-        grid=(
-            programs(query_chunks.shape[0], total_q, dq_config.block_m, persistent),
-            num_q_heads,
+        grid=(programs(chunks.shape[0], total_q, config.block_m, launch.persistent), num_q_heads),
+        **_launch(
+            "backward_dq", config, launch.features, q, k, launch.options, launch.persistent,
+            d_lse is not None,
         ),
-        **_launch("backward_dq", dq_config, features, q, k, options, persistent, d_lse is not None),
+    )  # fmt: skip
+
+
+def _row_statistics(
+    out: jax.Array, d_out: jax.Array, lse: jax.Array, d_lse: jax.Array | None, num_q_heads: int
+) -> tuple[jax.Array, jax.Array]:
+    """(delta, lse_log2): float32 [Hq, total_q] (`attention_backward_row_stats_kernel`),
+    where no dQ kernel runs to write them."""
+    total_q, _, head_dim = out.shape
+    config = row_stats_config(head_dim, launch_target().compute_capability)
+    stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
+    return triton_call(
+        out,
+        d_out,
+        lse,
+        float32_or_placeholder(d_lse),
+        total_q,
+        kernel=attention_backward_row_stats_kernel,
+        out_shape=(stats, stats),
+        grid=(-(-total_q // config.block_m), num_q_heads),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        name="varlen_attention_bwd_row_stats",
+        NUM_Q_HEADS=num_q_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_D=block_d(head_dim),
+        HAS_D_LSE=d_lse is not None,
     )
-    key_chunks = schedule.key_tiles
-    dk, dv = triton_call(
+
+
+def _dkdv(
+    launch: _BackwardLaunch,
+    config: AttentionKernelConfig,
+    lse_log2: jax.Array,
+    delta: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The dK/dV kernel: (dk, dv [total_k, Hkv, D] in k's / v's dtype, and with
+    `AttentionConfigs.dq_atomic` the unscaled dQ, float32 [total_q, Hq, D]; else a
+    placeholder float32 [1] the kernel never touches)."""
+    q, k, v = launch.q, launch.k, launch.v
+    total_k, num_kv_heads, _ = k.shape
+    chunks = launch.schedule.key_tiles
+    dq_atomic = _dq_atomic(launch.options)
+    dq_accum = jax.ShapeDtypeStruct(q.shape if dq_atomic else (1,), jnp.float32)
+    return triton_call(
         q,
         k,
         v,
-        d_out,
+        launch.d_out,
         lse_log2,
         delta,
-        schedule.cu_q,
-        schedule.cu_k,
-        key_chunks,
-        float32_or_placeholder(alibi_slopes),
-        total_q,
-        key_chunks.shape[0],
-        *scalars,
+        launch.schedule.cu_q,
+        launch.schedule.cu_k,
+        chunks,
+        float32_or_placeholder(launch.alibi_slopes),
+        q.shape[0],
+        chunks.shape[0],
+        *launch.scalars,
         kernel=attention_backward_dkdv_kernel,
         out_shape=(
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
+            dq_accum,
         ),
-        grid=(
-            programs(key_chunks.shape[0], total_k, dkdv_config.block_n, persistent),
-            num_kv_heads,
+        zeroed_outputs=(2,) if dq_atomic else (),
+        grid=(programs(chunks.shape[0], total_k, config.block_n, launch.persistent), num_kv_heads),
+        **_launch(
+            "backward_dkdv", config, launch.features, q, k, launch.options, launch.persistent
         ),
-        **_launch("backward_dkdv", dkdv_config, features, q, k, options, persistent),
     )
-    d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
-    return dq, dk, dv, d_sinks

@@ -171,8 +171,9 @@ def skip_unsupported(impl: str, alibi: bool) -> None:
         pytest.skip("the Pallas splash kernels have no ALiBi (refused with a ValueError)")
 
 
-def check_case(impl: str, c: Case, seed: int) -> None:
-    """The forward and gradients of one backend on one case against the oracle."""
+def check_case(impl: str, c: Case, seed: int, config: Any = None) -> None:
+    """The forward and gradients of one backend on one case against the oracle
+    (`config`: the op's, for a backend's own variants)."""
     skip_unsupported(impl, c.alibi)
     options = dict(c.options)
     inputs = make_inputs(seed, c.lengths, *c.heads, c.head_dim, c.dtype, pad=c.pad)
@@ -194,6 +195,7 @@ def check_case(impl: str, c: Case, seed: int) -> None:
             sinks=s,
             alibi_slopes=slopes,
             return_lse=True,
+            config=config,
             implementation=impl,
             **options,
         )

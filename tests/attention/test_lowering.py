@@ -295,6 +295,30 @@ def test_dkdv_tma_default_has_a_clean_shorter_loop(group):
     assert report.instructions_per_mflop <= DKDV_GROUPS_TARGET, report.summary()
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
+@pytest.mark.parametrize("features", FEATURES[:2], ids=lambda f: f.describe())
+@pytest.mark.parametrize(
+    "compute_capability, head_dim", [(80, 64), (80, 128), (90, 64), (90, 128), (90, 256)]
+)
+def test_static_report_of_the_dq_atomic_dkdv(compute_capability, head_dim, features, persistent):
+    """The dK/dV kernel that accumulates dQ (`AttentionConfigs.dq_atomic`) at its default
+    tile: its atomic adds are there (RED/REDG, or ATOM whose result goes unused), no spill in
+    its loop (dK/dV's allowance outside it), and on sm_90 wgmma not serialized but at
+    d=256, whose spill-free tile (16x32) is too small for wgmma's m64 (every wgmma tile
+    there spills 20-3000 B)."""
+    report = attention_kernel_report(
+        "backward_dkdv", head_dim, compute_capability, features=features,
+        persistent=persistent, dq_atomic=True,
+    )  # fmt: skip
+    print(report.summary())
+    atomics = [op for op in report.sass_opcodes if op.startswith(("RED", "ATOM"))]
+    assert atomics, report.summary()
+    assert not report.loop_spills, report.summary()
+    assert_spills_expected(report, (compute_capability, head_dim, "backward_dkdv", features, 0))
+    if compute_capability >= 90 and head_dim <= 128:
+        assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
+
+
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_static_report_float32(head_dim, kind):

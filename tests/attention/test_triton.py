@@ -36,6 +36,7 @@ from jax_bridge.core.precision import DEFAULT_PRECISION, triton_input_precision
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.target import COMPUTE_CAPABILITIES
 from jax_bridge.launch.triton_call import float32_or_placeholder, triton_call
+from tests.attention import test_robustness as robustness
 from tests.attention.helpers import (
     assert_close,
     attention_tolerance,
@@ -43,6 +44,7 @@ from tests.attention.helpers import (
     oracle_value_and_grads,
     value_and_grads,
 )
+from tests.attention.test_conformance import CASES, check_case
 from tests.devices import needs_tensor_descriptors
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
@@ -296,6 +298,77 @@ def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
         assert_close(a, b, tol, name)
 
 
+# --- dQ accumulated by the dK/dV kernel (AttentionConfigs.dq_atomic) ----------------------
+
+DQ_ATOMIC = AttentionConfigs(dq_atomic=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "causal",
+        "everything",
+        "gqa3_causal_window_alibi_sinks",
+        "gqa4_d80_window_sinks",
+        "bf16_d48_all_options",
+        "rows_past_the_last_sequence_sinks",
+        "sink_of_minus_infinity",
+        "q_longer_then_shorter",
+    ],
+)
+def test_dq_atomic_matches_the_reference(name):
+    """dQ by atomic adds from the dK/dV kernel, on the conformance cases (every window
+    side, soft cap, ALiBi, sinks with an lse cotangent, GQA groups of 3 and 4, padded head
+    dims, 16 bits, rows past the sequences, queries longer and shorter than keys): forward
+    and gradients against the oracle, exact zeros where nothing is attended."""
+    check_case("triton", CASES[name], seed=100 + list(CASES).index(name), config=DQ_ATOMIC)
+
+
+@pytest.mark.parametrize(
+    "array, value, causal", [("v", np.inf, True), ("k", np.inf, False), ("q", np.nan, True)]
+)
+def test_dq_atomic_keeps_a_poisoned_document_to_itself(array, value, causal):
+    """A non-finite value in one document's V or K makes its own dS non-finite; the atomic
+    adds of its key tiles are masked to its own query rows, so every other document's
+    gradients (and padding's zeros) stay those of the clean inputs."""
+    q, k, v, sinks, weights = robustness._inputs()
+    options = dict(causal=causal, config=DQ_ATOMIC)
+    _, clean_grads = robustness._value_and_grads("triton", q, k, v, sinks, weights, **options)
+    arrays = {"q": q, "k": k, "v": v}
+    arrays[array] = arrays[array].at[jnp.asarray(robustness.POISON_ROWS["document"])].set(value)
+    _, grads = robustness._value_and_grads(
+        "triton", arrays["q"], arrays["k"], arrays["v"], sinks, weights, **options
+    )
+    clean, tol = robustness.CLEAN_ROWS, robustness._tolerance(q, k, sinks)
+    # Within tol, not equal: on a GPU the atomic adds of a row land in any order.
+    for name, got, want in zip("qkv", grads[:3], clean_grads[:3], strict=False):
+        assert_close(got[clean], robustness._f64(want[clean]), tol, f"d{name} clean rows")
+    np.testing.assert_array_equal(grads[0][71:], 0.0)  # padding rows
+
+
+def test_dq_atomic_takes_the_base_tile_by_pointers():
+    """With dQ's product and atomic adds in it, dK/dV keeps the base tables' tile where
+    light calls would take the larger ones (the TMA tile on sm_90: it spills with them);
+    the other kernels keep theirs."""
+    causal = AttentionFeatures(causal=True)
+
+    def config(head_dim, kind, dq_atomic, capability=90):
+        return default_attention_config(
+            head_dim, "bfloat16", capability, kind, features=causal, descriptors=True,
+            dq_atomic=dq_atomic,
+        )  # fmt: skip
+
+    assert config(128, "backward_dkdv", False).tma
+    assert config(128, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 2)
+    assert config(64, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 3)
+    assert config(256, "backward_dkdv", True) == AttentionKernelConfig(16, 32, 8, 2)
+    assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(32, 64, 8, 2)
+    for kind in ("forward", "backward_dq"):
+        assert config(128, kind, True) == config(128, kind, False)
+    with pytest.raises(TypeError, match="dq_atomic must be a bool"):
+        AttentionConfigs(dq_atomic=1)
+
+
 # --- NaN poisoning ------------------------------------------------------------------------
 
 
@@ -395,13 +468,16 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
 
 
 @pytest.mark.parametrize(
-    "spare, tma", [(0, False), (3, False), (0, True)], ids=["spare0", "spare3", "spare0-tma"]
+    "spare, tma, dq_atomic",
+    [(0, False, False), (3, False, False), (0, True, False), (0, True, True)],
+    ids=["spare0", "spare3", "spare0-tma", "spare0-tma-dq-atomic"],
 )
-def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
+def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atomic):
     """More tile rows than programs (many short sequences, few spare programs): the
     kernels launch persistent programs, each walking its share of the tile list (with
-    `tma`, building each tile's descriptors over its own sequence); forward and gradients
-    still match the reference."""
+    `tma`, building each tile's descriptors over its own sequence; with `dq_atomic`,
+    dK/dV adding each sequence's dQ shares in its own rows); forward and gradients still
+    match the reference."""
     monkeypatch.setattr(schedule, "_SPARE_PROGRAMS", spare)
     lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
     inputs = make_inputs(71, lengths, 2, 1, 32)
@@ -417,7 +493,8 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma):
     def run(fn):
         return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
 
-    config = AttentionKernelConfig(16, 16, tma=True) if tma else None  # all three kernels
+    tile = AttentionKernelConfig(16, 16, tma=True) if tma else None
+    config = AttentionConfigs(tile, tile, tile, dq_atomic=dq_atomic)
     got = run(
         lambda q, k, v, s: varlen_attention(
             q, k, v, cu_q, cu_k, implementation="triton", config=config, **options

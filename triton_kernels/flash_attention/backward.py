@@ -18,6 +18,12 @@ fwd+bwd of 16 x 1k documents on an H100) ahead of both. The dK/dV kernel keeps o
 tile stationary and, for GQA/MQA, loops over every query head of its group itself: each
 dK/dV row is written by exactly one program, with no atomics, so the result is
 deterministic. The sinks' gradient needs only lse and delta; the JAX bridge computes it.
+
+Or (DQ_ATOMIC, FlashAttention-2's own backward) the dK/dV kernel accumulates dQ too: each
+of its steps adds dS K, over its own keys, to a float32 dQ by atomic adds. That skips the
+dQ kernel's recomputation of QK^T and dO V^T (7 tile products a (query tile, key tile)
+pair become 5) for the atomics' traffic and an order of float32 sums that varies between
+runs; `attention_backward_row_stats_kernel` then writes the row statistics.
 """
 
 import triton
@@ -39,7 +45,7 @@ from triton_kernels.flash_attention.forward import (
     _sequence_rows,
     _tile_ptrs,
 )
-from triton_kernels.flash_attention.steps import _dkdv_step, _dq_step
+from triton_kernels.flash_attention.steps import _dkdv_dq_step, _dkdv_step, _dq_step
 
 
 @triton.jit
@@ -93,6 +99,7 @@ def _dkdv_query_tiles(
     do_seq,
     lse_log2_seq_ptr,
     delta_seq_ptr,
+    dq_seq,
     alibi_slopes_ptr,
     first_head,
     total_q,
@@ -122,6 +129,7 @@ def _dkdv_query_tiles(
     INPUT_PRECISION: tl.constexpr,
     TWO_RANGES: tl.constexpr,
     TMA: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = False,
 ):
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
     (and, with TWO_RANGES, then [start2, end2)) of the GROUP query heads first_head,
@@ -133,6 +141,9 @@ def _dkdv_query_tiles(
     sequence at head first_head, as pointers or, with TMA, as tensor descriptors over its
     [len_q, GROUP * HEAD_DIM] rows (rows past len_q load as 0); lse_log2_seq_ptr,
     delta_seq_ptr: row 0 of the sequence in head first_head's row ([NUM_Q_HEADS, total_q]).
+    With DQ_ATOMIC, each step also adds its query tile's dQ share (dS K over this program's
+    keys, unscaled) to dq_seq (float32, laid out as q's rows, row 0 of the sequence at
+    head first_head) by atomic adds, in the query rows of the sequence only.
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift).
@@ -196,10 +207,21 @@ def _dkdv_query_tiles(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
         )  # fmt: skip
-        dk, dv = _dkdv_step(
-            dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP, False,
-            INPUT_PRECISION,
-        )  # fmt: skip
+        if DQ_ATOMIC:
+            dk, dv, dq = _dkdv_dq_step(
+                dk, dv, s2_t, t_t, 1.0, q, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP,
+                False, INPUT_PRECISION,
+            )  # fmt: skip
+            dq_tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
+            dq_ptrs = _tile_ptrs(dq_seq + dq_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+            # Every other sequence's rows, and the next head's dims, stay untouched: a
+            # non-finite dS there (Inf in this sequence's V) must not reach them.
+            tl.atomic_add(dq_ptrs, dq, mask=col_ok[:, None] & d_ok[None, :], sem="relaxed")
+        else:
+            dk, dv = _dkdv_step(
+                dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP,
+                False, INPUT_PRECISION,
+            )  # fmt: skip
         if not STEP_BY_MASK:
             g += 1
             next_tile = g == GROUP
@@ -230,6 +252,7 @@ def _dkdv_tile(
     shift_ptr,
     dk_ptr,
     dv_ptr,
+    dq_accum_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -242,6 +265,7 @@ def _dkdv_tile(
     HAS_ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
     chunk,
     seq,
     kv_head,
@@ -291,6 +315,7 @@ def _dkdv_tile(
         q_seq, do_seq = q_rows, do_rows
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
+    dq_seq = dq_accum_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
     # The masked tiles first, in one loop: the band a right bound leaves on the diagonal,
     # [start, full_start) (empty without one: start == 0, full_start <= 0), and the
     # edge, [full_end, end); then the unmasked middle. With the two masked ranges as loops
@@ -301,19 +326,20 @@ def _dkdv_tile(
     if not HAS_WINDOW_RIGHT:  # one masked range
         band_start, band_end = full_end, end
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
-        first_head, total_q, band_start, band_end, full_end, end, keys, shift, len_q,
-        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
+        alibi_slopes_ptr, first_head, total_q, band_start, band_end, full_end, end, keys,
+        shift, len_q, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
-        HAS_WINDOW_RIGHT, TMA,
+        HAS_WINDOW_RIGHT, TMA, DQ_ATOMIC,
     )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, alibi_slopes_ptr,
-        first_head, total_q, full_start, full_end, full_end, full_end, keys, shift, len_q,
-        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
+        alibi_slopes_ptr, first_head, total_q, full_start, full_end, full_end, full_end, keys,
+        shift, len_q, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, False, TMA,
+        DQ_ATOMIC,
     )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.
@@ -345,6 +371,7 @@ def attention_backward_dkdv_kernel(
     shift_ptr,
     dk_ptr,
     dv_ptr,
+    dq_accum_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -358,14 +385,20 @@ def attention_backward_dkdv_kernel(
     INPUT_PRECISION: tl.constexpr,
     PERSISTENT: tl.constexpr,
     TMA: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = False,
 ):
     """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
 
     Grid: (P, NUM_KV_HEADS) over the (sequence, key tile) rows of `chunk_indices` (from
     cu_seqlens_k), as the forward kernel walks its query tiles (PERSISTENT included).
-    lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the dQ kernel writes
-    them (`_row_statistics`); dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's
-    dtype. TMA: the streamed Q and dO tiles come through tensor descriptors. Other
+    lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the dQ kernel (or, with
+    DQ_ATOMIC, `attention_backward_row_stats_kernel`) writes them (`_row_statistics`);
+    dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. TMA: the streamed Q
+    and dO tiles come through tensor descriptors. DQ_ATOMIC: the kernel also accumulates
+    dQ, unscaled (dS K; the caller multiplies by the softmax scale), into dq_accum_ptr:
+    float32 [total_q, NUM_Q_HEADS, HEAD_DIM], zeros at launch, by atomic adds (no dQ
+    kernel then: FlashAttention-2's backward; the order of the float32 sums varies from
+    run to run); without it dq_accum_ptr is never touched (a placeholder). Other
     arguments (shift_ptr included) as the forward kernel.
     """
     kv_head = tl.program_id(1)
@@ -378,10 +411,10 @@ def attention_backward_dkdv_kernel(
             _dkdv_tile(
                 q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
                 cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
-                logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
-                NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
-                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq,
-                kv_head,
+                logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
+                NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC,
+                chunk, seq, kv_head,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -392,9 +425,10 @@ def attention_backward_dkdv_kernel(
         _dkdv_tile(
             q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
             cu_seqlens_k_ptr, chunk_indices_ptr, alibi_slopes_ptr, total_q, softmax_scale,
-            logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, NUM_Q_HEADS,
-            NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT,
-            HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, chunk, seq, kv_head,
+            logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
+            NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
+            HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC, chunk,
+            seq, kv_head,
         )  # fmt: skip
 
 
@@ -643,3 +677,46 @@ def attention_backward_dq_kernel(
             HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_D_LSE,
             INPUT_PRECISION, TMA, chunk, seq, head,
         )  # fmt: skip
+
+
+@triton.jit
+def attention_backward_row_stats_kernel(
+    out_ptr,
+    d_out_ptr,
+    lse_ptr,
+    d_lse_ptr,
+    total_q,
+    delta_ptr,
+    lse_log2_ptr,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_D_LSE: tl.constexpr,
+):
+    """The row statistics (`_row_statistics`: delta, and lse in log2 units) of BLOCK_M
+    packed query rows of one head, for a dK/dV kernel that accumulates dQ itself
+    (DQ_ATOMIC: no dQ kernel runs to write them).
+
+    Grid: (cdiv(total_q, BLOCK_M), NUM_Q_HEADS). Rows are packed rows, whatever their
+    sequence: a row in none has the forward's lse of -inf, hence lse_log2 = +inf.
+    out_ptr, d_out_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM]; lse_ptr, d_lse_ptr (read only if
+    HAS_D_LSE), delta_ptr, lse_log2_ptr: float32 [NUM_Q_HEADS, total_q].
+    """
+    head = tl.program_id(1)
+    m0 = tl.program_id(0) * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = m0 + offs_m < total_q
+    d_ok = offs_d < HEAD_DIM
+    Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * out_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    tile = m0.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+    o_ptrs = _tile_ptrs(out_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    do_ptrs = _tile_ptrs(d_out_ptr + tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    do = _load_rows(do_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    stats = head.to(tl.int64) * total_q + m0 + offs_m
+    _row_statistics(
+        o_ptrs, do, lse_ptr + stats, d_lse_ptr + stats, delta_ptr + stats,
+        lse_log2_ptr + stats, row_ok, d_ok, BLOCK_D == HEAD_DIM, HAS_D_LSE,
+    )  # fmt: skip

@@ -112,11 +112,19 @@ class AttentionFeatures:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfigs:
-    """The launch configurations of the three attention kernels; None: the default."""
+    """The launch configurations of the three attention kernels; None: the default.
+
+    `dq_atomic`: the backward accumulates dQ inside the dK/dV kernel, by float32 atomic
+    adds (FlashAttention-2's backward), instead of running the dQ kernel: two of a tile
+    pair's seven products fewer, for the atomics' traffic, a float32 dQ buffer and a pass
+    that writes the row statistics; `backward_dq` is then unused. The float32 sums of dQ
+    then run in an order that varies between runs (dK and dV stay deterministic).
+    """
 
     forward: AttentionKernelConfig | None = None
     backward_dkdv: AttentionKernelConfig | None = None
     backward_dq: AttentionKernelConfig | None = None
+    dq_atomic: bool = False
 
     def __post_init__(self):
         for kind in KINDS:
@@ -126,6 +134,10 @@ class AttentionConfigs:
                     f"AttentionConfigs.{kind} must be an AttentionKernelConfig or None, "
                     f"got {type(config).__name__}"
                 )
+        if not isinstance(self.dq_atomic, bool):
+            raise TypeError(
+                f"AttentionConfigs.dq_atomic must be a bool, got {type(self.dq_atomic).__name__}"
+            )
 
 
 def check_kind(kind: str) -> None:
@@ -137,6 +149,16 @@ def check_kind(kind: str) -> None:
 def block_d(head_dim: int) -> int:
     """The head-dim tile: the next power of two (>= 16); the kernel masks the padding."""
     return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+
+
+def row_stats_config(head_dim: int, compute_capability: int | None) -> AttentionKernelConfig:
+    """The launch of `attention_backward_row_stats_kernel` (a pass over O and dO, no
+    matmul): 8192 elements of each a program on a GPU (64 rows at head_dim 128), 16 rows
+    in the interpreter. block_n is unused."""
+    if compute_capability is None:
+        return AttentionKernelConfig(MIN_BLOCK, MIN_BLOCK, num_warps=4, num_stages=1)
+    rows = max(MIN_BLOCK, 8192 // block_d(head_dim))
+    return AttentionKernelConfig(rows, MIN_BLOCK, num_warps=4, num_stages=1)
 
 
 # (block_m, block_n, num_warps, num_stages) by kind and head-dim tile (64 covers head
@@ -222,6 +244,14 @@ _AMPERE_PERSISTENT_HEAVY: _Table = {
     "forward": {64: (128, 64, 8, 2)},
     "backward_dq": {128: (128, 32, 8, 1)},
 }
+# The dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`) holds a third
+# product, dS K, and its atomic adds: it keeps the base tables' tile, by pointers (with
+# it the light and TMA tiles spill 80-430 B at sm_90, d=128), spill-free at d <= 128 on
+# sm_80 and sm_90 without the register-heavy options (Triton 3.6 and 3.9; with a soft
+# cap, ALiBi and a left window all on, 4-56 B outside the loop at sm_90, d=128); at d=256
+# on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
+# for wgmma: every wgmma tile tried there spills, 20-3000 B).
+_HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
@@ -319,6 +349,7 @@ def default_attention_config(
     persistent: bool = False,
     descriptors: bool = False,
     gqa_group: int = 1,
+    dq_atomic: bool = False,
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
 
@@ -335,6 +366,9 @@ def default_attention_config(
         (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
       gqa_group: query heads per key/value head (`_HOPPER_DKDV_TMA` takes powers of two).
+      dq_atomic: the dK/dV kernel also accumulates dQ (`AttentionConfigs.dq_atomic`):
+        it holds a third tile product, so it keeps the base tables' tile, by pointers
+        (`_HOPPER_DQ_ATOMIC_DKDV`).
     """
     check_kind(kind)
     if dtype_name not in ("float16", "bfloat16", "float32"):
@@ -354,6 +388,9 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
+    elif dq_atomic and kind == "backward_dkdv":
+        if hopper:
+            config = _HOPPER_DQ_ATOMIC_DKDV.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
             head_dim, compute_capability, kind, features, descriptors, gqa_group

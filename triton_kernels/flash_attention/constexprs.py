@@ -79,14 +79,16 @@ def attention_constexprs(
     input_precision: str,
     persistent: bool,
     has_d_lse: bool = False,
+    dq_atomic: bool = False,
 ) -> dict[str, Any]:
     """The constexprs of varlen attention kernel `kind` (one of `KINDS`) under `config`
     for a call with `features`.
 
     input_precision: tl.dot's ("ieee", "tf32", ...; it matters for float32 only).
     persistent: the programs walk the tile list (PERSISTENT). has_d_lse: the dQ kernel
-    reads an lse cotangent. TMA is `config.tma`: the caller checks that the launch can
-    pass descriptors.
+    reads an lse cotangent. dq_atomic: the dK/dV kernel accumulates dQ (DQ_ATOMIC,
+    `AttentionConfigs.dq_atomic`). TMA is `config.tma`: the caller checks that the launch
+    can pass descriptors.
     """
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
@@ -98,6 +100,8 @@ def attention_constexprs(
         )
     elif kind == "backward_dq":
         constexprs["HAS_D_LSE"] = has_d_lse
+    else:
+        constexprs["DQ_ATOMIC"] = dq_atomic
     return constexprs
 
 

@@ -7,7 +7,9 @@ element mask); given one tile's scores, they do the same arithmetic, written onc
 * `_online_softmax_step`: the forward's update of (acc, m, l) with one key tile;
 * `_dq_step`: dq += dS K with one key tile (dQ kernels: a query tile is stationary);
 * `_dkdv_step`: dv += P^T dO and dk += dS^T Q with one query tile (dK/dV kernels: a key
-  tile is stationary; its tiles are transposed, rows are keys and columns queries).
+  tile is stationary; its tiles are transposed, rows are keys and columns queries);
+  `_dkdv_dq_step` also returns the query tile's dQ share, dS K, for a dK/dV kernel that
+  accumulates dQ itself (FlashAttention-2's backward, by atomic adds).
 
 Scores are in the log2 domain (`s * log2(e)` folded into the scale), -inf where masked;
 lse_log2 is log2(e) * lse with +inf for a row with nothing allowed, so exp2(s2 -
@@ -134,6 +136,27 @@ def _dq_step(
 
 
 @triton.jit
+def _dkdv_products(
+    dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
+    PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """(dk, dv, dS^T in q's dtype): the body of `_dkdv_step` (read its docstring). dV's
+    product is issued before dP's, which it does not need."""
+    p_t = _probabilities(s2_t, lse2, True)
+    p_dv = p_t
+    if PARTIAL:
+        p_dv = tl.where(allowed, p_t, 0.0)
+    dv = tl.dot(p_dv.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+    ds_t = _score_gradient(
+        p_t, dp_t, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, True
+    ).to(q.dtype)
+    dk = tl.dot(ds_t, q, dk, input_precision=INPUT_PRECISION)
+    return dk, dv, ds_t
+
+
+@triton.jit
 def _dkdv_step(
     dk,
     dv,
@@ -154,15 +177,25 @@ def _dkdv_step(
     """(dk, dv) ([N, BLOCK_D] float32) += (dS^T Q, P^T dO) with one query tile q, dO
     [M, BLOCK_D], from the transposed tile's log2 scores s2_t and tanh t_t [N, M] (rows:
     this program's keys, v [N, BLOCK_D]), the hook's derivative g_t and the queries'
-    lse_log2 and delta [M]. dV's product is issued before dP's, which it does not need."""
-    p_t = _probabilities(s2_t, lse2, True)
-    p_dv = p_t
-    if PARTIAL:
-        p_dv = tl.where(allowed, p_t, 0.0)
-    dv = tl.dot(p_dv.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-    dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-    ds_t = _score_gradient(
-        p_t, dp_t, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, True
-    )
-    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+    lse_log2 and delta [M]."""
+    dk, dv, _ = _dkdv_products(
+        dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION,
+    )  # fmt: skip
     return dk, dv
+
+
+@triton.jit
+def _dkdv_dq_step(
+    dk, dv, s2_t, t_t, g_t, q, do, k, v, lse2, delta, allowed,
+    PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_dkdv_step`'s (dk, dv), and the query tile's share of dQ, dS K ([M, BLOCK_D]
+    float32, unscaled; over this program's keys k [N, BLOCK_D] only), from the same dS."""
+    dk, dv, ds_t = _dkdv_products(
+        dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION,
+    )  # fmt: skip
+    dq = tl.dot(tl.trans(ds_t), k, None, input_precision=INPUT_PRECISION)
+    return dk, dv, dq
