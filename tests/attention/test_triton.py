@@ -346,6 +346,25 @@ def test_dq_atomic_keeps_a_poisoned_document_to_itself(array, value, causal):
     np.testing.assert_array_equal(grads[0][71:], 0.0)  # padding rows
 
 
+def test_dq_atomic_under_vmap_and_jit():
+    """Batched (one launch per element, each with its own zeroed dQ) and jitted, dQ by
+    atomics gives each element's own gradient."""
+    q, k, v, _, _ = robustness._inputs(7)
+    cu = jnp.asarray(robustness._cu())
+
+    def loss(q):
+        out = varlen_attention(
+            q, k, v, cu, cu, causal=True, config=DQ_ATOMIC, implementation="triton"
+        )
+        return jnp.sum(out**2)
+
+    batch = jnp.stack([q, q[::-1] * 0.5])
+    grads = jax.jit(jax.vmap(jax.grad(loss)))(batch)
+    for i in range(2):
+        single = robustness._f64(jax.grad(loss)(batch[i]))
+        assert_close(grads[i], single, robustness._tolerance(batch[i], k), f"dq batch {i}")
+
+
 def test_dq_atomic_takes_the_base_tile_by_pointers():
     """With dQ's product and atomic adds in it, dK/dV keeps the base tables' tile where
     light calls would take the larger ones (the TMA tile on sm_90: it spills with them);
