@@ -346,6 +346,43 @@ def test_dq_atomic_keeps_a_poisoned_document_to_itself(array, value, causal):
     np.testing.assert_array_equal(grads[0][71:], 0.0)  # padding rows
 
 
+@pytest.mark.parametrize(
+    "dtype, score", [(jnp.float32, -100.0), (jnp.float16, -14.0)], ids=["fp32", "fp16"]
+)
+@pytest.mark.parametrize(
+    "options", [{}, {"sliding_window": (2, None)}, {"causal": True}], ids=["full", "left", "causal"]
+)
+def test_dq_atomic_with_very_negative_scores(dtype, score, options):
+    """Every score near `score` (lse below -88 in float32; dS in 16 bits overflows past
+    -10) and key tiles past len_k: the zero keys of a tile's rows past len_k must not
+    reach dQ (their P = exp2(-lse) is inf, and inf * 0 is NaN)."""
+    rng = np.random.default_rng(3)
+    lengths = [(4, 5), (7, 21), (0, 3), (19, 19)]
+    d = 16
+    unit = np.ones(d) / np.sqrt(d) * np.sqrt(-score * np.sqrt(d))
+    cu_q, cu_k = (np.cumsum([0, *side]).astype(np.int32) for side in zip(*lengths, strict=True))
+    q = unit + 0.1 * rng.standard_normal((int(cu_q[-1]), 1, d))
+    k = -unit + rng.standard_normal((int(cu_k[-1]), 1, d))  # dQ = scale * sum dS k: not all one k
+    v = rng.standard_normal((int(cu_k[-1]), 1, d))
+    d_out = jnp.asarray(rng.standard_normal(q.shape), dtype)
+    q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
+
+    def ours(q, k, v, s):
+        return varlen_attention(
+            q, k, v, cu_q, cu_k, config=DQ_ATOMIC, implementation="triton", return_lse=True,
+            **options,
+        )  # fmt: skip
+
+    def reference(q, k, v, s):
+        return attention_reference(q, k, v, cu_q, cu_k, return_lse=True, **options)
+
+    got = value_and_grads(ours, q, k, v, None, d_out, None)
+    want = oracle_value_and_grads(reference, q, k, v, None, d_out, None)
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
+    for name, g, w in zip(("dq", "dk", "dv"), got[2], want[2], strict=True):
+        assert_close(g, w, tol, name)
+
+
 def test_dq_atomic_under_vmap_and_jit():
     """Batched (one launch per element, each with its own zeroed dQ) and jitted, dQ by
     atomics gives each element's own gradient."""

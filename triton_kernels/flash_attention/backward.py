@@ -1,4 +1,5 @@
-"""Varlen FlashAttention-2 backward kernels: dQ (with the row statistics), then dK/dV.
+"""Varlen FlashAttention-2 backward kernels: dQ (with the row statistics), then dK/dV;
+or the row statistics, then dK/dV accumulating dQ too (DQ_ATOMIC).
 
 Same layout, tile lists and conventions (the optional per-sequence diagonal shift
 `shift_ptr` included) as `flash_attention_fwd` (read its docstring).
@@ -50,7 +51,8 @@ from triton_kernels.flash_attention.steps import _dkdv_dq_step, _dkdv_step, _dq_
 
 @triton.jit
 def _load_row_stats(lse_log2_ptrs, delta_ptrs, ok, CHECK: tl.constexpr):
-    """(lse_log2, delta) of some query rows, as the dQ kernel wrote them.
+    """(lse_log2, delta) of some query rows, as the dQ kernel (or the row statistics'
+    pass) wrote them.
 
     Rows outside `ok` (when CHECK) read lse_log2 = +inf and delta = 0, as a row with
     nothing allowed does: exp2(s - lse_log2) = 0 for every score.
@@ -110,6 +112,7 @@ def _dkdv_query_tiles(
     keys,
     shift,
     len_q,
+    len_k,
     window_left,
     window_right,
     qk_scale_log2,
@@ -143,7 +146,8 @@ def _dkdv_query_tiles(
     delta_seq_ptr: row 0 of the sequence in head first_head's row ([NUM_Q_HEADS, total_q]).
     With DQ_ATOMIC, each step also adds its query tile's dQ share (dS K over this program's
     keys, unscaled) to dq_seq (float32, laid out as q's rows, row 0 of the sequence at
-    head first_head) by atomic adds, in the query rows of the sequence only.
+    head first_head) by atomic adds, in the query rows of the sequence only; the masked
+    loop (APPLY_MASK) then also masks keys past len_k.
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift).
@@ -207,6 +211,8 @@ def _dkdv_query_tiles(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
         )  # fmt: skip
+        if DQ_ATOMIC and APPLY_MASK:  # keys past len_k (see `_dkdv_tile`)
+            s2_t = tl.where((keys < len_k)[:, None], s2_t, float("-inf"))
         if DQ_ATOMIC:
             dk, dv, dq = _dkdv_dq_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP,
@@ -325,18 +331,30 @@ def _dkdv_tile(
     band_start, band_end = start, full_start
     if not HAS_WINDOW_RIGHT:  # one masked range
         band_start, band_end = full_end, end
+    middle_start = full_start
+    if DQ_ATOMIC:
+        # A sequence's last key tile may hold rows past len_k: zero keys, never stored,
+        # whose P = exp2(-lse_log2) is not 0 (inf where lse < -88, or < -10 once dS is in
+        # 16 bits), and dS K would carry inf * 0 into real dQ rows. Such a tile visits all
+        # its query tiles in the masked loop, which then masks its keys too.
+        past_keys = n0 + BLOCK_N > len_k
+        if HAS_WINDOW_RIGHT:
+            band_end = tl.where(past_keys, full_end, band_end)
+        else:
+            band_start = tl.where(past_keys, full_start, band_start)
+        middle_start = tl.where(past_keys, full_end, full_start)
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
         alibi_slopes_ptr, first_head, total_q, band_start, band_end, full_end, end, keys,
-        shift, len_q, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
         HAS_WINDOW_RIGHT, TMA, DQ_ATOMIC,
     )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
-        alibi_slopes_ptr, first_head, total_q, full_start, full_end, full_end, full_end, keys,
-        shift, len_q, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
+        alibi_slopes_ptr, first_head, total_q, middle_start, full_end, full_end, full_end, keys,
+        shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, False, TMA,
         DQ_ATOMIC,

@@ -248,7 +248,7 @@ _AMPERE_PERSISTENT_HEAVY: _Table = {
 # product, dS K, and its atomic adds: it keeps the base tables' tile, by pointers (with
 # it the light and TMA tiles spill 80-430 B at sm_90, d=128), spill-free at d <= 128 on
 # sm_80 and sm_90 without the register-heavy options (Triton 3.6 and 3.9; with a soft
-# cap, ALiBi and a left window all on, 4-56 B outside the loop at sm_90, d=128); at d=256
+# cap, ALiBi and a left window all on, 4-60 B outside the loop at sm_90, d=128); at d=256
 # on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
 # for wgmma: every wgmma tile tried there spills, 20-3000 B).
 _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
@@ -388,7 +388,7 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif dq_atomic and kind == "backward_dkdv":
+    elif dq_atomic and kind == "backward_dkdv":  # sm_80 and sm_90 (sm_100 took its own)
         if hopper:
             config = _HOPPER_DQ_ATOMIC_DKDV.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
