@@ -503,6 +503,27 @@ def dense_matmul_impl() -> Impl:
     return Impl("dense matmul (roofline)", fn, prepare, None)
 
 
+def one_group_impl() -> Impl:
+    """Ours on the roofline's problem: every row in one group, [m, k] @ [k, n] as one
+    grouped matmul (rhs [1, k, n]). Other work than the row's (no check): it says how far
+    our kernels are from cuBLAS on a dense matmul, apart from anything grouping costs."""
+    import jax.numpy as jnp
+
+    from jax_bridge import grouped_matmul
+
+    def prepare(host):
+        lhs, rhs = _jax_bf16(host["lhs"], host["rhs"][:1])
+        sizes = jnp.asarray([lhs.shape[0]], jnp.int32)
+        return (lhs, rhs, sizes), _jax_bf16(host["d_out"])[0]
+
+    def fn(lhs, rhs, sizes):
+        return grouped_matmul(
+            lhs, rhs, sizes, implementation="triton", preferred_element_type=lhs.dtype
+        )
+
+    return Impl("ours triton, one group", fn, prepare, None)
+
+
 def torch_grouped_mm_impl() -> Impl:
     """`torch._grouped_mm(a, b, offs=cumsum(sizes) int32)`: bf16 out (its only output)."""
 
@@ -710,7 +731,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         # about two float32 arrays of m * k * groups. Past 2**31 such words, forward only.
         if m * k * groups > 2**31:
             ragged = dataclasses.replace(ragged, grad=False)
-        anchors = [ragged, dense_matmul_impl()]
+        anchors = [ragged, dense_matmul_impl(), one_group_impl()]
         if USE_TMA:
             anchors.append(grouped_matmul_impl(tma=True))
         if m // groups <= 256:
