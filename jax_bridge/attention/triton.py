@@ -27,6 +27,7 @@ from jax_bridge.attention.schedule import TileSchedule, programs, tile_schedule
 from jax_bridge.attention.schedule import persistent as walks_tile_lists
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
+from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
 from jax_bridge.launch.target import (
     follow_lowering_platform,
@@ -381,7 +382,7 @@ def _row_statistics(
         total_q,
         kernel=attention_backward_row_stats_kernel,
         out_shape=(stats, stats),
-        grid=(-(-total_q // config.block_m), num_q_heads),
+        grid=(cdiv(total_q, config.block_m), num_q_heads),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         name="varlen_attention_bwd_row_stats",
