@@ -261,7 +261,7 @@ def attention_configs(
 
     Args:
       fwd, bwd: the forward's and the backward kernels' params (None: all defaults).
-      defaults: a complete `AttentionConfigs` (no None field), e.g.
+      defaults: a complete `AttentionConfigs` (no None field; its `dq_atomic` is kept), e.g.
         `jax_bridge.tuning.heuristics.default_attention_configs(...)`.
     """
     for name, value, kind in (("fwd", fwd, FwdParams), ("bwd", bwd, BwdParams)):
@@ -284,4 +284,5 @@ def attention_configs(
         forward=fwd.to_attention_config(defaults.forward),
         backward_dkdv=bwd.to_dkdv_config(defaults.backward_dkdv),
         backward_dq=bwd.to_dq_config(defaults.backward_dq),
+        dq_atomic=defaults.dq_atomic,
     )

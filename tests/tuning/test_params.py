@@ -166,6 +166,8 @@ def test_attention_configs_fill_each_kernel_from_its_default():
     assert configs.forward == AttentionKernelConfig(128, 64, num_warps=8, num_stages=2)
     assert configs.backward_dkdv == AttentionKernelConfig(32, 128, num_warps=8, num_stages=2)
     assert configs.backward_dq == AttentionKernelConfig(128, 64, num_warps=4, num_stages=2)
+    atomic = dataclasses.replace(defaults, dq_atomic=True)
+    assert attention_configs(FwdParams(num_stages=2), None, atomic).dq_atomic
     with pytest.raises(ValueError, match=r"defaults\.\['backward_dq'\] must be set"):
         attention_configs(None, None, AttentionConfigs(defaults.forward, defaults.backward_dkdv))
 
