@@ -100,8 +100,9 @@ def grouped_matmul(
         (`gmm_config`, and `tgmm_config` for the weight gradient): megablox's (128, 128,
         128), half the k step for float32; on Hopper at 16 bits gmm takes (128, 64, 256)
         without `existing_out`, and the weight gradient (64, 128, 128) where groups
-        average at most 256 rows. A tiling given here is used by the gradient's matmuls
-        too, each at its own sizes. `m` need not be a multiple of `tm`.
+        average at most 256 rows, (128, 128, 256) at 8 warps over longer ones. A tiling
+        given here is used by the gradient's matmuls too, each at its own sizes. `m` need
+        not be a multiple of `tm`.
       group_offset: int or int32 scalar (may be traced): `rhs` holds groups
         `[group_offset, group_offset + num_groups)` of those described by `group_sizes`
         (expert parallelism). Only their rows are computed. A traced offset is not

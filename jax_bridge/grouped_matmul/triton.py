@@ -247,8 +247,9 @@ def tgmm(
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
     make = functools.partial(
-        tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups
-    )
+        tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups,
+        accumulate=existing_out is not None,
+    )  # fmt: skip
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     # tgmm reads only the group bounds, which no row tile changes: its metadata launch
     # takes the row tile gmm takes here, so that XLA merges it with the equal launch of

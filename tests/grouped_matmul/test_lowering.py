@@ -104,6 +104,23 @@ def test_default_tiling_compiles_without_spills_on_tensor_cores(variant, compute
     assert report.uses_wgmma == (compute_capability >= 90), report.summary()
 
 
+@pytest.mark.parametrize("compute_capability", [80, 90])
+def test_weight_gradient_over_long_groups_at_its_default(compute_capability):
+    """tgmm over a token-major lhs of 512 rows a group (m 32768 over the catalog's 64
+    groups): on sm_90 the [128, 256] output tile at 8 warps (two warpgroups), with no
+    spill and wgmma that ptxas does not serialize (at 128 x 128 and 8 warps, Triton 3.6's
+    code is serialized); elsewhere the default tile, spill-free on tensor cores."""
+    variant = grouped_matmul_variant("tgmm_token_major", compute_capability,
+                                     problem=(32768, 4096, 2048))  # fmt: skip
+    report = variant_report(variant, compute_capability)
+    print(report.summary())
+    assert not report.spills and report.uses_mma, report.summary()
+    if compute_capability == 90:
+        tiles = tuple(variant.constexprs[f"BLOCK_{a}"] for a in "MKN")
+        assert (tiles, variant.num_warps) == ((128, 128, 256), 8)
+        assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
+
+
 # Under Triton 3.6 / 3.9 (sm_90), instructions per MFLOP with even K and N against
 # uneven: gmm 223 / 229 against 271 / 277 (128x64x256), with transposed rhs and
 # existing_out 252 / 278 against 275 / 309, tgmm over token-major lhs (64-row steps: 64

@@ -173,12 +173,21 @@ def test_launch_config_defaults_and_overrides():
     assert tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90).tiling == (
         DEFAULT_TILING
     )
-    # The weight gradient over short groups (<= 256 rows on average) on Hopper: 64-row
-    # steps at 2 stages; longer groups, other GPUs, the [k, m] layout: the default.
+    # The weight gradient (token-major lhs) on Hopper: over short groups (<= 256 rows on
+    # average) 64-row steps at 2 stages; over longer ones (or groups not given) a
+    # [128, 256] output tile at 8 warps, but with existing_out; other GPUs, the [k, m]
+    # layout: the default.
     weight_gradient = dict(element_bytes=2, lhs_token_major=True)
     short = tgmm_config(8192, 2048, 1408, compute_capability=90, num_groups=32, **weight_gradient)
     assert (short.tiling, short.num_stages, short.num_warps) == ((64, 128, 128), 2, 4)
-    for capability, groups, token_major in ((90, 31, True), (80, 64, True), (90, 64, False)):
+    for groups in (31, None):
+        wide = tgmm_config(8192, 2048, 1408, compute_capability=90, num_groups=groups,
+                           **weight_gradient)  # fmt: skip
+        assert (wide.tiling, wide.num_stages, wide.num_warps) == ((128, 128, 256), 2, 8)
+    accumulating = tgmm_config(8192, 2048, 1408, compute_capability=90, num_groups=31,
+                               accumulate=True, **weight_gradient)  # fmt: skip
+    assert (accumulating.tiling, accumulating.num_warps) == (DEFAULT_TILING, 4)
+    for capability, groups, token_major in ((80, 64, True), (90, 64, False), (90, 31, False)):
         other = tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
                             num_groups=groups, lhs_token_major=token_major)  # fmt: skip
         assert other.tiling == DEFAULT_TILING, (capability, groups, token_major)

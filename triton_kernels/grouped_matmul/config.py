@@ -184,6 +184,17 @@ def gmm_config(
 _SHORT_GROUP_ROWS = 256
 _SHORT_GROUP_TILING = (64, 128, 128)
 _SHORT_GROUP_STAGES = 2
+# Longer groups (the weight gradient of m 32768 over 32 experts: 1024 rows each) on
+# Hopper, 16 bits, token-major lhs, no `existing_out`: the analogue of gmm's Hopper tile,
+# a [128, 256] output tile (85 FLOP per operand byte against 64 at [128, 128]) in two
+# warpgroups at 8 warps, 2 stages (192 KB). The default before ran [128, 128] at 4 warps,
+# one warpgroup per SM (at 8 warps Triton 3.6 has ptxas serialize its wgmma; at 128x256
+# it does not). Static report, m 32768, k 4096, n 2048, 3.6 / 3.9: 299 / 308
+# warp-instructions per MFLOP against 303 / 346, no spill, not serialized. With
+# `existing_out` the epilogue's float32 init tile spills (88-100 B): that launch keeps
+# the default. Not yet timed on a GPU (the m 32768 row's op at tiling (128, 128, 128)
+# runs every launch as before).
+_HOPPER_TGMM_TILING = (128, 128, 256)
 
 
 def _short_groups(
@@ -207,28 +218,37 @@ def tgmm_config(
     tiling: tuple[int, int, int] | None = None,
     lhs_token_major: bool = False,
     num_groups: int | None = None,
+    accumulate: bool = False,
 ) -> GroupedMatmulConfig:
     """The launch configuration of `tgmm_kernel` for `lhs: [k, m]` (`[m, k]` when
     `lhs_token_major`: gmm's weight gradient), `rhs: [m, n]`.
 
     Same arguments as `gmm_config`; here `tm` is the reduction step and a program owns a
     `[tk, tn]` tile of one group's output. `num_groups`: the groups the launch computes,
-    if known. The default tiling is `DEFAULT_TILING` (half its reduction step for 4-byte
-    inputs), but on sm_90 a 16-bit token-major lhs of at most 256 rows per group
-    (m / num_groups, m counting every row of lhs) takes `_SHORT_GROUP_TILING` at 2
-    stages. On sm_90 a 16-bit token-major lhs takes 4 warps: at 8, Triton 3.6's code has
-    ptxas serialize the warpgroup MMAs (C7515), and at 4 the loop is shorter too (bench
-    report, m=8192 k=2048 n=1408: 410 -> 336 warp-instructions per MFLOP under 3.6, 414
-    -> 360 under 3.9, no spill); the [k, m] layout spills at 4 warps (610 B).
+    if known; `accumulate`: the launch adds to `existing_out`. The default tiling is
+    `DEFAULT_TILING` (half its reduction step for 4-byte inputs), but on sm_90 for a
+    16-bit token-major lhs: at most 256 rows per group (m / num_groups, m counting every
+    row of lhs) take `_SHORT_GROUP_TILING` at 2 stages, longer ones (or unknown groups)
+    without `accumulate` `_HOPPER_TGMM_TILING`. There a [128, 128] output tile or smaller
+    takes 4 warps: at 8, Triton 3.6's code has ptxas serialize the warpgroup MMAs
+    (C7515), and at 4 the loop is shorter too (bench report, m=8192 k=2048 n=1408: 410 ->
+    336 warp-instructions per MFLOP under 3.6, 414 -> 360 under 3.9, no spill); the [k, m]
+    layout spills at 4 warps (610 B).
     """
-    short = tiling is None and lhs_token_major
-    short = short and _short_groups(m, num_groups, element_bytes, compute_capability)
-    default = _SHORT_GROUP_TILING if short else (_reduction_step(element_bytes), 128, 128)
+    hopper_16bit = lhs_token_major and compute_capability == 90 and element_bytes == 2
+    default = (_reduction_step(element_bytes), 128, 128)
+    short = False
+    if tiling is None and hopper_16bit:
+        short = _short_groups(m, num_groups, element_bytes, compute_capability)
+        if short:
+            default = _SHORT_GROUP_TILING
+        elif not accumulate:
+            default = _HOPPER_TGMM_TILING
     tm, tk, tn = check_tiling(tiling) if tiling is not None else default
     tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
     num_stages = _num_stages(tiles.stage_bytes(element_bytes, True), compute_capability)
     num_warps = _num_warps(tiles.block_k * tiles.block_n)
-    if lhs_token_major and compute_capability == 90 and element_bytes == 2:
+    if hopper_16bit and tiles.block_k * tiles.block_n <= 128 * 128:
         num_warps = 4
     return dataclasses.replace(
         tiles,
