@@ -64,6 +64,7 @@ _Q_HEADS, _KV_HEADS = 8, 2
 # A Mixtral-like expert layer for the grouped matmul kernels (their M, K, N are constexpr)
 # over 64 experts (tgmm's default depends on the rows per group).
 GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
+GMM_LONG = (32768, 4096, 2048)  # over GMM_GROUPS: 512 rows a group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +346,10 @@ def default_variants(
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
+    # the weight gradient over longer groups (512 rows each): its own default tile on sm_90
+    variants.append(
+        grouped_matmul_variant("tgmm_token_major", compute_capability, problem=GMM_LONG)
+    )
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
     return variants
