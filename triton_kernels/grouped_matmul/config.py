@@ -235,10 +235,10 @@ def tgmm_config(
     336 warp-instructions per MFLOP under 3.6, 414 -> 360 under 3.9, no spill); the [k, m]
     layout spills at 4 warps (610 B).
     """
-    hopper_16bit = lhs_token_major and compute_capability == 90 and element_bytes == 2
+    hopper_token_major = lhs_token_major and compute_capability == 90 and element_bytes == 2
     default = (_reduction_step(element_bytes), 128, 128)
     short = False
-    if tiling is None and hopper_16bit:
+    if tiling is None and hopper_token_major:
         short = _short_groups(m, num_groups, element_bytes, compute_capability)
         if short:
             default = _SHORT_GROUP_TILING
@@ -248,7 +248,7 @@ def tgmm_config(
     tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
     num_stages = _num_stages(tiles.stage_bytes(element_bytes, True), compute_capability)
     num_warps = _num_warps(tiles.block_k * tiles.block_n)
-    if hopper_16bit and tiles.block_k * tiles.block_n <= 128 * 128:
+    if hopper_token_major and tiles.block_k * tiles.block_n <= 128 * 128:
         num_warps = 4
     return dataclasses.replace(
         tiles,
