@@ -246,9 +246,10 @@ def tgmm(
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)
+    accumulate = existing_out is not None
     make = functools.partial(
         tgmm_config, lhs_token_major=options.lhs_token_major, num_groups=num_groups,
-        accumulate=existing_out is not None,
+        accumulate=accumulate,
     )  # fmt: skip
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     # tgmm reads only the group bounds, which no row tile changes: its metadata launch
@@ -259,7 +260,6 @@ def tgmm(
     if options.config is None and options.tiling is None:
         rows = _default_config(gmm_config, m, k, n, lhs.dtype, None).block_m
     meta = group_metadata(group_sizes, group_offset, m=m, block_m=rows, num_groups=num_groups)
-    accumulate = existing_out is not None
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
     return triton_call(

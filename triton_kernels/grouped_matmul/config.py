@@ -197,15 +197,8 @@ _SHORT_GROUP_STAGES = 2
 _HOPPER_TGMM_TILING = (128, 128, 256)
 
 
-def _short_groups(
-    m: int, num_groups: int | None, element_bytes: int, compute_capability: int | None
-) -> bool:
-    return (
-        num_groups is not None
-        and compute_capability == 90
-        and element_bytes == 2
-        and m <= _SHORT_GROUP_ROWS * num_groups
-    )
+def _short_groups(m: int, num_groups: int | None) -> bool:
+    return num_groups is not None and m <= _SHORT_GROUP_ROWS * num_groups
 
 
 def tgmm_config(
@@ -239,7 +232,7 @@ def tgmm_config(
     default = (_reduction_step(element_bytes), 128, 128)
     short = False
     if tiling is None and hopper_token_major:
-        short = _short_groups(m, num_groups, element_bytes, compute_capability)
+        short = _short_groups(m, num_groups)
         if short:
             default = _SHORT_GROUP_TILING
         elif not accumulate:
