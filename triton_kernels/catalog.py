@@ -19,7 +19,7 @@ import triton
 
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
 from triton_kernels.block_sparse.config import block_sparse_config
-from triton_kernels.block_sparse.forward import TOKENS, block_sparse_forward_kernel
+from triton_kernels.block_sparse.forward import INTERVALS, block_sparse_forward_kernel
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -199,9 +199,9 @@ _BLOCK_SPARSE_TENSORS = {
 
 
 def block_sparse_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[str, str]:
-    """Types of a block-sparse kernel's runtime parameters: q/k/v/out and their gradients
-    in `dtype_name`; statistics and sinks float32; the mask table and the non-finite row
-    flags int8; lists and token arrays int32."""
+    """Types of a block-sparse kernel's runtime parameters (its first launch's): q/k/v/out
+    and their gradients in `dtype_name`; statistics and sinks float32; the mask table, the
+    non-finite row flags and the redo flags int8; lists and token arrays int32."""
     element = TRITON_TYPES[dtype_name]
     signature = {}
     for name in kernel.arg_names:
@@ -211,7 +211,11 @@ def block_sparse_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[
             signature[name] = f"*{element}"
         elif name in _FLOAT32_POINTERS:
             signature[name] = "*fp32"
-        elif name == "table_ptr" or name.endswith("_bad_ptr"):
+        elif name in ("table_ptr", "row_flags_ptr") or name.endswith("_bad_ptr"):
+            signature[name] = "*i8"
+        elif name.startswith("redo_") or name.endswith("_in_ptr"):
+            # the first of the two launches: its flags, and placeholders for the
+            # outputs a second launch aliases (`jax_bridge.block_sparse.triton`)
             signature[name] = "*i8"
         elif name.endswith("_ptr"):
             signature[name] = "*i32"
@@ -228,7 +232,7 @@ def block_sparse_variant(
     alibi: bool = False,
 ) -> KernelVariant:
     """One block-sparse kernel (`kind` in forward/backward_dkdv/backward_dq) as a causal
-    mask launches it (partial tiles by the in-kernel token rule), with or without a soft
+    mask launches it (partial tiles by their rows' kv intervals), with or without a soft
     cap and ALiBi, at its default configuration or at `config`."""
     if config is None:
         config = block_sparse_config(
@@ -236,7 +240,7 @@ def block_sparse_variant(
         )
     kernel = BLOCK_SPARSE_KERNELS[kind]
     causal_rule = dict(
-        MASK_MODE=TOKENS.value, HAS_LEFT=False, HAS_RIGHT=True, HAS_PREFIX=False, PREDICATE=None
+        MASK_MODE=INTERVALS.value, HAS_LEFT=False, HAS_RIGHT=False, HAS_PREFIX=False, PREDICATE=None
     )
     constexprs = block_sparse_constexprs(
         kind, config, causal_rule, num_q_heads=_Q_HEADS, num_kv_heads=_KV_HEADS,

@@ -8,8 +8,11 @@ arrays built once per (mask, tile shape) from `masks.static_block_list`; a Docum
 of traced arrays gets its lists in the graph from `classify_blocks` (every tile of the
 other side is a slot: width = that side's tile count).
 
-Element rules (`ElementRule`): how a kernel evaluates a partial tile. Masks with a rule
-on token positions are evaluated in the kernel from per-token arrays (TOKENS): a
+Element rules (`ElementRule`): how a kernel evaluates a partial tile. A mask whose every
+row allows one run of kv rows (`Mask.row_intervals` of one column, over plain kv
+positions: documents, causal, local, chunked) is that run's bounds per query token
+(INTERVALS), which the kernels compare with their tiles' row numbers. Other masks with a
+rule on token positions are evaluated in the kernel from per-token arrays (TOKENS): a
 DocumentMask is its documents and window; Causal / Local / ChunkedCausal / PrefixLM
 masks are one document (ChunkedCausal: one per chunk) with a window and, for PrefixLM,
 the prefix. A PredicateMask with a `triton_predicate` calls it (PREDICATE). Everything
@@ -23,6 +26,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,11 +50,12 @@ from pallas_tpu.splash.masks import (
     PrefixLMRule,
     _ComputableMask,
 )
+from triton_kernels.block_sparse.forward import INTERVALS as _INTERVALS
 from triton_kernels.block_sparse.forward import PREDICATE_MODE as _PREDICATE
 from triton_kernels.block_sparse.forward import TABLE as _TABLE
 from triton_kernels.block_sparse.forward import TOKENS as _TOKENS
 
-TABLE, TOKENS, PREDICATE = (m.value for m in (_TABLE, _TOKENS, _PREDICATE))
+TABLE, TOKENS, PREDICATE, INTERVALS = (m.value for m in (_TABLE, _TOKENS, _PREDICATE, _INTERVALS))
 
 
 # ------------------------------------------------------------------------- tile lists
@@ -162,8 +167,10 @@ def tile_lists(groups, block_shape, q_len: int, kv_len: int, kv_major: bool) -> 
 class ElementRule:
     """How the kernels evaluate partial tiles (module docstring).
 
-    mode: TABLE, TOKENS or PREDICATE. arrays: (q_doc, kv_doc, q_pos, kv_pos), int32 [the
-    padded q / kv lengths] (1-element placeholders for TABLE); window: (left, right), a
+    mode: TABLE, TOKENS, PREDICATE or INTERVALS. arrays: (q_doc, kv_doc, q_pos, kv_pos),
+    int32 [the padded q / kv lengths] (1-element placeholders for TABLE; INTERVALS: each
+    query row's lo and hi in the q_doc and q_pos places, placeholders in the kv ones,
+    empty (lo > hi) past the mask's rows); window: (left, right), a
     side None is unbounded; prefix: keys at positions < prefix are visible inside the
     document (None: no prefix); predicate: the `@triton.jit` function (PREDICATE).
     """
@@ -220,12 +227,33 @@ def _rule_tokens(mask: _ComputableMask):
     return None
 
 
+def _interval_rule(mask: Mask, q_tokens: int) -> ElementRule | None:
+    """The INTERVALS rule of `mask` (its arrays padded to q_tokens rows), or None where a
+    row may allow more than one run of kv rows or kv positions are not the row numbers."""
+    if mask.kv_positions() is not None:
+        return None
+    intervals = mask.row_intervals()
+    if intervals is None or intervals[0].shape[1] != 1:
+        return None
+    xp = jnp if isinstance(intervals[0], jax.Array) else np  # a traced DocumentMask's
+    q_len, kv_len = mask.shape
+    # Bounded to the real kv rows (a FullMask's are unbounded): padded keys never match.
+    lo = xp.maximum(intervals[0][:, 0], 0).astype(np.int32)
+    hi = xp.minimum(intervals[1][:, 0], kv_len - 1).astype(np.int32)
+    padding = q_tokens - q_len
+    lo = xp.concatenate([lo, xp.ones((padding,), np.int32)])  # empty rows: lo > hi
+    hi = xp.concatenate([hi, xp.zeros((padding,), np.int32)])
+    return ElementRule(INTERVALS, (lo, _PLACEHOLDER, hi, _PLACEHOLDER))
+
+
 def element_rule(groups, q_tokens: int, kv_tokens: int) -> ElementRule:
     """The rule of `groups` (as `tile_lists`), its arrays padded to q_tokens / kv_tokens
     (at least every kernel's padded lengths)."""
     if len(groups) > 1:
         return ElementRule(TABLE, (_PLACEHOLDER,) * 4)
     mask = groups[0][1]
+    if (rule := _interval_rule(mask, q_tokens)) is not None:
+        return rule
     fits = lambda x: np.all(np.abs(np.asarray(x)) < 2**30)
     if isinstance(mask, DocumentMask):
         q_rel, kv_rel, q_doc, kv_doc = pad_mask(mask, (q_tokens, kv_tokens)).element_arrays()

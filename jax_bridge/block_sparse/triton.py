@@ -10,11 +10,16 @@ every output element is written; programs take the heaviest tiles first. Tile sh
 are the varlen kernels' defaults for the device, unless `block_sizes` gives them:
 (block_q, block_kv) for the forward, (block_q_dq, block_kv_dq) for dQ and (block_q_dkv,
 block_kv_dkv) for dK/dV.
+
+Each kernel is launched twice (`_launch_twice`): first reading the operands as given,
+then, CAREFUL, again for only the programs whose results the first found non-finite,
+with the non-finite rows isolated (`triton_kernels.block_sparse.forward` says why).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -204,6 +209,31 @@ def _isolation(x: jax.Array, find_bad_rows: bool) -> tuple[jax.Array, jax.Array]
     return (x, jnp.zeros((1,), jnp.int8)) if find_bad_rows else _isolated(x)
 
 
+def _launch_twice(*args: Any, out_shape: tuple, grid: tuple[int, int, int], **launch: Any):
+    """A block-sparse kernel's outputs (one per `out_shape` entry) from its two launches.
+
+    The kernel's parameters after `args`: redo_in_ptr, one input per output (what the
+    second launch's outputs alias), the outputs, redo_ptr. The first launch reads its
+    operands as given and sets an int8 flag (one a program, zeroed ahead) for each
+    program whose result holds a NaN or an infinity; the second (CAREFUL) takes those
+    flags and the first's outputs, which it overwrites only for flagged programs. The
+    first launch's aliased inputs are placeholders, never read."""
+    placeholder = jnp.zeros((1,), jnp.int8)
+    flags = jax.ShapeDtypeStruct((math.prod(grid),), jnp.int8)
+    *outputs, redo = triton_call(
+        *args, placeholder, *(placeholder for _ in out_shape),
+        out_shape=(*out_shape, flags), grid=grid, zeroed_outputs=(len(out_shape),), **launch,
+    )  # fmt: skip
+    first_output = len(args) + 1  # the argument index of the first aliased output
+    *outputs, _ = triton_call(
+        *args, redo, *outputs,
+        out_shape=(*out_shape, jax.ShapeDtypeStruct((1,), jnp.int8)), grid=grid,
+        input_output_aliases={first_output + i: i for i in range(len(out_shape))},
+        **(launch | dict(CAREFUL=True)),
+    )  # fmt: skip
+    return tuple(outputs)
+
+
 def _hook_heads(options: BlockSparseOptions, num_q_heads: int) -> jax.Array:
     """int32 [Hq]: the head number the score hook sees for each query head of the call."""
     heads = options.hook_heads or range(num_q_heads)
@@ -218,7 +248,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     lists = plan.lists("forward")
     group_heads = plan.group_heads()
     find_bad_rows = finds_bad_rows_in_kernel(launch_target().compute_capability)
-    return triton_call(
+    return _launch_twice(
         q,
         k,
         v,
@@ -259,7 +289,7 @@ def backward(
     # The non-finite rows of q and dO, which dK/dV's partial tiles read as zeros: flagged
     # by the dQ kernel where it finds bad rows itself, else by XLA.
     flags_shape = q.shape[:3] if find_bad_rows else (1,)
-    dq, row_flags = triton_call(
+    dq, row_flags = _launch_twice(
         *inputs,
         *_isolation(k, find_bad_rows),
         jnp.asarray(lists.items),
@@ -276,7 +306,7 @@ def backward(
     if not find_bad_rows:
         row_flags = _query_row_flags(q, d_out)
     lists = plan.lists("backward_dkdv")
-    dk, dv = triton_call(
+    dk, dv = _launch_twice(
         *inputs,
         row_flags,
         jnp.asarray(lists.items),

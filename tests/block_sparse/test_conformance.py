@@ -200,6 +200,10 @@ def _masks():
         "chunked_causal": ChunkedCausalMask((L, L), chunk_size=40),
         "prefix_lm": PrefixLMMask((L, L), prefix_length=37),
         "documents": DocumentMask(docs, shape=(L, L), causal=True),
+        # kv rows at positions other than their numbers: Triton's token rule, not intervals
+        "causal_over_moved_keys": CausalMask(
+            (L, L), kv_sequence=np.random.default_rng(3).permutation(L).astype(np.int32)
+        ),
         "prefix_lm_and_documents": PrefixLMMask((L, L), prefix_length=50)
         & DocumentMask(docs, shape=(L, L)),
         "predicate": PredicateMask((L, L), _every_fifth),

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_bridge.block_sparse import tile_lists as tile_lists_module
 from jax_bridge.block_sparse.masks import FULL, PARTIAL, head_groups, padded_shape
 from jax_bridge.block_sparse.tile_lists import (
+    INTERVALS,
     PREDICATE,
     TABLE,
     TOKENS,
@@ -93,7 +95,11 @@ def test_lists_visit_exactly_the_nonempty_tiles_full_first_heaviest_first(
 
 def _rule_values(rule, q_len: int, kv_len: int) -> np.ndarray:
     """The element rule's mask on the real rectangle, evaluated with numpy as the kernel
-    does (tokens: same document, window, prefix)."""
+    does (intervals: lo <= kv row <= hi; tokens: same document, window, prefix)."""
+    if rule.mode == INTERVALS:
+        lo, hi = (np.asarray(rule.arrays[i])[:q_len, None] for i in (0, 2))
+        kv = np.arange(kv_len)[None, :]
+        return (kv >= lo) & (kv <= hi)
     q_doc, kv_doc, q_pos, kv_pos = (np.asarray(a)[:n] for a, n in zip(
         rule.arrays, (q_len, kv_len, q_len, kv_len), strict=True
     ))  # fmt: skip
@@ -121,11 +127,13 @@ def _segment_ids(rng, length: int) -> np.ndarray:
     q_len=st.integers(1, 60),
     kv_len=st.integers(1, 60),
     seed=st.integers(0, 2**16),
+    intervals=st.booleans(),
 )
-def test_token_rules_equal_the_mask(kind, q_len, kv_len, seed):
-    """Invariant: a mask with a position rule gets the TOKENS rule, and that rule (same
-    document, window, prefix) equals the mask on every (q, kv) pair; padded tokens belong
-    to no document."""
+def test_position_rules_equal_the_mask(kind, q_len, kv_len, seed, intervals):
+    """Invariant: a mask with a position rule gets the INTERVALS rule (each row one run
+    of kv rows) or, where that form is not taken, the TOKENS rule, and the rule equals
+    the mask on every (q, kv) pair; padded query rows allow nothing (intervals: lo > hi)
+    and padded tokens belong to no document. Every mask here has one run a row."""
     rng = np.random.default_rng(seed)
     shape = (q_len, kv_len)
     offset = int(rng.integers(-5, 10))
@@ -146,11 +154,19 @@ def test_token_rules_equal_the_mask(kind, q_len, kv_len, seed):
         ),
     }[kind]()
     q_tokens, kv_tokens = padded_shape(q_len, kv_len, (32, 32))
-    rule = element_rule(((tuple(range(2)), mask),), q_tokens, kv_tokens)
-    assert rule.mode == TOKENS
+    with pytest.MonkeyPatch.context() as patch:
+        if not intervals:
+            patch.setattr(tile_lists_module, "_interval_rule", lambda mask, q_tokens: None)
+        rule = element_rule(((tuple(range(2)), mask),), q_tokens, kv_tokens)
+    assert rule.mode == (INTERVALS if intervals else TOKENS)
     np.testing.assert_array_equal(_rule_values(rule, q_len, kv_len), np.asarray(mask[:, :]))
-    q_doc, kv_doc = (np.asarray(a) for a in rule.arrays[:2])
-    assert np.all(q_doc[q_len:] == -1) and np.all(kv_doc[kv_len:] == -2)
+    if intervals:
+        lo, hi = (np.asarray(rule.arrays[i]) for i in (0, 2))
+        assert len(lo) == q_tokens and np.all(lo[q_len:] > hi[q_len:])
+        assert np.all((lo >= 0) & (hi < kv_len))  # never a padded key
+    else:
+        q_doc, kv_doc = (np.asarray(a) for a in rule.arrays[:2])
+        assert np.all(q_doc[q_len:] == -1) and np.all(kv_doc[kv_len:] == -2)
 
 
 def test_other_masks_read_the_table_and_predicates_their_kernel_function():
@@ -164,16 +180,20 @@ def test_other_masks_read_the_table_and_predicates_their_kernel_function():
     for mask in table:
         assert element_rule((((0,), mask),), 64, 64).mode == TABLE
     assert element_rule((((0,), predicate),), 64, 64).mode == PREDICATE
-    assert element_rule((((0,), CausalMask(shape)),), 64, 64).mode == TOKENS
+    assert element_rule((((0,), CausalMask(shape)),), 64, 64).mode == INTERVALS
+    # kv positions other than the row numbers: the token rule
+    moved = CausalMask(shape, kv_sequence=np.arange(40)[::-1].copy())
+    assert element_rule((((0,), moved),), 64, 64).mode == TOKENS
     two_groups = head_groups(MultiHeadMask([CausalMask(shape), LocalMask(shape, (2, 2), 0)]), 2)
     assert element_rule(two_groups, 64, 64).mode == TABLE
 
 
 @pytest.mark.parametrize("compute_capability", [80, 90])
 def test_lowers_for_cuda_with_each_element_rule(compute_capability):
-    """jax_triton's real lowering (Triton to PTX and cubin, no GPU): forward, dQ and dK/dV
-    for a token rule, the table and an in-kernel predicate, and a score hook with its
-    derivative after ALiBi, in bfloat16."""
+    """jax_triton's real lowering (Triton to PTX and cubin, no GPU): forward, dQ and dK/dV,
+    each launched twice (the second CAREFUL), for row intervals, a token rule, the table
+    and an in-kernel predicate, and a score hook with its derivative after ALiBi, in
+    bfloat16."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.launch.lowering import lower_for_cuda
     from tests.block_sparse.test_conformance import SCORE_MODS, _every_fifth, _every_fifth_triton
@@ -182,6 +202,7 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
     shape = (length, length)
     calls = [
         (PrefixLMMask(shape, 40), None),
+        (CausalMask(shape, kv_sequence=np.arange(length)[::-1].copy()), None),
         (NumpyMask(np.random.default_rng(0).random(shape) < 0.3), None),
         (PredicateMask(shape, _every_fifth, triton_predicate=_every_fifth_triton), None),
         (CausalMask(shape), SCORE_MODS["square_cap"]),
@@ -203,7 +224,7 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
         text = lower_for_cuda(
             step, spec(4), spec(2), spec(2), compute_capability=compute_capability
         )
-        assert text.count("triton_kernel_call") == 3
+        assert text.count("triton_kernel_call") == 6
 
 
 # The forward finds the rows that see a non-finite value after its loops, not in them
@@ -244,23 +265,31 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
 
 
-@pytest.mark.parametrize("as_table", [False, True], ids=["token-rule", "table"])
+def _use_rule(monkeypatch, rule: str) -> None:
+    """Documents take the INTERVALS rule; "tokens" makes them take the TOKENS one."""
+    if rule == "tokens":
+        monkeypatch.setattr(tile_lists_module, "_interval_rule", lambda mask, q_tokens: None)
+
+
+@pytest.mark.parametrize("rule", ["intervals", "tokens", "table"])
 @pytest.mark.parametrize("find_in_kernel", [False, True], ids=["copy-of-v", "in-kernel"])
-def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kernel, as_table):
+def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kernel, rule):
     """V's non-finite rows found by the forward kernel in its partial tiles (sm_90 and up)
-    or read from the bridge's copy and flags (sm_80..89): the same outputs, and a NaN or an
+    or read from the bridge's copy and flags (sm_80..89), in the second (CAREFUL) launch
+    that the first's non-finite results call for: the same outputs, and a NaN or an
     infinity in one document's V reaches exactly the rows that see it. Rows of the other
     documents are the clean call's, bit for bit within each path. The same documents as
-    a token rule and as a table of partial blocks (the in-kernel path finds the rows
-    after its loop, evaluating the mask transposed)."""
+    intervals, as a token rule and as a table of partial blocks (the in-kernel path finds
+    the rows after its loop, evaluating the mask transposed)."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.block_sparse import triton as block_sparse_triton
 
     monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
+    _use_rule(monkeypatch, rule)
     length = 96
     cu = np.array([0, 30, 70, 96], np.int32)
     mask = DocumentMask(cu, shape=(length, length), causal=True)
-    if as_table:
+    if rule == "table":
         doc = np.searchsorted(cu, np.arange(length), side="right")
         mask = NumpyMask((doc[:, None] == doc[None, :]) & np.tri(length, dtype=bool))
     rng = np.random.default_rng(8)
@@ -280,15 +309,17 @@ def test_forward_isolates_non_finite_values_either_way(monkeypatch, find_in_kern
     np.testing.assert_allclose(clean, np.asarray(reference), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("rule", ["intervals", "tokens"])
 @pytest.mark.parametrize("find_in_kernel", [False, True], ids=["copy-of-k", "in-kernel"])
-def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel):
+def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel, rule):
     """K's non-finite rows found by the dQ kernel in its partial tiles (sm_90 and up) or
-    read from the bridge's copy and flags: dQ is NaN in exactly the rows that see them,
-    and every other row is the clean call's, bit for bit."""
+    read from the bridge's copy and flags, in its second launch: dQ is NaN in exactly the
+    rows that see them, and every other row is the clean call's, bit for bit."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.block_sparse import triton as block_sparse_triton
 
     monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
+    _use_rule(monkeypatch, rule)
     length = 96
     mask = DocumentMask(np.array([0, 30, 70, 96], np.int32), shape=(length, length), causal=True)
     rng = np.random.default_rng(9)
@@ -306,8 +337,9 @@ def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel):
     np.testing.assert_array_equal(bad[~seen], clean[~seen])
 
 
+@pytest.mark.parametrize("rule", ["intervals", "tokens"])
 @pytest.mark.parametrize("find_in_kernel", [False, True], ids=["xla-flags", "dq-flags"])
-def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_kernel):
+def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_kernel, rule):
     """A NaN in one query row and an infinity in one row of the output's cotangent reach
     exactly the key rows those queries see (causal, inside their document): dK there is
     non-finite (through the scores or dS), and so is dV for the cotangent's row (the NaN
@@ -318,7 +350,7 @@ def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_ke
     from jax_bridge.block_sparse import triton as block_sparse_triton
 
     monkeypatch.setattr(block_sparse_triton, "finds_bad_rows_in_kernel", lambda cc: find_in_kernel)
-
+    _use_rule(monkeypatch, rule)
     length = 96
     mask = DocumentMask(np.array([0, 30, 70, 96], np.int32), shape=(length, length), causal=True)
     rng = np.random.default_rng(10)

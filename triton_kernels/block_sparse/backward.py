@@ -23,15 +23,17 @@ import triton.language as tl
 
 from triton_kernels.block_sparse.forward import (
     _allowed,
+    _flag_redo,
     _hook_head,
+    _isolated_operand,
+    _key_value_tile,
     _list_base,
     _modified_scores,
     _nonfinite_rows,
     _poison_rows,
+    _program_redo,
     _row_flag_bits,
-    _row_flags,
     _rows_seeing,
-    _zero_rows,
 )
 from triton_kernels.flash_attention.backward import _load_row_stats
 from triton_kernels.flash_attention.forward import (
@@ -82,6 +84,88 @@ def _dq_tile_step(
 
 
 @triton.jit
+def _dq_full_tiles(
+    dq, q, do, k_ptr, v_ptr, lse2, delta, tiles_ptr, base, full, kv_base, rows, batch, head,
+    qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dq (unscaled) over the full tiles 0..full of the list at `base`, operands as given."""
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for t in range(0, full):
+        cols, k, v = _key_value_tile(
+            k_ptr, v_ptr, kv_base, tl.load(tiles_ptr + base + t), 0, offs_n, offs_d, d_ok,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+        )  # fmt: skip
+        dq = _dq_tile_step(
+            dq, q, do, k, v, lse2, delta, True, rows, cols, batch, head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
+            SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+        )  # fmt: skip
+    return dq
+
+
+@triton.jit
+def _dq_partial_tiles(
+    dq, q, do, k_ptr, v_ptr, k_clean_ptr, k_bad_ptr, lse2, delta, tiles_ptr, codes_ptr, base,
+    full, total, kv_base, kv_head, rows, batch, head, table_ptr, q_doc_ptr, kv_doc_ptr,
+    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, qk_scale_log2,
+    scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr, PREDICATE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr,
+    SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FIND_BAD_ROWS: tl.constexpr, CAREFUL: tl.constexpr,
+):  # fmt: skip
+    """dq (unscaled) over the partial tiles full..total of the list at `base`, masked by
+    the element rule. CAREFUL: K's non-finite rows read as zeros (found in the tile with
+    FIND_BAD_ROWS, else from the bridge's copy and flags) and the rows that see one are
+    poisoned; otherwise K as given (exact where K is finite)."""
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for t in range(full, total):
+        if CAREFUL and not FIND_BAD_ROWS:
+            k_rows = k_clean_ptr
+        else:
+            k_rows = k_ptr
+        cols, k, v = _key_value_tile(
+            k_rows, v_ptr, kv_base, tl.load(tiles_ptr + base + t), kv_len, offs_n, offs_d,
+            d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+        )  # fmt: skip
+        code = tl.load(codes_ptr + base + t)
+        if CAREFUL:
+            k, k_bad = _isolated_operand(
+                k, k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS, FIND_BAD_ROWS
+            )
+            if tl.max(k_bad.to(tl.int32), 0) > 0:  # rare: see the forward
+                dq = _poison_rows(dq, _rows_seeing(_allowed(
+                    rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N,
+                    False,
+                ), k_bad))  # fmt: skip
+        allowed = _allowed(
+            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+        )  # fmt: skip
+        dq = _dq_tile_step(
+            dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, head, qk_scale_log2,
+            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
+            SCORE_MOD_GRAD, INPUT_PRECISION,
+        )  # fmt: skip
+    return dq
+
+
+@triton.jit
 def _store_row_flags(row_flags_ptr, q, do, batch, head, rows, q_len, NUM_Q_HEADS: tl.constexpr):
     """Stores the int8 flags of query rows `rows` (< q_len) of `head` that dK/dV reads
     (`_query_row_flags`): bit 0 where q's row holds a NaN or an infinity, bit 1 dO's."""
@@ -121,8 +205,12 @@ def block_sparse_dq_kernel(
     window_left,
     window_right,
     prefix,
+    redo_in_ptr,
+    dq_in_ptr,
+    row_flags_in_ptr,
     dq_ptr,
     row_flags_ptr,
+    redo_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -141,6 +229,7 @@ def block_sparse_dq_kernel(
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     FIND_BAD_ROWS: tl.constexpr = False,
+    CAREFUL: tl.constexpr = False,
 ):
     """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -152,8 +241,13 @@ def block_sparse_dq_kernel(
     forward's v_clean_ptr); dq_ptr: as q. row_flags_ptr: with FIND_BAD_ROWS, int8
     [batch, q_len, NUM_Q_HEADS] written for the dK/dV kernel (`_store_row_flags`: bit 0
     where q's row holds a NaN or an infinity, bit 1 where dO's does; this kernel loads
-    both rows anyway); without, not written (the bridge computes them).
+    both rows anyway); without, not written (the bridge computes them). The first launch
+    writes them, a CAREFUL one does not (row_flags_in_ptr, dq_in_ptr: what it aliases).
+    Two launches, redo_in_ptr and redo_ptr as the forward's: partial tiles read K as given
+    in the first, and its non-finite rows as zeros in the second.
     """
+    if _program_redo(redo_in_ptr, CAREFUL):
+        return
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
     group = tl.load(items_ptr + 2 * item + 1)
@@ -167,7 +261,6 @@ def block_sparse_dq_kernel(
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     rows = tile * BLOCK_M + offs_m
@@ -179,7 +272,7 @@ def block_sparse_dq_kernel(
     do = _load_rows(do_ptrs, row_ok, d_ok, True, EVEN_D)
     # The rows' flags for dK/dV: free here on sm_90; on sm_80..89 this spills (8-32 B, as
     # does computing them after the loop, from q and dO kept or loaded again).
-    if FIND_BAD_ROWS:
+    if FIND_BAD_ROWS and not CAREFUL:
         _store_row_flags(row_flags_ptr, q, do, batch, head, rows, q_len, NUM_Q_HEADS)
     stats = (batch * NUM_Q_HEADS + head) * q_len + rows
     lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, row_ok, True)
@@ -192,52 +285,23 @@ def block_sparse_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
-    for t in range(0, full):
-        kv_tile = tl.load(tiles_ptr + base + t)
-        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        dq = _dq_tile_step(
-            dq, q, do, k, v, lse2, delta, True, rows, kv_tile * BLOCK_N + offs_n, batch, hook_head,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
-            SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
-        )  # fmt: skip
-    for t in range(full, total):
-        kv_tile = tl.load(tiles_ptr + base + t)
-        cols = kv_tile * BLOCK_N + offs_n
-        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        if FIND_BAD_ROWS:
-            k_rows = k_ptr
-        else:
-            k_rows = k_clean_ptr
-        k_ptrs = _tile_ptrs(k_rows + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
-        v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
-        code = tl.load(codes_ptr + base + t)
-        if FIND_BAD_ROWS:
-            k_bad = _nonfinite_rows(k)
-            k = _zero_rows(k, k_bad)
-        else:
-            k_bad = _row_flags(k_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
-        if tl.max(k_bad.to(tl.int32), 0) > 0:  # rare: see the forward
-            dq = _poison_rows(dq, _rows_seeing(_allowed(
-                rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
-                kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
-                HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
-            ), k_bad))  # fmt: skip
-        allowed = _allowed(
-            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
-            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
-            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
-        )  # fmt: skip
-        dq = _dq_tile_step(
-            dq, q, do, k, v, lse2, delta, allowed, rows, cols, batch, hook_head, qk_scale_log2,
-            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
-            SCORE_MOD_GRAD, INPUT_PRECISION,
-        )  # fmt: skip
+    dq = _dq_full_tiles(
+        dq, q, do, k_ptr, v_ptr, lse2, delta, tiles_ptr, base, full, kv_base, rows, batch,
+        hook_head, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM,
+        BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_partial_tiles(
+        dq, q, do, k_ptr, v_ptr, k_clean_ptr, k_bad_ptr, lse2, delta, tiles_ptr, codes_ptr,
+        base, full, total, kv_base, kv_head, rows, batch, hook_head, table_ptr, q_doc_ptr,
+        kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM, BLOCK_M,
+        BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE,
+        HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, FIND_BAD_ROWS,
+        CAREFUL,
+    )  # fmt: skip
+    if not CAREFUL:
+        _flag_redo(redo_ptr, dq)
     dq *= softmax_scale
     dq_ptrs = _tile_ptrs(dq_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -319,6 +383,95 @@ def _dkdv_query_tile(q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_t
 
 
 @triton.jit
+def _dkdv_full_tiles(
+    dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, tiles_ptr, base, full, keys,
+    batch, head, hook_head, q_len, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """(dk, dv) (dk unscaled) over the full query tiles 0..full of query head `head`'s
+    list at `base` (hook_head: its number for the score hook), operands as given."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for t in range(0, full):
+        cols, q, do, lse2, delta = _dkdv_query_tile(
+            q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
+            tl.load(tiles_ptr + base + t), q_len, True, True, offs_m, offs_d, d_ok, False,
+            NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, BLOCK_D == HEAD_DIM,
+        )  # fmt: skip
+        dk, dv = _dkdv_tile_step(
+            dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+        )  # fmt: skip
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_partial_tiles(
+    dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
+    codes_ptr, base, full, total, keys, batch, head, hook_head, table_ptr, q_doc_ptr,
+    kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+    qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    CAREFUL: tl.constexpr,
+):  # fmt: skip
+    """(dk, dv) over the partial query tiles full..total of query head `head`'s list at
+    `base`, masked by the element rule (transposed: rows are keys). CAREFUL: q's and dO's
+    non-finite rows (`_query_row_flags`) read as zeros and the key rows that see one are
+    poisoned; otherwise q and dO as given (exact where they are finite)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for t in range(full, total):
+        q_tile = tl.load(tiles_ptr + base + t)
+        rows = q_tile * BLOCK_M + offs_m
+        in_len = rows < q_len
+        if CAREFUL:
+            q_bad, do_bad = _query_row_flags(row_flags_ptr, batch, head, rows, q_len, NUM_Q_HEADS)
+            # Non-finite rows read as zeros: a masked (zero) weight never meets a NaN.
+            q_ok = in_len & ~q_bad
+            do_ok = in_len & ~do_bad
+        else:
+            q_ok = in_len
+            do_ok = in_len
+        cols, q, do, lse2, delta = _dkdv_query_tile(
+            q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_tile, q_len, q_ok, do_ok,
+            offs_m, offs_d, d_ok, True, NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED,
+            BLOCK_D == HEAD_DIM,
+        )  # fmt: skip
+        code = tl.load(codes_ptr + base + t)
+        if CAREFUL:
+            if tl.max((q_bad | do_bad).to(tl.int32), 0) > 0:  # rare: see the forward
+                seen = _allowed(
+                    cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+                )  # fmt: skip
+                dk = _poison_rows(dk, _rows_seeing(seen, q_bad))
+                dv = _poison_rows(dv, _rows_seeing(seen, do_bad))
+        allowed = _allowed(
+            cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+            q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+        )  # fmt: skip
+        dk, dv = _dkdv_tile_step(
+            dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+        )  # fmt: skip
+    return dk, dv
+
+
+@triton.jit
 def block_sparse_dkdv_kernel(
     q_ptr,
     k_ptr,
@@ -348,8 +501,12 @@ def block_sparse_dkdv_kernel(
     window_left,
     window_right,
     prefix,
+    redo_in_ptr,
+    dk_in_ptr,
+    dv_in_ptr,
     dk_ptr,
     dv_ptr,
+    redo_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -366,6 +523,7 @@ def block_sparse_dkdv_kernel(
     INPUT_PRECISION: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
+    CAREFUL: tl.constexpr = False,
 ):
     """dK, dV of one [BLOCK_N]-row key tile of one kv head of one batch entry.
 
@@ -377,7 +535,12 @@ def block_sparse_dkdv_kernel(
     them in the loaded tiles instead, as the forward and dQ do on sm_90, spills here);
     alibi_slopes_ptr as the dQ kernel's.
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
+    Two launches, redo_in_ptr and redo_ptr as the forward's (dk_in_ptr, dv_in_ptr: what a
+    CAREFUL launch's dk, dv alias): partial tiles read q and dO as given in the first,
+    and the flagged rows as zeros in the second.
     """
+    if _program_redo(redo_in_ptr, CAREFUL):
+        return
     kv_tile = tl.load(items_ptr + tl.program_id(0))
     kv_head = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -385,7 +548,6 @@ def block_sparse_dkdv_kernel(
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
@@ -408,47 +570,23 @@ def block_sparse_dkdv_kernel(
         slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, head, HAS_ALIBI)
         hook_head = _hook_head(hook_heads_ptr, head, SCORE_MOD)
         full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
-        for t in range(0, full):
-            cols, q, do, lse2, delta = _dkdv_query_tile(
-                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head,
-                tl.load(tiles_ptr + base + t), q_len, True, True, offs_m, offs_d, d_ok, False,
-                NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
-            )  # fmt: skip
-            dk, dv = _dkdv_tile_step(
-                dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
-                qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
-                HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
-            )  # fmt: skip
-        for t in range(full, total):
-            q_tile = tl.load(tiles_ptr + base + t)
-            rows = q_tile * BLOCK_M + offs_m
-            q_bad, do_bad = _query_row_flags(row_flags_ptr, batch, head, rows, q_len, NUM_Q_HEADS)
-            # Non-finite rows read as zeros: a masked (zero) weight never meets a NaN.
-            in_len = rows < q_len
-            cols, q, do, lse2, delta = _dkdv_query_tile(
-                q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, batch, head, q_tile, q_len,
-                in_len & ~q_bad, in_len & ~do_bad, offs_m, offs_d, d_ok, True,
-                NUM_Q_HEADS, HEAD_DIM, BLOCK_M, ROWS_ALIGNED, EVEN_D,
-            )  # fmt: skip
-            code = tl.load(codes_ptr + base + t)
-            if tl.max((q_bad | do_bad).to(tl.int32), 0) > 0:  # rare: see the forward
-                seen = _allowed(
-                    cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
-                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
-                )  # fmt: skip
-                dk = _poison_rows(dk, _rows_seeing(seen, q_bad))
-                dv = _poison_rows(dv, _rows_seeing(seen, do_bad))
-            allowed = _allowed(
-                cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
-                q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-                MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
-            )  # fmt: skip
-            dk, dv = _dkdv_tile_step(
-                dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
-                qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
-                HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
-            )  # fmt: skip
+        dk, dv = _dkdv_full_tiles(
+            dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, tiles_ptr, base, full,
+            keys, batch, head, hook_head, q_len, qk_scale_log2, scale_over_cap, cap_log2,
+            slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_partial_tiles(
+            dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
+            codes_ptr, base, full, total, keys, batch, head, hook_head, table_ptr, q_doc_ptr,
+            kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M,
+            BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
+            PREDICATE, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+            CAREFUL,
+        )  # fmt: skip
+    if not CAREFUL:  # the sum is non-finite where either is (or, harmlessly, overflows)
+        _flag_redo(redo_ptr, dk + dv)
     dk *= softmax_scale
     out_mask = key_ok[:, None] & d_ok[None, :]
     dk_ptrs = _tile_ptrs(dk_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)

@@ -27,10 +27,12 @@ __all__ = ["KINDS", "block_sparse_config"]
 # (sm_90 or sm_80 family, dtype, kind, head-dim tile, soft cap)
 #   -> (block_m, block_n, num_warps, num_stages)
 _OVERRIDES = {
-    # The light 128x128 forward at d=128 spills 20 B under Triton 3.6 (the lent GPUs'
-    # compiler) at two stages and 4 B at three, outside its loops; under 3.9 0 and 12 B,
-    # and three stages cost 2% more loop instructions (548 vs 536 per MFLOP).
-    (90, "bfloat16", "forward", 128, False): (128, 128, 8, 3),
+    # (sm_90 takes the varlen forward's light 128x128 at two stages: spill-free under
+    # Triton 3.6 and 3.9 since partial tiles compare their row numbers with per-row
+    # intervals (INTERVALS); with the token rule's per-key vectors it spilled 20 B.)
+    # dK/dV at d=64: the light 64x128 spills 8 B outside its loops at two stages under
+    # Triton 3.6 (none at three; 2-4% more full-loop instructions).
+    (90, "bfloat16", "backward_dkdv", 64, False): (64, 128, 8, 3),
     # dK/dV with a soft cap at d=128 spills 8 B at 32x128.
     (90, "bfloat16", "backward_dkdv", 128, True): (16, 128, 8, 2),
     # sm_80: the light 128x128 forward spills 16 B at d=128; 16x64 dK/dV at d=256 none.

@@ -15,28 +15,40 @@ mask; group g's heads are `group_heads[g, :]`, -1 padded):
   in `table: int8 [P, BLOCK_M, BLOCK_N]` (the distinct partial blocks, stored once).
 
 Full tiles are computed with no element mask and no bounds checks (they lie inside both
-sequences); only partial ones evaluate the mask, in one of three modes (`MASK_MODE`):
+sequences); only partial ones evaluate the mask, in one of four modes (`MASK_MODE`):
 
 * TABLE (0): the deduplicated partial blocks (any static mask: NumpyMask, `|`, `&`);
 * TOKENS (1): per-token document ids and positions, `q_doc[i] == kv_doc[j]` and a window
   `q_pos[i] - left <= kv_pos[j] <= q_pos[i] + right`, or'ed with `kv_pos[j] < prefix`
   inside the document (DocumentMask, Causal, Local, ChunkedCausal, PrefixLM);
-* PREDICATE (2): a user's `@triton.jit` predicate of (q position, kv position).
+* PREDICATE (2): a user's `@triton.jit` predicate of (q position, kv position);
+* INTERVALS (3): query row i allows the kv rows `lo[i] <= j <= hi[i]`, int32 per query
+  token in the places of TOKENS' q_doc (lo) and q_pos (hi): the masks whose rows allow
+  one run of kv rows each (documents, causal, local, chunked). Only the stationary
+  query side is loaded (the forward and dQ kernels load it once, outside their loops);
+  the kv side is the tile's own row numbers: the varlen kernels' window arithmetic, where
+  TOKENS loads two per-key vectors a tile (on sm_90 at 128x128, 64 registers a thread,
+  which spill).
 
 Padded rows and columns are masked in every mode (ids -1 / -2 never match; the table's
 padding is False; the predicate is bounded by q_len / kv_len).
 
-Isolation: a masked score is a select to -inf, never a product with 0. A partial tile's
-value-side products (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) read a copy of
-their right operand whose non-finite rows the bridge zeroed, so a masked (zero) weight
-never meets a NaN; the rows that may see such a row are made NaN instead (from int8
-flags `[batch, len, heads]` of those rows, the tile's mask evaluated again only when a
-flag is set: `_poison_rows` in the loops, but with FIND_BAD_ROWS the forward's loop only
-notes it, and `_rows_seeing_bad_values` finds those rows after it): NaN or Inf in one document
-never reaches another. Full tiles read the operands as given. On sm_90 the forward (V) and dQ (K)
-kernels find and zero those rows in the tiles they load instead (FIND_BAD_ROWS: no copy
-a call). dK/dV never reads copies: its partial tiles load the flagged rows of q and dO
-as zeros, from flags the dQ kernel writes (sm_90) or XLA computes (sm_80..89).
+Isolation: a masked score is a select to -inf, never a product with 0. In a partial tile
+the value-side products (P.V here, dS.K, dS^T.Q and P^T.dO in the backward) would meet
+a non-finite row of their right operand with a masked (zero) weight, and 0 * NaN is NaN:
+NaN or Inf in one document must never reach another. So every kernel runs twice. The
+first launch reads the operands as given, which is exact where they are finite, and
+flags each program whose result holds a NaN or an infinity (`_flag_redo`: a masked 0 *
+NaN leaves one). The second, CAREFUL, launch computes again only the flagged programs:
+its partial tiles read those rows as zeros (a copy of the operand whose non-finite rows
+the bridge zeroed, or, on sm_90 (FIND_BAD_ROWS), the forward (V) and dQ (K) kernels find
+and zero them in the tiles they load; dK/dV loads the flagged rows of q and dO as zeros,
+from flags the dQ kernel writes (sm_90) or XLA computes (sm_80..89)), and the rows that
+may see such a row are made NaN instead (`_poison_rows` in the loops, but with
+FIND_BAD_ROWS the forward's loop only notes it, and `_rows_seeing_bad_values` finds
+those rows after it). Full tiles read the operands as given in both launches. The
+isolation's work (a V tile through registers, half the partial tile's instructions on
+sm_90) is paid only where the data holds non-finite values.
 
 ALiBi (HAS_ALIBI): -slope[head] * |q position - kv position| added to every scaled,
 soft-capped score. Score hook: an optional `@triton.jit` SCORE_MOD(score, batch, head,
@@ -67,6 +79,7 @@ from triton_kernels.flash_attention.steps import _online_softmax_step
 TABLE = tl.constexpr(0)
 TOKENS = tl.constexpr(1)
 PREDICATE_MODE = tl.constexpr(2)
+INTERVALS = tl.constexpr(3)
 
 
 @triton.jit
@@ -168,6 +181,11 @@ def _allowed(
     if MASK_MODE == TABLE:
         offsets = _q_side(q_local, KV_MAJOR) * TABLE_KV + _kv_side(kv_local, KV_MAJOR)
         ok = tl.load(table_ptr + code.to(tl.int64) * (TABLE_Q * TABLE_KV) + offsets) != 0
+    elif MASK_MODE == INTERVALS:  # q_doc_ptr, q_pos_ptr: each row's lo, hi
+        kv = _kv_side(kv_idx, KV_MAJOR)
+        ok = (kv >= _q_side(tl.load(q_doc_ptr + q_idx), KV_MAJOR)) & (
+            kv <= _q_side(tl.load(q_pos_ptr + q_idx), KV_MAJOR)
+        )
     elif MASK_MODE == TOKENS:
         q_pos = _q_side(tl.load(q_pos_ptr + q_idx), KV_MAJOR)
         kv_pos = _kv_side(tl.load(kv_pos_ptr + kv_idx), KV_MAJOR)
@@ -287,6 +305,164 @@ def _forward_step(
 
 
 @triton.jit
+def _program_index():
+    """This program's index in its (x, y, z) grid, x fastest."""
+    yz = tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)
+    return yz * tl.num_programs(0) + tl.program_id(0)
+
+
+@triton.jit
+def _program_redo(redo_in_ptr, CAREFUL: tl.constexpr):
+    """Whether a CAREFUL launch's program has nothing to do: the first launch left its
+    int8 flag in redo_in_ptr (one a program, `_program_index`) at 0. False otherwise."""
+    idle = False
+    if CAREFUL:
+        idle = tl.load(redo_in_ptr + _program_index()) == 0
+    return idle
+
+
+@triton.jit
+def _flag_redo(redo_ptr, x):
+    """Sets this program's flag in redo_ptr (int8, zeroed ahead) where the tile x holds a
+    NaN or an infinity: only a non-finite input (or an overflow) makes one, and then a
+    partial tile may have met it with a masked, zero weight (0 * NaN)."""
+    if _any_nonfinite(x):
+        tl.store(redo_ptr + _program_index(), tl.full([], 1, tl.int8))
+
+
+@triton.jit
+def _any_nonfinite(x):
+    """Whether the tile x holds a NaN or an infinity (a scalar)."""
+    finite = tl.abs(x) < float("inf")  # False for NaN too
+    return tl.min(tl.min(finite.to(tl.int32), 1), 0) == 0
+
+
+@triton.jit
+def _isolated_operand(
+    x, flags_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS: tl.constexpr,
+    FIND_BAD_ROWS: tl.constexpr,
+):  # fmt: skip
+    """(x, bad): a CAREFUL partial tile's value-side operand x [BLOCK_N, BLOCK_D] (rows
+    `cols`) with its non-finite rows zeroed, and those rows (bool [BLOCK_N]): found in x
+    itself (FIND_BAD_ROWS), or x read from the bridge's copy (zeroed already) and the
+    rows from its flags (int8 [batch, kv_len, NUM_KV_HEADS])."""
+    if FIND_BAD_ROWS:
+        bad = _nonfinite_rows(x)
+        x = _zero_rows(x, bad)
+    else:
+        bad = _row_flags(flags_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
+    return x, bad
+
+
+@triton.jit
+def _key_value_tile(
+    k_ptr, v_ptr, kv_base, kv_tile, kv_len, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """(cols, k, v): key tile `kv_tile`'s positions and its [BLOCK_N, BLOCK_D] rows of k
+    and v (pointers at this batch entry's and kv head's row 0: kv_base on); with CHECK,
+    rows past kv_len read 0 (a full tile lies inside the sequence)."""
+    cols = kv_tile * BLOCK_N + offs_n
+    kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+    k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    k = _load_rows(k_ptrs, cols < kv_len, d_ok, CHECK, BLOCK_D == HEAD_DIM)
+    v = _load_rows(v_ptrs, cols < kv_len, d_ok, CHECK, BLOCK_D == HEAD_DIM)
+    return cols, k, v
+
+
+@triton.jit
+def _forward_full_tiles(
+    acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, head,
+    qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr, SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """(acc, m_i, l_i) over the full tiles 0..full of the list at `base`: no element mask,
+    no bounds (they lie inside both sequences), operands as given. head: as the score
+    hook numbers it."""
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for t in range(0, full):
+        cols, k, v = _key_value_tile(
+            k_ptr, v_ptr, kv_base, tl.load(tiles_ptr + base + t), 0, offs_n, offs_d, d_ok,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+        )  # fmt: skip
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k, v, True, rows, cols, batch, head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
+            RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _forward_partial_tiles(
+    acc, m_i, l_i, q, k_ptr, v_ptr, v_clean_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base, full,
+    total, kv_base, kv_head, rows, batch, head, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+    kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, qk_scale_log2,
+    scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, MASK_MODE: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr, PREDICATE: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, RAW_SCORE_MAX: tl.constexpr,
+    SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr, FIND_BAD_ROWS: tl.constexpr,
+    CAREFUL: tl.constexpr,
+):  # fmt: skip
+    """(acc, m_i, l_i, any_bad) over the partial tiles full..total of the list at `base`,
+    masked by the element rule. CAREFUL: V's non-finite rows read as zeros (found in the
+    tile with FIND_BAD_ROWS, then any_bad notes that one was; else from the bridge's copy
+    and flags, and the rows that see one are poisoned here); otherwise V as given (exact
+    where V is finite), and any_bad is False."""
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    any_bad = full < 0  # False, as a scalar the loop can carry
+    for t in range(full, total):
+        if CAREFUL and not FIND_BAD_ROWS:
+            v_rows = v_clean_ptr
+        else:
+            v_rows = v_ptr
+        cols, k, v = _key_value_tile(
+            k_ptr, v_rows, kv_base, tl.load(tiles_ptr + base + t), kv_len, offs_n, offs_d,
+            d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+        )  # fmt: skip
+        code = tl.load(codes_ptr + base + t)
+        if CAREFUL:
+            v, v_bad = _isolated_operand(
+                v, v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS, FIND_BAD_ROWS
+            )
+            if FIND_BAD_ROWS:
+                any_bad |= tl.max(v_bad.to(tl.int32), 0) > 0
+            else:
+                if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again
+                    # here so that the common path keeps nothing extra live
+                    acc = _poison_rows(acc, _rows_seeing(_allowed(
+                        rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
+                        q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right,
+                        prefix, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE,
+                        BLOCK_M, BLOCK_N, False,
+                    ), v_bad))  # fmt: skip
+        allowed = _allowed(
+            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
+            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
+        )  # fmt: skip
+        acc, m_i, l_i = _forward_step(
+            acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, head, qk_scale_log2,
+            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
+            SCORE_MOD, INPUT_PRECISION,
+        )  # fmt: skip
+    return acc, m_i, l_i, any_bad
+
+
+@triton.jit
 def _rows_seeing_bad_values(
     v_ptr,
     tiles_ptr,
@@ -380,8 +556,12 @@ def block_sparse_forward_kernel(
     window_left,
     window_right,
     prefix,
+    redo_in_ptr,
+    out_in_ptr,
+    lse_in_ptr,
     out_ptr,
     lse_ptr,
+    redo_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -401,6 +581,7 @@ def block_sparse_forward_kernel(
     RAW_SCORE_MAX: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     FIND_BAD_ROWS: tl.constexpr = False,
+    CAREFUL: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -417,7 +598,15 @@ def block_sparse_forward_kernel(
     take the row max on raw q.k (valid only for softmax_scale > 0 without a soft cap,
     ALiBi or score hook; the bridge decides). SCORE_MOD: the user's
     `@triton.jit` score hook or None.
+
+    Two launches (`_program_redo`): the first (not CAREFUL) reads V as given in its
+    partial tiles and sets redo_ptr's int8 flag (one a program, zeroed ahead) where its
+    result holds a NaN or an infinity; the second (CAREFUL; redo_in_ptr: the first's
+    flags; out, lse alias the first's, out_in_ptr and lse_in_ptr, never read) computes
+    again only those programs, with V's non-finite rows isolated as above.
     """
+    if _program_redo(redo_in_ptr, CAREFUL):
+        return
     item = tl.program_id(0)
     tile = tl.load(items_ptr + 2 * item)
     group = tl.load(items_ptr + 2 * item + 1)
@@ -430,7 +619,6 @@ def block_sparse_forward_kernel(
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -450,57 +638,22 @@ def block_sparse_forward_kernel(
     m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
 
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
-    for t in range(0, full):
-        kv_tile = tl.load(tiles_ptr + base + t)
-        cols = kv_tile * BLOCK_N + offs_n
-        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        v = _load_rows(v_ptrs, offs_n >= 0, d_ok, False, EVEN_D)
-        acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, True, rows, cols, batch, hook_head, qk_scale_log2,
-            scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
-            SCORE_MOD, INPUT_PRECISION,
-        )  # fmt: skip
-    any_bad = False  # a partial tile held a non-finite value row (FIND_BAD_ROWS)
-    for t in range(full, total):
-        kv_tile = tl.load(tiles_ptr + base + t)
-        cols = kv_tile * BLOCK_N + offs_n
-        kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-        k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        if FIND_BAD_ROWS:
-            v_rows = v_ptr
-        else:
-            v_rows = v_clean_ptr
-        v_ptrs = _tile_ptrs(v_rows + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, cols < kv_len, d_ok, True, EVEN_D)
-        v = _load_rows(v_ptrs, cols < kv_len, d_ok, True, EVEN_D)
-        code = tl.load(codes_ptr + base + t)
-        if FIND_BAD_ROWS:
-            v_bad = _nonfinite_rows(v)
-            v = _zero_rows(v, v_bad)
-            any_bad |= tl.max(v_bad.to(tl.int32), 0) > 0
-        else:
-            v_bad = _row_flags(v_bad_ptr, batch, kv_len, cols, kv_head, NUM_KV_HEADS)
-            if tl.max(v_bad.to(tl.int32), 0) > 0:  # rare; the mask is evaluated again
-                # here so that the common path keeps nothing extra live
-                acc = _poison_rows(acc, _rows_seeing(_allowed(
-                    rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
-                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N,
-                    False,
-                ), v_bad))  # fmt: skip
-        allowed = _allowed(
-            rows, cols, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
-            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, MASK_MODE,
-            HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, False,
-        )  # fmt: skip
-        acc, m_i, l_i = _forward_step(
-            acc, m_i, l_i, q, k, v, allowed, rows, cols, batch, hook_head, qk_scale_log2,
-            scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
-            SCORE_MOD, INPUT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = _forward_full_tiles(
+        acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, hook_head,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM, BLOCK_N,
+        BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i, any_bad = _forward_partial_tiles(
+        acc, m_i, l_i, q, k_ptr, v_ptr, v_clean_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base,
+        full, total, kv_base, kv_head, rows, batch, hook_head, table_ptr, q_doc_ptr,
+        kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM, BLOCK_M,
+        BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE,
+        HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION, FIND_BAD_ROWS,
+        CAREFUL,
+    )  # fmt: skip
+    if not CAREFUL:
+        _flag_redo(redo_ptr, acc)
 
     out, lse = _final_rows(acc, m_i, l_i)
     out_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
@@ -508,7 +661,7 @@ def block_sparse_forward_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_ok)
     lse_row = (batch * NUM_Q_HEADS + head) * q_len
     tl.store(lse_ptr + lse_row + rows, lse, mask=row_ok)
-    if any_bad:  # rare: find the rows that see them again and overwrite them with NaN
+    if CAREFUL and any_bad:  # find the rows that see them again and overwrite them with NaN
         seeing = _rows_seeing_bad_values(
             v_ptr, tiles_ptr, codes_ptr, base, full, total, kv_base, tile, table_ptr,
             q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left,

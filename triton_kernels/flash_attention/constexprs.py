@@ -130,11 +130,13 @@ def block_sparse_constexprs(
     derivative, or None. group_width: the widest head group (the forward's and dQ's
     second grid axis). find_bad_rows: the forward and dQ find non-finite rows in their
     tiles (`finds_bad_rows_in_kernel` of the target; the caller passes the bad-row
-    arguments to match).
+    arguments to match). CAREFUL is False: the first of the kernel's two launches (the
+    bridge's second sets it; `triton_kernels.block_sparse.forward` says why).
     """
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(HAS_SOFT_CAP=soft_cap, HAS_ALIBI=alibi, SCORE_MOD=score_mod, **rule_flags)
+    constexprs["CAREFUL"] = False
     if kind != "forward":
         constexprs["SCORE_MOD_GRAD"] = score_mod_grad
     if kind == "backward_dkdv":  # its flags come from dQ or XLA (see above)
