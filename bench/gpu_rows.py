@@ -180,20 +180,24 @@ def splash_mask(spec: MaskSpec):
     return CausalMask(shape)
 
 
-def block_sparse_impl(spec: MaskSpec) -> Impl:
-    """Ours: the Triton block-sparse kernels with the spec's splash mask."""
+def block_sparse_impl(spec: MaskSpec, block_sizes=None, label: str = "") -> Impl:
+    """Ours: the Triton block-sparse kernels with the spec's splash mask, at their default
+    tiles or at `block_sizes` (a `BlockSizes`, for A/B rows: `label` names it)."""
     from jax_bridge import block_sparse_attention
 
     mask = splash_mask(spec)
 
     def fn(q, k, v):
-        return block_sparse_attention(q, k, v, mask, implementation="triton")
+        return block_sparse_attention(
+            q, k, v, mask, block_sizes=block_sizes, implementation="triton"
+        )
 
     def prepare(host):
         q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
         return (q[None], k[None], v[None]), d_out[None]
 
-    return Impl("ours triton block-sparse", fn, prepare, lambda r, g: [x[0] for x in _to_numpy(r)])
+    name = "ours triton block-sparse" + (f" {label}" if label else "")
+    return Impl(name, fn, prepare, lambda r, g: [x[0] for x in _to_numpy(r)])
 
 
 def _padded_index(spec: MaskSpec) -> tuple[np.ndarray, int]:
@@ -703,8 +707,22 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     return cases
 
 
+def _wide_block_sparse_dq(spec: MaskSpec) -> Impl:
+    """An A/B of the block-sparse dQ tile: 128x128 against the default 128x64 (sm_90,
+    d=128). Since partial tiles compare row intervals (INTERVALS) the wider tile is
+    spill-free in its loops under Triton 3.6 and 3.9 (4 B outside them under 3.6), and
+    runs 298 / 328 warp-instructions per MFLOP in its full-tile loop against 370 / 431,
+    561 / 591 in its partial-tile loop against 655 / 692. (The varlen dQ spills at
+    128x128 in its masked loop: 20-40 B.)"""
+    from pallas_tpu.splash import BlockSizes
+
+    wide = BlockSizes(block_q_dq=128, block_kv_dq=128)
+    return block_sparse_impl(spec, wide, "dq 128x128")
+
+
 def block_sparse_cases(sizes: Sizes) -> list[Case]:
-    """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks."""
+    """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks;
+    the documents row with the dQ tile's A/B."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     specs = {
         "causal": (MaskSpec((t,)), True),
@@ -717,7 +735,8 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
     }
     return [
         _attention_case("block_sparse", "block_sparse_attention", f"{t} tok {name}", spec, heads,
-                        sizes, block_sparse_impl(spec), _sdpa(spec) if sdpa else [])
+                        sizes, block_sparse_impl(spec), _sdpa(spec) if sdpa else [],
+                        variants=(_wide_block_sparse_dq(spec),) if "documents" in name else ())
         for name, (spec, sdpa) in specs.items()
     ]  # fmt: skip
 
