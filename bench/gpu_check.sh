@@ -7,8 +7,8 @@
 #          anchors (`gpu-check --tma`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
-#   ncu    one Nsight Compute profile per op (ours on one attention and one grouped matmul
-#          row): time per kernel, ours against the XLA work around them; then the
+#   ncu    one Nsight Compute profile per op (ours on one attention, one grouped matmul
+#          and one block-sparse row): time per kernel, ours against the XLA work around them; then the
 #          attention kernels' occupancy, stall and memory sections (16 x 1024, ~1 min)
 #          and grouped matmul's speed-of-light and memory sections (m 32768, < 75 s);
 #   quick-tests  the conformance tests of the Triton backend on the device (100 s);
@@ -93,7 +93,8 @@ fi
 
 if [[ $steps == *" ncu "* ]]; then
   if command -v ncu >/dev/null; then
-    for key in "16x1024 causal" "m8192 G64"; do
+    # (16 block-sparse documents: its kernels' second, CAREFUL, launches on clean data)
+    for key in "16x1024 causal" "m8192 G64" "tok 16 documents"; do
       name="ncu_${key// /_}"
       # Autotuning off: under ncu every candidate kernel XLA tries would be profiled.
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 45 \
