@@ -117,8 +117,9 @@ def block_sparse_attention(
       float32 [batch, num_q_heads, q_len]. A row that sees no key gets 0 and lse -inf
       (with sinks: lse = the sink). A NaN sink makes its head NaN; a +inf sink takes all
       of the probability (out 0, lse +inf). A NaN or Inf in k or v reaches only the rows
-      that see its token (XLA and Pallas: NaN in the features it touches; Triton: the
-      whole row).
+      that see its token (XLA and Pallas: NaN in the features it touches; Triton: those
+      features where the row sees the token through a full block, the whole row where it
+      is at the mask's edge, in a partial block).
 
     Differentiation: reverse mode for q, k, v and sinks (lse too is differentiable);
     forward mode and higher-order derivatives are not supported.

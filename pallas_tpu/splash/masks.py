@@ -151,6 +151,13 @@ class _Binary(Mask):
             raise ValueError(
                 f"{type(self).__name__}: mask shapes differ: {left.shape} vs {right.shape}"
             )
+        if any(getattr(side, "traced", False) for side in (left, right)):
+            # Its blocks are classified in the graph, for the document mask alone.
+            raise TypeError(
+                f"{type(self).__name__}: a DocumentMask of traced arrays (built under "
+                "jax.jit) cannot be combined with & or |: pass it alone (causal and a "
+                "window are its own options) or build it from static arrays."
+            )
         self.left, self.right = left, right
 
     @property

@@ -276,6 +276,21 @@ def test_traced_documents_under_jit(implementation):
     assert len(traces) == 1
 
 
+def test_traced_documents_refuse_mask_algebra():
+    """A DocumentMask of traced arrays combined with & or | is refused where it is built,
+    naming the combination and what to do instead (its blocks are classified in the graph
+    for it alone): no backend would get past classifying it."""
+    cu = jnp.array([0, 40, 41, 96, L], jnp.int32)
+    window = LocalMask((L, L), (10, 0), 0)
+    combined = {
+        "LogicalAnd": lambda cu: DocumentMask(cu, shape=(L, L)) & window,
+        "LogicalOr": lambda cu: CausalMask((L, L)) | DocumentMask(cu, shape=(L, L)),
+    }
+    for name, combine in combined.items():
+        with pytest.raises(TypeError, match=f"{name}: a DocumentMask of traced arrays"):
+            jax.jit(lambda cu, combine=combine: combine(cu).shape[0])(cu)
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_vmap_of_traced_documents_and_remat(implementation):
     """`jax.vmap` over an extra leading axis whose entries carry their own traced
