@@ -247,6 +247,7 @@ def block_sparse_variant(
         head_dim=head_dim, softmax_scale=head_dim**-0.5, input_precision="ieee",
         soft_cap=soft_cap, alibi=alibi, sinks=False, score_mod=None, score_mod_grad=None,
         group_width=_Q_HEADS, find_bad_rows=finds_bad_rows_in_kernel(compute_capability),
+        has_d_lse=True,  # the op's backward always gets lse's cotangent (zeros if unused)
     )  # fmt: skip
     return KernelVariant(
         name=f"block_sparse_{kind}",

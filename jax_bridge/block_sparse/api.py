@@ -201,12 +201,14 @@ def _no_work(q, v, sinks):
 # Backend contract: every module in `BACKENDS` exports
 #   HEAD_DIMS: (smallest, largest) head_dim it runs;
 #   forward(q, k, v, sinks, alibi, mask_arrays, options) -> (out, lse float32 [B, Hq, Lq]);
-#   backward(q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options)
+#   backward(q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays, options)
 #     -> (dq, dk, dv)
 # with arrays as documented on `block_sparse_attention`, already validated, q_len and
 # kv_len >= 1; `mask_arrays` the int arrays of `masks.split_mask` (`join_mask` rebuilds
-# the mask from them and options.mask); delta = rowsum(dO * O) - d_lse
-# (`common.row_delta`). The sinks' gradient and their non-finite limits live here.
+# the mask from them and options.mask); d_lse the lse cotangent (or None), which enters
+# as delta = rowsum(dO * O) - d_lse (`common.row_delta`: the XLA and Pallas backends call
+# it, Triton's dQ kernel computes it while it holds dO). The sinks' gradient and their
+# non-finite limits live here.
 
 
 def _forward(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arrays):
@@ -230,13 +232,13 @@ def _attention_fwd(options: BlockSparseOptions, q, k, v, sinks, alibi, mask_arra
 def _attention_bwd(options: BlockSparseOptions, residuals, cotangents):
     q, k, v, out, lse, sinks, alibi, mask_arrays = residuals
     d_out, d_lse = cotangents
-    delta = row_delta(out, d_out, d_lse)
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
     dq, dk, dv = first_order_only(backward, OP)(
-        q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays
+        q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays
     )
     d_sinks = d_alibi = None
     if sinks is not None:
+        delta = row_delta(out, d_out, d_lse)
         d_sinks = cotangent_like(sink_gradient(sinks, lse, delta).astype(sinks.dtype), sinks)
     if alibi is not None:  # constants (the op stops their gradient)
         d_alibi = cotangent_like(jnp.zeros_like(alibi), alibi)

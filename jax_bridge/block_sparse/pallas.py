@@ -22,6 +22,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_bridge.block_sparse.common import row_delta
 from jax_bridge.block_sparse.masks import join_mask, pad_mask
 from jax_bridge.block_sparse.options import BlockSparseOptions
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
@@ -85,10 +86,12 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
 
 
 def backward(
-    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+    q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays, options: BlockSparseOptions
 ):
-    """(dq, dk, dv) by the splash dQ and dK/dV kernels; delta float32 [B, Hq, Lq]."""
-    del out, sinks, alibi  # the sinks act through lse alone; no ALiBi here
+    """(dq, dk, dv) by the splash dQ and dK/dV kernels; d_lse: lse's cotangent float32
+    [B, Hq, Lq] or None."""
+    del sinks, alibi  # the sinks act through lse alone; no ALiBi here
+    delta = row_delta(out, d_out, d_lse)
     q_len, kv_len = q.shape[1], k.shape[1]
     plan = _plan(options, mask_arrays, q_len, kv_len)
     masks, kernel_options = plan.kernel.masks, plan.kernel.config.options

@@ -48,7 +48,6 @@ from triton_kernels.flash_attention.constexprs import (
 )
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
-_LOG2E = float(np.log2(np.e))
 
 # block_sizes fields of each kernel's (query, key) tile.
 _BLOCK_FIELDS = {
@@ -145,9 +144,10 @@ def _launch(
     *,
     sinks: bool = False,
     find_bad_rows: bool = False,
+    has_d_lse: bool = False,
 ) -> dict:
     """The launch keywords of kernel `kind`: warps, stages, name and the constexprs
-    (`block_sparse_constexprs`; find_bad_rows: as the bad-row arguments passed)."""
+    (`block_sparse_constexprs`; find_bad_rows, has_d_lse: as the arguments passed)."""
     config = plan.configs[kind]
     score_mod = options.score_mod
     constexprs = block_sparse_constexprs(
@@ -166,6 +166,7 @@ def _launch(
         score_mod_grad=None if score_mod is None else score_mod.triton_grad,
         group_width=plan.group_heads().shape[1],
         find_bad_rows=find_bad_rows,
+        has_d_lse=has_d_lse,
     )
     return dict(
         num_warps=config.num_warps,
@@ -273,48 +274,45 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
 
 @follow_lowering_platform
 def backward(
-    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+    q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays, options: BlockSparseOptions
 ):
     """(dq, dk, dv) in the inputs' dtypes; see the api."""
-    del out, sinks  # delta carries rowsum(dO * O); lse includes the sink
+    del sinks  # lse includes the sink
     batch = q.shape[0]
     plan = _plan(options, mask_arrays, q, k, alibi)
-    # +inf for a row with nothing allowed: exp2(s2 - lse_log2) is then 0.
-    lse_log2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E).astype(jnp.float32)
     per_head = (float32_or_placeholder(alibi), _hook_heads(options, q.shape[2]))
-    inputs = (q, k, v, d_out, lse_log2, delta.astype(jnp.float32), *per_head)
     lists = plan.lists("backward_dq")
     group_heads = plan.group_heads()
     find_bad_rows = finds_bad_rows_in_kernel(launch_target().compute_capability)
     # The non-finite rows of q and dO, which dK/dV's partial tiles read as zeros: flagged
     # by the dQ kernel where it finds bad rows itself, else by XLA.
     flags_shape = q.shape[:3] if find_bad_rows else (1,)
-    dq, row_flags = _launch_twice(
-        *inputs,
-        *_isolation(k, find_bad_rows),
-        jnp.asarray(lists.items),
-        jnp.asarray(group_heads),
-        *_common_arguments(plan, lists, options),
+    # The row statistics dK/dV reads (lse in log2 units, delta), from the dQ kernel.
+    stats = jax.ShapeDtypeStruct(lse.shape, jnp.float32)
+    dq, row_flags, lse_log2, delta = _launch_twice(
+        q, k, v, d_out, out, lse.astype(jnp.float32), float32_or_placeholder(d_lse),
+        *per_head, *_isolation(k, find_bad_rows), jnp.asarray(lists.items),
+        jnp.asarray(group_heads), *_common_arguments(plan, lists, options),
         kernel=block_sparse_dq_kernel,
         out_shape=(
-            jax.ShapeDtypeStruct(q.shape, q.dtype),
-            jax.ShapeDtypeStruct(flags_shape, jnp.int8),
+            jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(flags_shape, jnp.int8),
+            stats, stats,
         ),
         grid=(lists.items.shape[0], group_heads.shape[1], batch),
-        **_launch(plan, options, "backward_dq", q, k, find_bad_rows=find_bad_rows),
-    )
+        **_launch(
+            plan, options, "backward_dq", q, k, find_bad_rows=find_bad_rows,
+            has_d_lse=d_lse is not None,
+        ),
+    )  # fmt: skip
     if not find_bad_rows:
         row_flags = _query_row_flags(q, d_out)
     lists = plan.lists("backward_dkdv")
     dk, dv = _launch_twice(
-        *inputs,
-        row_flags,
-        jnp.asarray(lists.items),
-        jnp.asarray(plan.head_group(q.shape[2])),
-        *_common_arguments(plan, lists, options),
+        q, k, v, d_out, lse_log2, delta, *per_head, row_flags, jnp.asarray(lists.items),
+        jnp.asarray(plan.head_group(q.shape[2])), *_common_arguments(plan, lists, options),
         kernel=block_sparse_dkdv_kernel,
         out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         grid=(lists.items.shape[0], k.shape[2], batch),
         **_launch(plan, options, "backward_dkdv", q, k),
-    )
+    )  # fmt: skip
     return dq, dk, dv

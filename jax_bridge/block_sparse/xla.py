@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_bridge.block_sparse.common import row_delta
 from jax_bridge.block_sparse.masks import (
     EMPTY,
     FULL,
@@ -439,10 +440,11 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
 
 
 def backward(
-    q, k, v, out, lse, d_out, delta, sinks, alibi, mask_arrays, options: BlockSparseOptions
+    q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays, options: BlockSparseOptions
 ):
-    """(dq, dk, dv) of `forward`; delta float32 [B, Hq, Lq] (`common.row_delta`)."""
-    del out, sinks  # the sinks act through lse alone
+    """(dq, dk, dv) of `forward`; d_lse: lse's cotangent float32 [B, Hq, Lq] or None."""
+    del sinks  # the sinks act through lse alone
+    delta = row_delta(out, d_out, d_lse)
     layout = _Layout.make(q, k, options)
     mask = join_mask(options.mask, mask_arrays)
     batch, _, num_q_heads, _ = q.shape

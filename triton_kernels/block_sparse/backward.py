@@ -2,10 +2,10 @@
 (key tile stationary).
 
 Layout, tile lists, mask modes and isolation as `block_sparse.forward` (read its
-docstring). The row statistics come from the bridge, float32 `[batch, NUM_Q_HEADS,
-q_len]`: lse_log2 = log2(e) * lse with +inf for a row with nothing allowed (so
-exp2(s2 - lse_log2) is the probability, 0 for such a row), and delta = rowsum(dO * O) -
-d_lse. With P = exp(S - lse):
+docstring). The row statistics, float32 `[batch, NUM_Q_HEADS, q_len]`, come from the
+dQ kernel (which holds each query tile's dO, and loads its O once): lse_log2 = log2(e) *
+lse with +inf for a row with nothing allowed (so exp2(s2 - lse_log2) is the
+probability, 0 for such a row), and delta = rowsum(dO * O) - d_lse. With P = exp(S - lse):
 
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
 
@@ -35,7 +35,7 @@ from triton_kernels.block_sparse.forward import (
     _row_flag_bits,
     _rows_seeing,
 )
-from triton_kernels.flash_attention.backward import _load_row_stats
+from triton_kernels.flash_attention.backward import _load_row_stats, _row_statistics
 from triton_kernels.flash_attention.forward import (
     _alibi_slope_log2,
     _load_rows,
@@ -180,8 +180,9 @@ def block_sparse_dq_kernel(
     k_ptr,
     v_ptr,
     d_out_ptr,
-    lse_log2_ptr,
-    delta_ptr,
+    out_ptr,
+    lse_ptr,
+    d_lse_ptr,
     alibi_slopes_ptr,
     hook_heads_ptr,
     k_clean_ptr,
@@ -208,8 +209,12 @@ def block_sparse_dq_kernel(
     redo_in_ptr,
     dq_in_ptr,
     row_flags_in_ptr,
+    lse_log2_in_ptr,
+    delta_in_ptr,
     dq_ptr,
     row_flags_ptr,
+    lse_log2_ptr,
+    delta_ptr,
     redo_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
@@ -228,13 +233,18 @@ def block_sparse_dq_kernel(
     INPUT_PRECISION: tl.constexpr,
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
+    HAS_D_LSE: tl.constexpr = False,
     FIND_BAD_ROWS: tl.constexpr = False,
     CAREFUL: tl.constexpr = False,
 ):
-    """dQ of one [BLOCK_M]-row query tile of one head of one batch entry.
+    """dQ of one [BLOCK_M]-row query tile of one head of one batch entry, and the row
+    statistics the dK/dV kernel reads.
 
-    Grid and lists as `block_sparse_forward_kernel`; d_out_ptr as q; lse_log2_ptr,
-    delta_ptr: float32 [batch, NUM_Q_HEADS, q_len]; alibi_slopes_ptr: float32
+    Grid and lists as `block_sparse_forward_kernel`; d_out_ptr, out_ptr as q (the output's
+    cotangent, the output); lse_ptr, d_lse_ptr: float32 [batch, NUM_Q_HEADS, q_len], the
+    forward's lse and its cotangent (read only with HAS_D_LSE); lse_log2_ptr, delta_ptr:
+    the same shape, written (`_row_statistics`: delta = rowsum(dO * O) - d_lse, from the
+    tiles this kernel holds, instead of a pass over O and dO ahead of it); alibi_slopes_ptr: float32
     [NUM_Q_HEADS] (read with HAS_ALIBI); hook_heads_ptr: as the forward's; k_clean_ptr,
     k_bad_ptr: k with its non-finite rows zeroed, and int8 [batch, kv_len, NUM_KV_HEADS]
     flags of them (partial tiles read k there; neither read with FIND_BAD_ROWS, as the
@@ -242,7 +252,8 @@ def block_sparse_dq_kernel(
     [batch, q_len, NUM_Q_HEADS] written for the dK/dV kernel (`_store_row_flags`: bit 0
     where q's row holds a NaN or an infinity, bit 1 where dO's does; this kernel loads
     both rows anyway); without, not written (the bridge computes them). The first launch
-    writes them, a CAREFUL one does not (row_flags_in_ptr, dq_in_ptr: what it aliases).
+    writes them, a CAREFUL one does not (the *_in_ptr: what its outputs alias; the
+    statistics it writes again are the same).
     Two launches, redo_in_ptr and redo_ptr as the forward's: partial tiles read K as given
     in the first, and its non-finite rows as zeros in the second.
     """
@@ -275,7 +286,11 @@ def block_sparse_dq_kernel(
     if FIND_BAD_ROWS and not CAREFUL:
         _store_row_flags(row_flags_ptr, q, do, batch, head, rows, q_len, NUM_Q_HEADS)
     stats = (batch * NUM_Q_HEADS + head) * q_len + rows
-    lse2, delta = _load_row_stats(lse_log2_ptr + stats, delta_ptr + stats, row_ok, True)
+    o_ptrs = _tile_ptrs(out_ptr + q_base, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+    lse2, delta = _row_statistics(
+        o_ptrs, do, lse_ptr + stats, d_lse_ptr + stats, delta_ptr + stats,
+        lse_log2_ptr + stats, row_ok, d_ok, EVEN_D, HAS_D_LSE,
+    )  # fmt: skip
     kv_base = batch * kv_len * KV_STRIDE + kv_head * HEAD_DIM
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP

@@ -122,6 +122,7 @@ def block_sparse_constexprs(
     score_mod_grad: Any,
     group_width: int,
     find_bad_rows: bool,
+    has_d_lse: bool = False,
 ) -> dict[str, Any]:
     """The constexprs of block-sparse kernel `kind` (one of `KINDS`) under `config`.
 
@@ -131,7 +132,8 @@ def block_sparse_constexprs(
     second grid axis). find_bad_rows: the forward and dQ find non-finite rows in their
     tiles (`finds_bad_rows_in_kernel` of the target; the caller passes the bad-row
     arguments to match). CAREFUL is False: the first of the kernel's two launches (the
-    bridge's second sets it; `triton_kernels.block_sparse.forward` says why).
+    bridge's second sets it; `triton_kernels.block_sparse.forward` says why). has_d_lse:
+    the dQ kernel reads lse's cotangent into delta.
     """
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
@@ -142,6 +144,8 @@ def block_sparse_constexprs(
     if kind == "backward_dkdv":  # its flags come from dQ or XLA (see above)
         return constexprs
     constexprs |= dict(GROUP_WIDTH=group_width, FIND_BAD_ROWS=find_bad_rows)
+    if kind == "backward_dq":
+        constexprs["HAS_D_LSE"] = has_d_lse
     if kind == "forward":
         constexprs["HAS_SINKS"] = sinks
         constexprs["RAW_SCORE_MAX"] = raw_score_max(
