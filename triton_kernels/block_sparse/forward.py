@@ -333,8 +333,7 @@ def _flag_redo(redo_ptr, x):
 @triton.jit
 def _any_nonfinite(x):
     """Whether the tile x holds a NaN or an infinity (a scalar)."""
-    finite = tl.abs(x) < float("inf")  # False for NaN too
-    return tl.min(tl.min(finite.to(tl.int32), 1), 0) == 0
+    return tl.max(_nonfinite_rows(x).to(tl.int32), 0) > 0
 
 
 @triton.jit
