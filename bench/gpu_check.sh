@@ -67,7 +67,7 @@ fi
 # on an H100 whatever this step says: should it fail, read the bench rows with that in mind.
 tma_flag=""
 if [[ $steps == *" tma "* ]]; then
-  timeout 100 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_global_scratch.py \
+  timeout 100 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_kernel_needs.py \
     tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "tma or hopper" \
     >"$logs/tma.txt" 2>&1
   rc=$?
@@ -139,7 +139,7 @@ if [[ $steps == *" quick-tests "* ]]; then
   note "GPU tests, Triton backend (quick_tests.txt): exit $? -- $(tail -1 "$logs/quick_tests.txt")"
 fi
 if [[ $steps == *" tests "* ]]; then
-  timeout 480 "${gpu_pytest[@]}" -rfE -n 12 "${conformance[@]}" tests/launch/test_global_scratch.py \
+  timeout 480 "${gpu_pytest[@]}" -rfE -n 12 "${conformance[@]}" tests/launch/test_kernel_needs.py \
     tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "not pallas" \
     >"$logs/tests.txt" 2>&1
   note "GPU tests (tests.txt): exit $? -- $(tail -1 "$logs/tests.txt")"

@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.launch.kernel_needs import pass_kernel_needs
+
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
 
@@ -112,6 +114,8 @@ def call_jax_triton(
     if version is None:
         raise ImportError("launching Triton kernels from JAX on a GPU needs jax-triton")
     _check(args, len(out_shapes), input_output_aliases, zeroed_outputs)
+    # Neither version passes a kernel's own warp count, nor 0.3 its global scratch.
+    pass_kernel_needs()
     launch = _launch_v03 if version < (0, 4) else _launch_v04
     options = dict(
         grid=grid,
@@ -136,9 +140,6 @@ def _launch_v03(
 ) -> tuple[jax.Array, ...]:
     import jax_triton
 
-    from jax_bridge.launch.global_scratch import pass_global_scratch
-
-    pass_global_scratch()  # 0.3 never passes it: kernels with TMA descriptors need it
     args = tuple(_scalar(a, keep_float32=True) for a in args)
     # 0.3 counts only array operands in the input index of an alias.
     array_index = {i: sum(map(_is_array, args[:i])) for i in input_output_aliases}

@@ -198,16 +198,16 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
 def tensor_descriptors_available() -> bool:
     """Whether kernels launched now can use device-side tensor descriptors with nothing
     raised: on a GPU of compute capability >= 9.0 whose jaxlib allocates the descriptors'
-    global scratch (`global_scratch.FIRST_JAXLIB_WITH_SCRATCH`). What default configs that
+    global scratch (`kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`). What default configs that
     take TMA check; an explicit `tma=True` elsewhere gets the errors of
-    `require_tensor_descriptors` and `global_scratch` instead."""
-    from jax_bridge.launch import global_scratch
+    `require_tensor_descriptors` and `kernel_needs` instead."""
+    from jax_bridge.launch import kernel_needs
 
     target = launch_target()
     return (
         target.on_gpu
         and _has_tensor_memory_accelerator(target)
-        and global_scratch.jaxlib_version() >= global_scratch.FIRST_JAXLIB_WITH_SCRATCH
+        and kernel_needs.jaxlib_version() >= kernel_needs.FIRST_JAXLIB_WITH_SCRATCH
     )
 
 

@@ -29,10 +29,10 @@ def record_triton_kernels(monkeypatch: pytest.MonkeyPatch, jaxlib_version: tuple
     from jax._src.lib import gpu_triton
     from jax_triton import triton_lib
 
-    from jax_bridge.launch import global_scratch
+    from jax_bridge.launch import kernel_needs
 
     recorder = RecordedKernels(gpu_triton.TritonKernel)
     monkeypatch.setattr(gpu_triton, "TritonKernel", recorder)
     monkeypatch.setattr(triton_lib, "_COMPILED_KERNEL_CACHE", {})
-    monkeypatch.setattr(global_scratch, "jaxlib_version", lambda: jaxlib_version)
+    monkeypatch.setattr(kernel_needs, "jaxlib_version", lambda: jaxlib_version)
     return recorder

@@ -179,10 +179,15 @@ def fake_jax_triton_04(calls: list) -> types.ModuleType:
     return module
 
 
-def test_04_branch_maps_aliases_and_zeroing_onto_refs(monkeypatch):
-    calls = []
+def _use_fake_04(monkeypatch: pytest.MonkeyPatch, calls: list) -> None:
     monkeypatch.setattr(compat, "jax_triton_api_version", lambda: (0, 4))
     monkeypatch.setitem(sys.modules, "jax_triton", fake_jax_triton_04(calls))
+    monkeypatch.setattr(compat, "pass_kernel_needs", lambda: None)  # no triton_lib to wrap
+
+
+def test_04_branch_maps_aliases_and_zeroing_onto_refs(monkeypatch):
+    calls = []
+    _use_fake_04(monkeypatch, calls)
     x = jnp.arange(N, dtype=jnp.float32)
     init = jnp.full(N, 10.0, jnp.float32)
     out, sq, count = compat.call_jax_triton(
@@ -212,8 +217,7 @@ def test_04_branch_maps_aliases_and_zeroing_onto_refs(monkeypatch):
 
 
 def test_04_branch_checks_the_kernel_parameter_count(monkeypatch):
-    monkeypatch.setattr(compat, "jax_triton_api_version", lambda: (0, 4))
-    monkeypatch.setitem(sys.modules, "jax_triton", fake_jax_triton_04([]))
+    _use_fake_04(monkeypatch, [])
     x = jnp.ones(N, jnp.float32)
     with pytest.raises(ValueError, match="takes 6 non-constexpr parameters"):
         compat.call_jax_triton(

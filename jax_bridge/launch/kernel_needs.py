@@ -1,0 +1,149 @@
+"""What a compiled Triton kernel needs from its launch that jax_triton does not pass to
+jaxlib: global scratch (device-side tensor descriptors, Hopper's TMA) and its own warp
+count (warp-specialized loops).
+
+* Global scratch. Since Triton 3.3 every compiled kernel has two hidden pointer parameters
+  after its own, global scratch and profile scratch. A kernel that builds tensor
+  descriptors on the device writes them to global scratch (128 bytes a descriptor and
+  program): its compile metadata says how much (`global_scratch_size`,
+  `global_scratch_align`), and the launcher must allocate it. jaxlib's Triton call
+  allocates it when the kernel object it is given carries the two numbers
+  (`gpu_triton.TritonKernel(..., global_scratch_size, global_scratch_align)`, jaxlib >
+  0.11.0). jax_triton 0.4 passes them but requires Triton >= 3.7; jax_triton 0.3.1 never
+  does, so such a kernel launched through it reads a null pointer on the device and the
+  call fails with CUDA_ERROR_ILLEGAL_ADDRESS.
+* Warps. A loop written `tl.range(..., warp_specialize=True)` is split by Triton into a
+  producer warpgroup (the loads) and consumer warpgroups (the MMAs): the compiled kernel
+  runs more warps than it was asked for (on Hopper, 4 asked -> 12: one producer, two
+  consumers; the metadata's `num_warps`, PTX `.reqntid`). jax_triton 0.3 and 0.4 hand
+  jaxlib the warps they were asked for, and a launch with fewer threads than `.reqntid`
+  fails on the device.
+
+`pass_kernel_needs()` fills both gaps, once per process, with two wrappers around
+jax_triton's module globals (a kernel that needs neither is built exactly as before):
+
+* its PTX compile step gets a backend whose `make_ptx` keeps the compile's metadata, so
+  the kernel's needs are known when the compile returns (recorded per thread, with the
+  kernel's name: jax_triton builds the kernel object right after compiling it);
+* its jaxlib module's `TritonKernel` gets the kernel's own warp count and (from jax_triton
+  0.3, which builds the kernel from 7 arguments) its scratch, or, on a jaxlib that cannot
+  take scratch, raises `NotImplementedError` naming the kernel: an error at trace time
+  instead of a crash on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import threading
+from typing import Any
+
+# jaxlib versions whose `TritonKernel` takes the global scratch's size and alignment.
+FIRST_JAXLIB_WITH_SCRATCH = (0, 11, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelNeeds:
+    """What one compiled kernel needs from its launch: `scratch_size` bytes of global
+    scratch a program, aligned to `scratch_align`, and `num_warps` warps a program (None
+    where the metadata does not say: the warps asked for)."""
+
+    scratch_size: int
+    scratch_align: int
+    num_warps: int | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any]) -> KernelNeeds:
+        warps = metadata.get("num_warps")
+        return cls(int(metadata.get("global_scratch_size", 0) or 0),
+                   int(metadata.get("global_scratch_align", 1) or 1),
+                   int(warps) if warps else None)  # fmt: skip
+
+
+_compiled = threading.local()  # .last: (kernel name, KernelNeeds) of this thread's compile
+
+
+class _MetadataKeepingBackend:
+    """A Triton backend whose `make_ptx` copies the compile's metadata into `seen` (by
+    then the LLVM step has filled in the scratch and the warps); everything else is the
+    backend's."""
+
+    def __init__(self, backend: Any, seen: dict[str, Any]):
+        self._backend, self._seen = backend, seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def make_ptx(self, src: Any, metadata: dict[str, Any], *rest: Any) -> Any:
+        self._seen.update(metadata)
+        return self._backend.make_ptx(src, metadata, *rest)
+
+
+def _recording_compile(compile_to_ptx: Any) -> Any:
+    @functools.wraps(compile_to_ptx)
+    def compile_recording_needs(ttir: Any, backend: Any, *rest: Any) -> Any:
+        metadata: dict[str, Any] = {}
+        result = compile_to_ptx(ttir, _MetadataKeepingBackend(backend, metadata), *rest)
+        _compiled.last = (result.name, KernelNeeds.from_metadata(metadata))
+        return result
+
+    return compile_recording_needs
+
+
+def jaxlib_version() -> tuple[int, int, int]:
+    """The installed jaxlib's (major, minor, patch)."""
+    import jaxlib.version
+
+    major, minor, patch = re.match(r"(\d+)\.(\d+)\.(\d+)", jaxlib.version.__version__).groups()
+    return int(major), int(minor), int(patch)
+
+
+def kernel_with_scratch(lib: Any, name: str, args: tuple[Any, ...], needs: KernelNeeds):
+    """`lib.TritonKernel(name, *args)` with the global scratch appended, or a
+    NotImplementedError where this jaxlib cannot take it."""
+    if jaxlib_version() < FIRST_JAXLIB_WITH_SCRATCH:
+        raise NotImplementedError(
+            f"Triton kernel {name!r} needs {needs.scratch_size} bytes of global scratch per "
+            "program (device-side tensor descriptors, tl.make_tensor_descriptor), which "
+            f"jaxlib {'.'.join(map(str, jaxlib_version()))} cannot allocate for a Triton "
+            f"call: it needs jaxlib >= {'.'.join(map(str, FIRST_JAXLIB_WITH_SCRATCH))}"
+        )
+    return lib.TritonKernel(name, *args, needs.scratch_size, needs.scratch_align)
+
+
+class _NeedsPassingLib:
+    """jaxlib's `gpu_triton` module as jax_triton sees it, with a `TritonKernel` that
+    passes what the kernel this thread compiled last needs."""
+
+    def __init__(self, lib: Any):
+        self._lib = lib
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def TritonKernel(self, name: str, *args: Any) -> Any:  # jaxlib's name for it
+        compiled_name, needs = getattr(_compiled, "last", (None, None))
+        _compiled.last = (None, None)
+        if compiled_name != name or needs is None:
+            return self._lib.TritonKernel(name, *args)
+        # args: num_warps, num_ctas, shared memory, PTX, TTIR, compute capability, and
+        # (jax_triton 0.4) the scratch's size and alignment where it has some.
+        if needs.num_warps is not None:
+            args = (needs.num_warps, *args[1:])
+        if needs.scratch_size == 0 or len(args) != 6:
+            return self._lib.TritonKernel(name, *args)
+        return kernel_with_scratch(self._lib, name, args, needs)
+
+
+@functools.cache
+def pass_kernel_needs() -> None:
+    """Makes jax_triton pass each kernel's warps and (0.3) its global scratch to jaxlib
+    (module docstring). Idempotent. Called by every launch
+    (`jax_triton_compat.call_jax_triton`) before it reaches jax_triton."""
+    from jax_triton import triton_lib
+
+    triton_lib.compile_ttir_to_ptx_inplace = _recording_compile(
+        triton_lib.compile_ttir_to_ptx_inplace
+    )
+    triton_lib.triton_kernel_call_lib = _NeedsPassingLib(triton_lib.triton_kernel_call_lib)
