@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run)",
     )
     parser.add_argument(
+        "--warp-specialized",
+        action="store_true",
+        help="A/B anchors of gmm warp-specialized (Hopper) on the grouped matmul rows (on "
+        "with --dry-run)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="KEY",
         help="ours alone on the first case matching KEY, 3 calls (for ncu)",
@@ -152,6 +158,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
 
     gpu_rows.USE_TORCH = not args.no_torch
     gpu_rows.USE_TMA = args.tma or args.dry_run
+    gpu_rows.USE_WARP_SPECIALIZED = args.warp_specialized or args.dry_run
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu

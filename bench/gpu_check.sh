@@ -4,7 +4,8 @@
 # STEPs, in this order, the first three by default:
 #   tma    kernels with tensor descriptors (TMA) alone, on the device (the default dK/dV
 #          kernel at d=128 on sm_90 is one); if they pass, `bench` also times the TMA A/B
-#          anchors (`gpu-check --tma`);
+#          anchors (`gpu-check --tma`); then the warp-specialized kernels, whose A/B rows
+#          `bench` times if they pass too (`--warp-specialized`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
 #   ncu    one Nsight Compute profile per op (ours on one attention, one grouped matmul
@@ -68,12 +69,23 @@ fi
 tma_flag=""
 if [[ $steps == *" tma "* ]]; then
   timeout 100 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_kernel_needs.py \
-    tests/attention/test_triton.py tests/grouped_matmul/test_triton.py -k "tma or hopper" \
-    >"$logs/tma.txt" 2>&1
+    tests/attention/test_triton.py tests/grouped_matmul/test_triton.py \
+    -k "(tma or hopper) and not warp_specialized and not warp-specialized" >"$logs/tma.txt" 2>&1
   rc=$?
   note "TMA kernels (tma.txt): exit $rc -- $(tail -1 "$logs/tma.txt")"
   if [ "$rc" -eq 0 ] && grep -q "^PASSED .*copies_on_a_hopper_gpu" "$logs/tma.txt"; then
     tma_flag="--tma"
+    # Warp-specialized kernels (a producer warpgroup, two consumers: 12 warps) in a
+    # process of their own, and their A/B rows only if they ran right.
+    timeout 60 "${gpu_pytest[@]}" -rA -n 4 tests/launch/test_kernel_needs.py \
+      tests/grouped_matmul/test_triton.py -k "warp_specialized or warp-specialized" \
+      >"$logs/warp_specialized.txt" 2>&1
+    rc=$?
+    note "warp-specialized kernels (warp_specialized.txt): exit $rc -- $(tail -1 "$logs/warp_specialized.txt")"
+    if [ "$rc" -eq 0 ] && grep -q "^PASSED .*warp_specialized_kernel_multiplies_on_a_hopper_gpu" \
+      "$logs/warp_specialized.txt"; then
+      tma_flag="--tma --warp-specialized"
+    fi
   fi
 fi
 

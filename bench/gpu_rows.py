@@ -256,6 +256,11 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
+# True: the grouped matmul rows also time gmm warp-specialized at each of
+# `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only (`gpu-check --warp-specialized`,
+# which bench/gpu_check.sh passes once a warp-specialized gmm ran right on the device: a
+# kernel whose partitions deadlock would hang the run).
+USE_WARP_SPECIALIZED = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
 # CUDA libraries clash with JAX's in one process).
@@ -434,17 +439,22 @@ def grouped_matmul_impl(
     tiling: tuple[int, int, int] | None = None,
     op_tiling: tuple[int, int, int] | None = None,
     num_warps: int | None = None,
+    warp_specialized: tuple[int, int, int, int] | None = None,
 ) -> Impl:
     """Ours. A/B rows against the default: `tma` or `tiling` (and `num_warps`): gmm's
-    tiles through tensor descriptors, or at `tiling`, forward only (a `config=` reaches
-    the weight gradient's tgmm launch as well, which would then run at gmm's tile);
-    `op_tiling`: passed as the op's `tiling`, which every launch of the forward and the
-    gradient takes at its own sizes (forward and fwd+bwd)."""
+    tiles through tensor descriptors, or at `tiling`; `warp_specialized`: gmm
+    warp-specialized at (tm, tk, tn, stages) (`warp_specialized_gmm_config`); these
+    forward only (a `config=` reaches the weight gradient's tgmm launch as well, which
+    would then run at gmm's tile); `op_tiling`: passed as the op's `tiling`, which every
+    launch of the forward and the gradient takes at its own sizes (forward and fwd+bwd)."""
     from jax_bridge import grouped_matmul
+    from triton_kernels.grouped_matmul.config import warp_specialized_gmm_config
 
     def fn(lhs, rhs, sizes):
         config = None
-        if tma or tiling:
+        if warp_specialized:
+            config = warp_specialized_gmm_config(*lhs.shape, rhs.shape[2], warp_specialized)
+        elif tma or tiling:
             config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling, num_warps)
         return grouped_matmul(
             lhs, rhs, sizes, config=config, tiling=op_tiling, implementation="triton",
@@ -455,8 +465,11 @@ def grouped_matmul_impl(
     name += f" {'x'.join(map(str, tiling))}" if tiling else ""
     name += f" {num_warps} warps" if num_warps else ""
     name += f" tiling {'x'.join(map(str, op_tiling))}" if op_tiling else ""
+    if warp_specialized:
+        *tile, stages = warp_specialized
+        name += f" warp-specialized {'x'.join(map(str, tile))} {stages} stages"
     impl = _gmm_jax(fn, name)
-    return dataclasses.replace(impl, grad=False) if tma or tiling else impl
+    return dataclasses.replace(impl, grad=False) if tma or tiling or warp_specialized else impl
 
 
 def _gmm_config(
@@ -743,6 +756,8 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
 
 def matmul_cases(sizes: Sizes) -> list[Case]:
     """Grouped matmul at each (m, k, n, groups): ragged_dot, the dense roofline, torch."""
+    from triton_kernels.grouped_matmul.config import HOPPER_WARP_SPECIALIZED_GMM
+
     cases = []
     for m, k, n, groups in sizes.matmuls:
         ragged = ragged_dot_impl()
@@ -753,6 +768,11 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         anchors = [ragged, dense_matmul_impl(), one_group_impl()]
         if USE_TMA:
             anchors.append(grouped_matmul_impl(tma=True))
+        if USE_WARP_SPECIALIZED:
+            anchors += [
+                grouped_matmul_impl(warp_specialized=tiling)
+                for tiling in HOPPER_WARP_SPECIALIZED_GMM
+            ]
         if m // groups <= 256:
             anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING, num_warps=4))
         anchors.append(grouped_matmul_impl(op_tiling=_GMM_PREVIOUS_DEFAULT_TILING))

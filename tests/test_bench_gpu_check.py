@@ -174,14 +174,16 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages,
     # dQ by atomics and the dK/dV tile before TMA, on the first a forward of two CTAs per SM, on the
     # many documents the persistent forward at 128x128, on grouped matmul gmm with TMA,
-    # its groups being small, at 64-row tiles, and every launch at megablox's tiling (the
-    # default before Hopper's).
+    # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
+    # and every launch at megablox's tiling (the default before Hopper's).
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton tiling 128x128x128",
         "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
         "ours triton varlen dq by atomics", "ours triton, one group",
+        "ours triton warp-specialized 128x64x256 2 stages",
+        "ours triton warp-specialized 128x64x128 5 stages",
     }  # fmt: skip
     unchecked = {"dense matmul (roofline)", "ours triton, one group"}
     for row in found:

@@ -36,9 +36,11 @@ from triton_kernels.flash_attention.constexprs import (
 )
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 from triton_kernels.grouped_matmul.config import (
+    HOPPER_WARP_SPECIALIZED_GMM,
     GroupedMatmulConfig,
     gmm_config,
     tgmm_config,
+    warp_specialized_gmm_config,
 )
 from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
 
@@ -317,15 +319,18 @@ def grouped_matmul_variant(
     )
     if kernel is gmm_kernel:
         constexprs["TMA"] = config.tma
+        constexprs["WARP_SPECIALIZE"] = config.warp_specialize
     return KernelVariant(
-        name=name + ("_tma" if config.tma else ""),
+        name=name + ("_tma" if config.tma else "") + ("_ws" if config.warp_specialize else ""),
         kernel=kernel,
         signature=signature,
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
-        f"{config.block_m}x{config.block_k}x{config.block_n}" + (" tma" if config.tma else ""),
+        f"{config.block_m}x{config.block_k}x{config.block_n}"
+        + (" tma" if config.tma else "")
+        + (" warp-specialized" if config.warp_specialize else ""),
     )
 
 
@@ -357,6 +362,9 @@ def default_variants(
     )
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
+    if compute_capability == 90:  # and warp-specialized (Hopper's partitioning)
+        config = warp_specialized_gmm_config(*GMM_PROBLEM, HOPPER_WARP_SPECIALIZED_GMM[0])
+        variants.append(grouped_matmul_variant("gmm", compute_capability, config=config))
     return variants
 
 

@@ -71,10 +71,12 @@ def _within_shared_memory(
     if capability is None:  # the interpreter: no shared memory to fit
         return config
     limit = max_shared_memory_per_cta(capability)
-    stage = config.stage_bytes(element_bytes, transposed)
-    if config.num_stages * stage <= limit:
+    needed = config.shared_memory_bytes(element_bytes, transposed)
+    if needed <= limit:
         return config
-    return dataclasses.replace(config, num_stages=max(1, limit // stage))
+    stage = config.stage_bytes(element_bytes, transposed)
+    fixed = needed - config.num_stages * stage
+    return dataclasses.replace(config, num_stages=max(1, (limit - fixed) // stage))
 
 
 def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype) -> bool:
@@ -218,6 +220,7 @@ def gmm(
         ACCUMULATE=accumulate,
         INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
         TMA=_tma(config, k, n, lhs.dtype),
+        WARP_SPECIALIZE=config.warp_specialize,
     )
 
 

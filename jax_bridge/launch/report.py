@@ -150,7 +150,8 @@ class KernelReport:
     Attributes:
       kernel: the kernel's name.
       compute_capability: the target, e.g. 80 (A100) or 90 (H100).
-      num_warps, num_stages: the launch configuration compiled.
+      num_warps, num_stages: the launch configuration compiled (num_warps: the kernel's own,
+        more than asked where Triton warp-specialized a loop).
       registers: registers per thread.
       spill_store_bytes, spill_load_bytes: register spills to local memory, per thread.
       stack_bytes: the per-thread stack frame.
@@ -328,6 +329,8 @@ def static_kernel_report(
     statistics = _ptxas_statistics(compiled.asm["ptx"], compute_capability)
     sass = _sass(compiled.asm["cubin"])
     opcodes = _sass_opcodes(sass)
+    # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
+    num_warps = int(compiled.metadata.num_warps)
     return KernelReport(
         kernel=kernel.__name__,
         compute_capability=compute_capability,

@@ -20,6 +20,7 @@ from jax_bridge.launch.report import KernelReport, variant_report
 from triton_kernels.catalog import (
     GMM_KERNELS,
     GMM_TMA_KERNELS,
+    default_variants,
     gmm_tma_variant,
     grouped_matmul_variant,
 )
@@ -190,6 +191,50 @@ def test_tma_gmm_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
     assert len(gmm) == 2 and all(call[7:] == (256, 128) for call in gmm)
     (tgmm,) = recorded.of("tgmm_kernel")
     assert len(tgmm) == 7
+
+
+def test_warp_specialized_gmm_lowers_for_an_h100_with_its_own_warps(monkeypatch):
+    """A warp-specialized config (4 warps asked): the gmm kernel compiles to a producer
+    warpgroup and two consumers, and jaxlib is told 12 warps (and the descriptors'
+    scratch); the metadata kernel keeps its 4."""
+    pytest.importorskip("jax_triton")
+    from jax_bridge import GroupedMatmulConfig
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    config = GroupedMatmulConfig(
+        block_m=128, block_k=64, block_n=128, num_warps=4, num_stages=4, tma=True,
+        warp_specialize=True,
+    )  # fmt: skip
+    lower_for_cuda(
+        lambda lhs, rhs, sizes: grouped_matmul(
+            lhs, rhs, sizes, config=config, implementation="triton"
+        ),
+        SDS((512, 256), jnp.bfloat16),
+        SDS((8, 256, 384), jnp.bfloat16),
+        SDS((8,), jnp.int32),
+        compute_capability=90,
+    )
+    (gmm,) = recorded.of("gmm_kernel")
+    assert gmm[1] == 12 and gmm[7:] == (256, 128)
+    (schedule,) = recorded.of("gmm_schedule_kernel")
+    assert schedule[1] == 4
+
+
+def test_static_report_of_warp_specialized_gmm_shows_its_partitions():
+    """The catalog's warp-specialized gmm at sm_90: 12 warps whose register budgets are
+    set per warpgroup (USETMAXREG: the producer gives registers to the consumers), tiles
+    by bulk tensor copies, wgmma, no spill, within the shared memory limit (its
+    `shared_memory_bytes`), and a shorter consumer loop per MFLOP than the by-pointer
+    default's."""
+    (variant,) = [v for v in default_variants(90, (128,)) if v.name == "gmm_tma_ws"]
+    report = variant_report(variant, 90)
+    print(report.summary())
+    assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
+    assert report.uses_wgmma and not report.spills and not report.serialized_wgmma
+    assert not report.exceeds_shared_memory
+    assert report.instructions_per_mflop < _report("gmm", 90).instructions_per_mflop
 
 
 @pytest.mark.parametrize("variant", GMM_TMA_KERNELS)

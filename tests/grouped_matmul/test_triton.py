@@ -36,6 +36,7 @@ from jax_bridge.grouped_matmul.metadata import (
 from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
 from jax_bridge.tuning import default_grouped_matmul_config
+from tests.devices import needs_tensor_descriptors
 from tests.grouped_matmul.helpers import (
     assert_close,
     bounds,
@@ -44,7 +45,13 @@ from tests.grouped_matmul.helpers import (
     tgmm_float64,
 )
 from tests.launches import Launch, record_launches
-from triton_kernels.grouped_matmul.config import DEFAULT_TILING, gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.config import (
+    DEFAULT_TILING,
+    HOPPER_WARP_SPECIALIZED_GMM,
+    gmm_config,
+    tgmm_config,
+    warp_specialized_gmm_config,
+)
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_kernel
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
@@ -313,13 +320,19 @@ _WRITE_CASES = {
 
 
 @pytest.mark.parametrize("case", _WRITE_CASES)
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
-def test_gmm_kernel_writes_every_row_once(tma, case):
+@pytest.mark.parametrize(
+    "tma, warp_specialize",
+    [(False, False), (True, False), (True, True)],
+    ids=["pointers", "tma", "tma-warp-specialized"],
+)
+def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
     """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
     the interpreter), every row of a local group must hold its product afterwards and
     every other row 0, which the kernel writes itself (no zero fill ahead of it). With
     `tma` tiles read (and multiply) other groups' rows too: those hold NaN and Inf here,
-    and must reach no row of a local group. k = 24 also leaves a partial k tile."""
+    and must reach no row of a local group. k = 24 also leaves a partial k tile.
+    Warp-specialized, surplus slots do not return early: they run an empty loop and
+    must store nothing."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
     group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
@@ -351,6 +364,8 @@ def test_gmm_kernel_writes_every_row_once(tma, case):
         ACCUMULATE=False,
         INPUT_PRECISION="ieee",
         TMA=tma,
+        WARP_SPECIALIZE=warp_specialize,
+        num_warps=4,
     )
     out = np.asarray(out)
     assert (out[~local_rows] == 0).all()
@@ -367,8 +382,33 @@ def test_gmm_kernel_writes_every_row_once(tma, case):
         (dict(block_m=16, block_k=16, block_n=16, num_warps=6), ValueError, "num_warps"),
         (dict(block_m=16, block_k=16, block_n=16, num_stages=0), ValueError, "num_stages"),
         (dict(block_m=16, block_k=16, block_n=16, tma=1), TypeError, "GroupedMatmulConfig.tma"),
+        (
+            dict(block_m=16, block_k=16, block_n=16, tma=True, warp_specialize=1),
+            TypeError,
+            "GroupedMatmulConfig.warp_specialize must be a bool",
+        ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, warp_specialize=True),
+            ValueError,
+            r"warp_specialize needs tma=True.*got tma=False",
+        ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, num_warps=8, tma=True, warp_specialize=True),
+            ValueError,
+            r"warp_specialize needs .*num_warps=4.*got tma=True, num_warps=8",
+        ),
     ],
-    ids=["block_m", "block_k", "block_n_float", "warps", "stages", "tma"],
+    ids=[
+        "block_m",
+        "block_k",
+        "block_n_float",
+        "warps",
+        "stages",
+        "tma",
+        "ws_bool",
+        "ws_no_tma",
+        "ws_8_warps",
+    ],
 )
 def test_config_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -408,18 +448,21 @@ def test_config_is_used_as_given_for_the_op_and_its_gradient(monkeypatch):
     assert_close(tgmm, tgmm_float64(lhs.T, weight, sizes, num_groups=5))
 
 
+@pytest.mark.parametrize("warp_specialize", [False, True], ids=["tma", "tma-warp-specialized"])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_tma_tiles_give_the_float64_numbers(transpose_rhs):
+def test_tma_tiles_give_the_float64_numbers(transpose_rhs, warp_specialize):
     """`tma=True` (tiles through tensor descriptors, whose rows and columns past the arrays
-    read 0): k and n with partial tiles, an empty group, rows past the groups; the forward
-    and both gradients (d_lhs: gmm with the other rhs layout; d_rhs: tgmm, which ignores
-    `tma`)."""
+    read 0), and warp-specialized: k and n with partial tiles, an empty group, rows past
+    the groups; the forward and both gradients (d_lhs: gmm with the other rhs layout;
+    d_rhs: tgmm, which ignores both)."""
     rng = np.random.default_rng()
     m, k, n = 61, 40, 24
     sizes = jnp.asarray([9, 0, 17, 1, 20], jnp.int32)  # 47 rows < m
     rhs_shape = (5, n, k) if transpose_rhs else (5, k, n)
     lhs, rhs, weight = normal(rng, (m, k)), normal(rng, rhs_shape), normal(rng, (m, n))
-    config = GroupedMatmulConfig(block_m=16, block_k=16, block_n=16, tma=True)
+    config = GroupedMatmulConfig(
+        block_m=16, block_k=16, block_n=16, num_warps=4, tma=True, warp_specialize=warp_specialize
+    )
 
     def loss(lhs, rhs):
         out = grouped_matmul(lhs, rhs, sizes, config=config, transpose_rhs=transpose_rhs,
@@ -451,3 +494,23 @@ def test_tma_needs_16_byte_rows_and_a_hopper_gpu():
     lhs, rhs = normal(rng, (8, 32)), normal(rng, (2, 32, 16))
     with pytest.raises(ValueError, match=r"grouped_matmul: config tma=True.*9\.0.*8\.0"):
         lower_for_cuda(gmm, lhs, rhs, compute_capability=80)
+
+
+@needs_tensor_descriptors
+@pytest.mark.parametrize("tiling", HOPPER_WARP_SPECIALIZED_GMM, ids=lambda t: "x".join(map(str, t)))
+def test_warp_specialized_tma_gmm_on_a_hopper_gpu(tiling):
+    """gmm warp-specialized at the A/B rows' tiles (a producer warpgroup and two
+    consumers, 12 warps), against the float64 loop: partial row tiles, an empty group,
+    rows past the groups (zeros), surplus slots, a partial column tile."""
+    rng = np.random.default_rng()
+    m, k, n = 1000, 256, 320
+    sizes = jnp.asarray([301, 0, 450, 7], jnp.int32)  # 758 rows < m
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (4, k, n), jnp.bfloat16)
+    config = warp_specialized_gmm_config(m, k, n, tiling)
+    out = jax.jit(
+        lambda lhs, rhs: grouped_matmul(
+            lhs, rhs, sizes, config=config, implementation="triton",
+            preferred_element_type=jnp.float32,
+        )
+    )(lhs, rhs)  # fmt: skip
+    assert_close(out, gmm_float64(lhs, rhs, sizes))

@@ -58,6 +58,13 @@ class GroupedMatmulConfig(KernelConfig):
         (Hopper's bulk tensor copies, sm_90 and up; the interpreter runs them too). Needs
         rows of k and n elements to span multiples of 16 bytes. Off by default: on an
         H100 gmm ran 2.6x slower with it at m 8192, 3% at m 32768; tgmm ignores it.
+      warp_specialize: gmm's k loop warp-specialized (needs `tma` and 4 warps): Triton
+        gives the tile loads to a producer warpgroup and the MMAs to two consumer
+        warpgroups of `block_m / 2` rows (on Hopper the kernel runs 12 warps), which
+        CUTLASS's Hopper GEMMs (and `torch._grouped_mm`) do by hand. Its float32 output
+        tile passes through shared memory (`shared_memory_bytes`). Off by default: not
+        yet timed on a GPU (an A/B row of `python -m bench gpu-check --tma`); tgmm
+        ignores it.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -68,6 +75,21 @@ class GroupedMatmulConfig(KernelConfig):
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False
+    warp_specialize: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.warp_specialize, bool):
+            raise TypeError(
+                f"GroupedMatmulConfig.warp_specialize must be a bool, got {self.warp_specialize!r}."
+            )
+        if self.warp_specialize and not (self.tma and self.num_warps == 4):
+            raise ValueError(
+                "GroupedMatmulConfig.warp_specialize needs tma=True (its producer warpgroup "
+                "loads through tensor descriptors) and num_warps=4 (one consumer warpgroup: "
+                f"Triton specializes only 4-warp kernels on Hopper), got tma={self.tma}, "
+                f"num_warps={self.num_warps}."
+            )
 
     @property
     def tiling(self) -> tuple[int, int, int]:
@@ -81,9 +103,40 @@ class GroupedMatmulConfig(KernelConfig):
             return (self.block_k + self.block_n) * self.block_m * element_bytes
         return (self.block_m + self.block_n) * self.block_k * element_bytes
 
+    def shared_memory_bytes(self, element_bytes: int, transposed: bool) -> int:
+        """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, for a
+        warp-specialized gmm (not `transposed`: tgmm ignores it), of the float32 output
+        tile its consumers hand the epilogue (the static report: 128 x 64 x 128 at 4
+        stages takes 192 KiB, 128 + 64)."""
+        pipeline = self.num_stages * self.stage_bytes(element_bytes, transposed)
+        handoff = self.warp_specialize and not transposed
+        return pipeline + (4 * self.block_m * self.block_n if handoff else 0)
+
     def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
         """The kernels' shape and tile constexprs for problem sizes m, k, n."""
         return dict(M=m, K=k, N=n, BLOCK_M=self.block_m, BLOCK_K=self.block_k, BLOCK_N=self.block_n)
+
+
+# gmm warp-specialized on Hopper (`GroupedMatmulConfig.warp_specialize`), the A/B rows of
+# `python -m bench gpu-check --tma` until a GPU has timed them: the Hopper tile with the
+# most stages that fit beside its float32 hand-off tile (2: 96 + 128 KiB), and a
+# [128, 128] tile at 5 (160 + 64 KiB), the producer further ahead. Static report, sm_90,
+# m 8192, k 2048, n 1408 (3.6 / 3.9): the consumers' loop 103 / 99 and 221 / 237
+# warp-instructions per MFLOP, against 223 / 225 for the default by pointers and 145 /
+# 143 through descriptors at 8 warps; no spill, not serialized.
+HOPPER_WARP_SPECIALIZED_GMM = ((128, 64, 256, 2), (128, 64, 128, 5))
+
+
+def warp_specialized_gmm_config(
+    m: int, k: int, n: int, tiling: tuple[int, int, int, int]
+) -> GroupedMatmulConfig:
+    """gmm's warp-specialized config at `tiling` = (tm, tk, tn, stages) (an entry of
+    `HOPPER_WARP_SPECIALIZED_GMM`), blocks shrunk to the problem as `gmm_config` does."""
+    tm, tk, tn, stages = tiling
+    return GroupedMatmulConfig(
+        block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n), num_warps=4,
+        num_stages=stages, tma=True, warp_specialize=True,
+    )  # fmt: skip
 
 
 def check_tiling(tiling: tuple[int, int, int], name: str = "tiling") -> tuple[int, int, int]:

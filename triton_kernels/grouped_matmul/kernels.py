@@ -21,13 +21,15 @@ import triton.language as tl
 
 @triton.jit
 def _gmm_tiles_by_descriptor(
-    acc, lhs_ptr, rhs_group, row0, col0, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    acc, lhs_ptr, rhs_group, row0, col0, k_end, M: tl.constexpr, K: tl.constexpr,
+    N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     TRANSPOSE_RHS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
-    """acc += lhs[row0 : row0 + BLOCK_M] @ rhs_group[:, col0 : col0 + BLOCK_N] through tensor
-    descriptors over lhs [M, K] and the group's [K, N] (or [N, K]) weights, whose rows and
-    columns past the arrays read 0 (so K and N need no masks)."""
+    """acc += lhs[row0 : row0 + BLOCK_M, :k_end] @ rhs_group[:k_end, col0 : col0 + BLOCK_N]
+    through tensor descriptors over lhs [M, K] and the group's [K, N] (or [N, K]) weights,
+    whose rows and columns past the arrays read 0 (so K and N need no masks); k_end: K, or
+    0 for nothing."""
     lhs = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1],
                                     block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
     if TRANSPOSE_RHS:
@@ -36,7 +38,7 @@ def _gmm_tiles_by_descriptor(
     else:
         rhs = tl.make_tensor_descriptor(rhs_group, shape=[K, N], strides=[N, 1],
                                         block_shape=[BLOCK_K, BLOCK_N])  # fmt: skip
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         a = lhs.load([row0, k0])
         if TRANSPOSE_RHS:
             b = tl.trans(rhs.load([col0, k0]))
@@ -125,6 +127,7 @@ def gmm_kernel(
     ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """One [BLOCK_M, BLOCK_N] output tile of one group; grid (num_slots * cdiv(N, BLOCK_N),),
     column tiles fastest (`gmm_grid`).
@@ -144,6 +147,11 @@ def gmm_kernel(
     copies; the launch passes their global scratch). lhs rows of other groups are then
     read and multiplied too: an output row depends on its own lhs row only, and theirs
     are never stored. Needs K and N rows 16-byte aligned (the bridge decides).
+    WARP_SPECIALIZE (with TMA): Triton splits the k loop into a producer warpgroup that
+    issues the tile loads and consumer warpgroups that multiply (on Hopper, launched with
+    4 warps: 12, two consumers of BLOCK_M / 2 rows each; the launch passes the count).
+    Its partitioning refuses an early exit, so surplus slots run an empty loop and store
+    nothing instead of returning.
     """
     N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
@@ -155,11 +163,17 @@ def gmm_kernel(
                 out_ptr, group_start_ptr, group_end_ptr, num_groups, slot, pid_n,
                 M, N, BLOCK_M, BLOCK_N,
             )  # fmt: skip
-    if slot >= tl.load(num_chunks_ptr):
-        return
+    real = slot < tl.load(num_chunks_ptr)
+    if not WARP_SPECIALIZE:
+        if not real:
+            return
     group = tl.load(chunk_group_ptr + slot)
     row_begin = tl.load(group_start_ptr + group)
     row_end = tl.load(group_end_ptr + group)
+    k_end = K
+    if WARP_SPECIALIZE:  # a surplus slot: no rows, no k steps
+        row_end = tl.where(real, row_end, row_begin)
+        k_end = tl.where(real, K, 0)
 
     row0 = tl.load(chunk_row_start_ptr + slot)
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -173,8 +187,8 @@ def gmm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:
         acc = _gmm_tiles_by_descriptor(
-            acc, lhs_ptr, rhs_group, row0, pid_n * BLOCK_N,
-            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION,
+            acc, lhs_ptr, rhs_group, row0, pid_n * BLOCK_N, k_end,
+            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION, WARP_SPECIALIZE,
         )  # fmt: skip
     else:
         acc = _gmm_tiles_by_pointer(
