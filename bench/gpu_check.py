@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warp-specialized",
         action="store_true",
-        help="A/B anchors of gmm warp-specialized (Hopper) on the grouped matmul rows (on "
-        "with --dry-run)",
+        help="A/B anchors of warp-specialized kernels (Hopper): gmm on the grouped matmul "
+        "rows, the attention forward on three varlen rows (on with --dry-run)",
     )
     parser.add_argument(
         "--profile",

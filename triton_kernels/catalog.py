@@ -163,6 +163,7 @@ def attention_variant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
         + ("_tma" if config.tma else "")
+        + ("_ws" if config.warp_specialize else "")
         + ("_dq_atomic" if dq_atomic else ""),
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
@@ -170,7 +171,9 @@ def attention_variant(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} {features.describe()} "
-        f"{config.block_m}x{config.block_n}" + (" tma" if config.tma else ""),
+        f"{config.block_m}x{config.block_n}"
+        + (" tma" if config.tma else "")
+        + (" warp-specialized" if config.warp_specialize else ""),
     )
 
 

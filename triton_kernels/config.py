@@ -31,7 +31,8 @@ class KernelConfig:
     """Base of the kernels' launch configurations; subclasses declare the fields.
 
     Subclasses are frozen dataclasses with `block_*` fields, `num_warps` and
-    `num_stages`, and optionally a bool `tma`; `__post_init__` validates them all.
+    `num_stages`, and optionally the bools `tma` and `warp_specialize` (which needs `tma`
+    and 4 warps); `__post_init__` validates them all.
     """
 
     def __post_init__(self) -> None:
@@ -45,8 +46,16 @@ class KernelConfig:
         num_stages = getattr(self, "num_stages", 1)
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"{kind}.num_stages must be an int >= 1, got {num_stages!r}.")
-        if not isinstance(getattr(self, "tma", False), bool):
-            raise TypeError(f"{kind}.tma must be a bool, got {self.tma!r}.")
+        for flag in ("tma", "warp_specialize"):
+            if not isinstance(getattr(self, flag, False), bool):
+                raise TypeError(f"{kind}.{flag} must be a bool, got {getattr(self, flag)!r}.")
+        if getattr(self, "warp_specialize", False) and not (self.tma and num_warps == 4):
+            raise ValueError(
+                f"{kind}.warp_specialize needs tma=True (its producer warpgroup loads through "
+                "tensor descriptors) and num_warps=4 (one consumer warpgroup: Triton "
+                f"specializes only 4-warp kernels on Hopper), got tma={self.tma}, "
+                f"num_warps={num_warps}."
+            )
 
     def replace(self, **changes: Any) -> KernelConfig:
         """A copy with `changes` applied (validated like the original)."""

@@ -358,6 +358,46 @@ def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
     assert all(len(call) == 7 for call in others)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_warp_specialized_forward_lowers_for_an_h100_with_its_own_warps(monkeypatch, causal):
+    """A warp-specialized forward config (4 warps asked) compiles to a producer
+    warpgroup and two consumers: jaxlib is told 12 warps and the scratch of its three
+    descriptors (Q, K, V); the backward's kernels keep theirs."""
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
+    config = AttentionConfigs(forward=forward)
+    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=causal, implementation="triton",
+                               config=config)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+    (call,) = recorded.of("attention_forward_kernel")
+    assert call[1] == 12 and call[7:] == (384, 128)
+    assert all(c[1] != 12 for c in recorded.calls if c[0] != "attention_forward_kernel")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_static_report_of_the_warp_specialized_forward_shows_its_partitions(causal):
+    """sm_90, d=128: 12 warps with per-warpgroup register budgets (USETMAXREG), Q, K
+    and V by bulk tensor copies (no LDGSTS), wgmma not serialized, no spill, within the
+    shared memory limit."""
+    features = AttentionFeatures(causal=causal)
+    config = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
+    report = variant_report(
+        attention_variant("forward", 128, 90, features=features, config=config), 90
+    )
+    print(report.summary(), report.instructions_per_mflop)
+    assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
+    assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
+    assert report.uses_wgmma and not report.serialized_wgmma
+    assert not report.spills and not report.exceeds_shared_memory, report.summary()
+
+
 @pytest.mark.parametrize(
     "jaxlib, causal, dkdv_scratch",
     [((0, 11, 2), True, True), ((0, 11, 2), False, False), ((0, 10, 2), True, False)],

@@ -194,8 +194,35 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
         (dict(block_m=16.0, block_n=16), TypeError, "AttentionKernelConfig.block_m"),
         (dict(block_m=16, block_n=16, fp32_dot_precision="ieee"), TypeError, "fp32_dot"),
         (dict(block_m=16, block_n=16, tma=1), TypeError, "AttentionKernelConfig.tma"),
+        (
+            dict(block_m=16, block_n=16, tma=True, warp_specialize=1),
+            TypeError,
+            "AttentionKernelConfig.warp_specialize must be a bool",
+        ),
+        (
+            dict(block_m=16, block_n=16, warp_specialize=True),
+            ValueError,
+            r"warp_specialize needs tma=True.*got tma=False",
+        ),
+        (
+            dict(block_m=16, block_n=16, num_warps=8, tma=True, warp_specialize=True),
+            ValueError,
+            r"warp_specialize needs .*num_warps=4.*num_warps=8",
+        ),
     ],
-    ids=["not_pow2", "too_small", "block_n", "warps", "stages", "float", "removed_field", "tma"],
+    ids=[
+        "not_pow2",
+        "too_small",
+        "block_n",
+        "warps",
+        "stages",
+        "float",
+        "removed_field",
+        "tma",
+        "ws_bool",
+        "ws_no_tma",
+        "ws_8_warps",
+    ],
 )
 def test_kernel_config_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -238,13 +265,18 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             backward_dkdv=AttentionKernelConfig(block_m=16, block_n=32, tma=True),
             backward_dq=AttentionKernelConfig(block_m=32, block_n=16, tma=True),
         ),
+        AttentionConfigs(
+            forward=AttentionKernelConfig(16, 16, tma=True, warp_specialize=True),
+        ),
     ],
-    ids=["one_for_all", "per_kernel", "tma"],
+    ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized"],
 )
 def test_config_overrides_give_the_same_numbers(config):
     """Other tilings (unequal, larger than a sequence) and tensor-descriptor loads (whose
     rows past a sequence read 0; dK/dV's span the GQA group's heads) give the reference's
-    numbers and the default configuration's, forward and backward."""
+    numbers and the default configuration's, forward and backward; so does the
+    warp-specialized forward's one loop over every key tile, masked, with Q by descriptor
+    and surplus programs that return nothing but run an empty loop."""
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
     options = dict(causal=True, sliding_window=(13, None), return_lse=True)
@@ -273,22 +305,20 @@ def test_config_overrides_give_the_same_numbers(config):
         assert_close(got, same, 2 * tol, f"{name} vs the default config")
 
 
-@needs_tensor_descriptors
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
-    """The default that only such a device takes (dK/dV at 64x128 with Q and dO through
-    TMA; d=128, causal, GQA groups of 4): gradients of unequal, empty and one-token
-    documents, and a document longer than its tile, against the float64 oracle."""
+def _assert_device_float64_numbers(dtype, causal: bool, config=None) -> None:
+    """varlen_attention at `config` (d=128, GQA groups of 4, `dtype`) on unequal, empty
+    and one-token documents and ones longer than a tile: output, lse and gradients
+    against the float64 oracle."""
     lengths = [(300, 300), (1, 1), (0, 0), (517, 517), (64, 64)]
     inputs = make_inputs(42, lengths, 8, 2, 128, dtype=dtype)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
     def fn(q, k, v, s):
-        return varlen_attention(q, k, v, cu_q, cu_k, causal=True, return_lse=True,
-                                implementation="triton")  # fmt: skip
+        return varlen_attention(q, k, v, cu_q, cu_k, causal=causal, return_lse=True,
+                                implementation="triton", config=config)  # fmt: skip
 
     def reference(q, k, v, s):
-        return attention_reference(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+        return attention_reference(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
 
     got = value_and_grads(fn, q, k, v, None, inputs["d_out"])
     expected = oracle_value_and_grads(reference, q, k, v, None, inputs["d_out"])
@@ -296,6 +326,14 @@ def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (*got[:2], *got[2]),
                           (*expected[:2], *expected[2]), strict=True):  # fmt: skip
         assert_close(a, b, tol, name)
+
+
+@needs_tensor_descriptors
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
+    """The default that only such a device takes (dK/dV at 64x128 with Q and dO through
+    TMA; d=128, causal, GQA groups of 4), against the float64 oracle."""
+    _assert_device_float64_numbers(dtype, causal=True)
 
 
 # --- dQ accumulated by the dK/dV kernel (AttentionConfigs.dq_atomic) ----------------------
@@ -570,6 +608,31 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
     pairs = zip(names, (got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True)
     for name, g, w in pairs:
         assert_close(g, w, tol, name)
+
+
+def test_warp_specialize_is_for_the_forward_config_only():
+    inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    ws = AttentionKernelConfig(16, 16, tma=True, warp_specialize=True)
+
+    def loss(q):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
+                               config=AttentionConfigs(backward_dq=ws))  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    with pytest.raises(ValueError, match=r"warp_specialize=True is for the forward.*backward_dq"):
+        jax.grad(loss)(q)
+
+
+@needs_tensor_descriptors
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_warp_specialized_forward_gives_the_float64_numbers_on_a_hopper_gpu(causal):
+    """The A/B row's warp-specialized forward (12 warps: a producer warpgroup, two
+    consumers of 64 rows; 128x128 tiles) against the float64 oracle; the gradients too
+    (the backward reads its output and lse)."""
+    forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
+    config = AttentionConfigs(forward=forward)
+    _assert_device_float64_numbers(jnp.bfloat16, causal, config)
 
 
 def test_tma_needs_a_power_of_two_head_dim_and_a_hopper_gpu():

@@ -98,6 +98,8 @@ def attention_constexprs(
         constexprs["RAW_SCORE_MAX"] = raw_score_max(
             softmax_scale, soft_cap=features.soft_cap, alibi=features.alibi
         )
+        # the persistent walk is a loop around the key loop: not partitioned
+        constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
     elif kind == "backward_dq":
         constexprs["HAS_D_LSE"] = has_d_lse
     else:

@@ -357,24 +357,30 @@ def _forward_key_tiles(
     INPUT_PRECISION: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr,
     TMA: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """Online-softmax update of (acc [M, BLOCK_D], m_i [M], l_i [M]) over key tiles [start, end).
 
     k_seq/v_seq: the sequence's keys and values at this program's kv head: pointers to
     key row 0, or with TMA tensor descriptors over its [len_k, HEAD_DIM] rows (whose
     rows past len_k load as 0, as the masked loads do). The invariant is
-    `_online_softmax_step`'s.
+    `_online_softmax_step`'s. WARP_SPECIALIZE (with TMA): Triton splits the loop into a
+    producer warpgroup (the K and V copies, read from the loop-invariant descriptors) and
+    consumer warpgroups (the rest).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
-    for n in range(start, end, BLOCK_N):
+    for n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         cols = n + offs_n
-        k, v, k_at, v_at = _key_value_tiles(
-            k_at, v_at, n, cols < len_k, offs_n, offs_d, d_ok,
-            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
-        )  # fmt: skip
+        if WARP_SPECIALIZE:  # its producer takes loads of loop-invariant descriptors only
+            k, v = k_seq.load([n, 0]), v_seq.load([n, 0])
+        else:
+            k, v, k_at, v_at = _key_value_tiles(
+                k_at, v_at, n, cols < len_k, offs_n, offs_d, d_ok,
+                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
+            )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
         if RAW_SCORE_MAX:  # masked raw products; the scale joins exp2's argument
             qk, _ = _scores_log2(
@@ -393,6 +399,59 @@ def _forward_key_tiles(
             acc, m_i, l_i = _online_softmax_step(
                 acc, m_i, l_i, s2, v, 1.0, False, APPLY_MASK, INPUT_PRECISION
             )
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _forward_keys(
+    acc, m_i, l_i, q, k_seq, v_seq, start, full_start, full_end, end, rows, shift, len_k,
+    window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+    KV_STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr, INPUT_PRECISION: tl.constexpr, RAW_SCORE_MAX: tl.constexpr,
+    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """`_forward_key_tiles` over the key tiles [start, end) of a query tile, in its phases
+    (`_column_phases`): the masked tiles of [start, full_start) and [full_end, end), the
+    unmasked ones between. WARP_SPECIALIZE: one warp-specialized loop over [start, end),
+    every tile masked: Triton 3.6 and 3.9 partition a kernel of one loop only (with two
+    or three, their Hopper pass fails on the values flowing between them), and an `if`
+    around the mask would leave the loop unspecialized.
+    """
+    if WARP_SPECIALIZE:
+        acc, m_i, l_i = _forward_key_tiles(
+            acc, m_i, l_i, q, k_seq, v_seq, start, end, rows, shift, len_k,
+            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
+            INPUT_PRECISION, RAW_SCORE_MAX, TMA, True,
+        )  # fmt: skip
+    else:
+        # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative
+        # when no key is allowed), so the first phase is empty.
+        if HAS_WINDOW_LEFT:
+            acc, m_i, l_i = _forward_key_tiles(
+                acc, m_i, l_i, q, k_seq, v_seq, start, full_start, rows, shift, len_k,
+                window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+                HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
+                INPUT_PRECISION, RAW_SCORE_MAX, TMA,
+            )  # fmt: skip
+        acc, m_i, l_i = _forward_key_tiles(
+            acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
+            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
+            INPUT_PRECISION, RAW_SCORE_MAX, TMA,
+        )  # fmt: skip
+        acc, m_i, l_i = _forward_key_tiles(
+            acc, m_i, l_i, q, k_seq, v_seq, full_end, end, rows, shift, len_k,
+            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
+            INPUT_PRECISION, RAW_SCORE_MAX, TMA,
+        )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -431,11 +490,18 @@ def _forward_tile(
     chunk,
     seq,
     head,
+    live=True,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
-    """out, lse of tile-list row `chunk` (sequence `seq`), for query head `head`."""
+    """out, lse of tile-list row `chunk` (sequence `seq`), for query head `head`; a
+    program that is not `live` (WARP_SPECIALIZE's surplus programs, seq 0) visits no key
+    and stores nothing."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
         chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
     )
+    if WARP_SPECIALIZE:
+        tile_index = tl.where(live, tile_index, 0)
+        len_q = tl.where(live, len_q, 0)
     kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
@@ -450,7 +516,11 @@ def _forward_tile(
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     q_tile = (q_start + m0).to(tl.int64) * Q_STRIDE + head * HEAD_DIM
     q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
-    q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    if WARP_SPECIALIZE:  # a load by pointers feeding a dot stops Triton's partitioning
+        q_rows = q_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
+        q = _sequence_rows(q_rows, len_q, HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM).load([m0, 0])
+    else:
+        q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
 
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
@@ -466,32 +536,17 @@ def _forward_tile(
         m0, row_last, shift, len_k, window_left, window_right,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, BLOCK_N,
     )  # fmt: skip
+    if WARP_SPECIALIZE:
+        end = tl.where(live, end, start)
     k_seq, v_seq = _sequence_keys(
         k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE, HEAD_DIM, BLOCK_N, TMA
     )
-    # Without a left window start == 0 and full_start == min(0, end) <= 0 (negative when
-    # no key is allowed), so the first phase is empty.
-    if HAS_WINDOW_LEFT:
-        acc, m_i, l_i = _forward_key_tiles(
-            acc, m_i, l_i, q, k_seq, v_seq, start, full_start, rows, shift, len_k,
-            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-            RAW_SCORE_MAX, TMA,
-        )  # fmt: skip
-    acc, m_i, l_i = _forward_key_tiles(
-        acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
+    acc, m_i, l_i = _forward_keys(
+        acc, m_i, l_i, q, k_seq, v_seq, start, full_start, full_end, end, rows, shift, len_k,
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-        RAW_SCORE_MAX, TMA,
-    )  # fmt: skip
-    acc, m_i, l_i = _forward_key_tiles(
-        acc, m_i, l_i, q, k_seq, v_seq, full_end, end, rows, shift, len_k,
-        window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-        RAW_SCORE_MAX, TMA,
+        RAW_SCORE_MAX, TMA, WARP_SPECIALIZE,
     )  # fmt: skip
 
     out, lse = _final_rows(acc, m_i, l_i)
@@ -537,6 +592,7 @@ def attention_forward_kernel(
     RAW_SCORE_MAX: tl.constexpr,
     PERSISTENT: tl.constexpr,
     TMA: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
 
@@ -564,6 +620,12 @@ def attention_forward_kernel(
       TMA: K and V tiles are loaded through device-side tensor descriptors (Hopper's bulk
         tensor copies; the launch must pass the global scratch they are written to).
         Needs HEAD_DIM == BLOCK_D and 16-byte aligned rows (the bridge decides).
+      WARP_SPECIALIZE (with TMA, not PERSISTENT): Triton splits the key loop into a
+        producer warpgroup (the Q, K and V copies) and consumer warpgroups (on Hopper,
+        launched with 4 warps: 12, two consumers of BLOCK_M / 2 rows; the launch passes
+        the count). Its partitioning takes one loop without early exits: every key tile
+        is masked (`_forward_keys`), Q comes by descriptor too, and surplus programs run
+        an empty loop instead of returning.
     """
     head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -581,14 +643,18 @@ def attention_forward_kernel(
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
-    else:  # one row a program; surplus programs of the static bound exit at once
+    else:  # one row a program; surplus programs of the static bound exit at once (or,
+        # warp-specialized, run an empty loop)
         seq = tl.load(chunk_indices_ptr + 2 * chunk)
-        if seq < 0:
+        live = seq >= 0
+        if WARP_SPECIALIZE:
+            seq = tl.maximum(seq, 0)
+        elif not live:
             return
         _forward_tile(
             q_ptr, k_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk_indices_ptr, sinks_ptr,
             alibi_slopes_ptr, total_q, softmax_scale, logits_soft_cap, window_left, window_right,
             shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N,
             BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_SINKS, HAS_ALIBI,
-            INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head,
+            INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head, live, WARP_SPECIALIZE,
         )  # fmt: skip
