@@ -34,8 +34,9 @@ test: $(STAMP)
 test-all: test
 	HYPOTHESIS_PROFILE=thorough $(PYTEST) -m "slow or hypothesis"
 
-# On a GPU machine: the TMA kernels' tests, the bench rows against their anchors and two
-# Nsight profiles, within 8 minutes (bench/gpu_check.sh; results under $$OUT). It uses the
+# On a GPU machine: the TMA and warp-specialized kernels' tests, the bench rows against their
+# anchors and the Nsight profiles, 8-9 minutes (bench/gpu_check.sh, which says how to split
+# it in two device calls; results under $$OUT). It uses the
 # machine's own python3 and installs nothing but the carried jax-triton wheel (no network there), so
 # it does not build .venv. The dry run is the same command at toy sizes on a CPU.
 gpu-check:
