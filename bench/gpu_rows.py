@@ -259,8 +259,9 @@ USE_TMA = False
 # True: the grouped matmul rows also time gmm warp-specialized at each of
 # `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only, and three varlen rows the
 # warp-specialized forward (`_warp_specialized_forward`) (`gpu-check --warp-specialized`,
-# which bench/gpu_check.sh passes once a warp-specialized gmm ran right on the device: a
-# kernel whose partitions deadlock would hang the run).
+# which bench/gpu_check.sh passes once the warp-specialized device tests, the launch
+# layer's matmul, gmm and the forward, all passed: a kernel whose partitions deadlock would
+# hang the run).
 USE_WARP_SPECIALIZED = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's

@@ -52,8 +52,8 @@ class KernelConfig:
         if getattr(self, "warp_specialize", False) and not (self.tma and num_warps == 4):
             raise ValueError(
                 f"{kind}.warp_specialize needs tma=True (its producer warpgroup loads through "
-                "tensor descriptors) and num_warps=4 (one consumer warpgroup: Triton "
-                f"specializes only 4-warp kernels on Hopper), got tma={self.tma}, "
+                "tensor descriptors) and num_warps=4 (Triton specializes only 4-warp "
+                f"kernels on Hopper, into 12: a producer and two consumers), got tma={self.tma}, "
                 f"num_warps={num_warps}."
             )
 

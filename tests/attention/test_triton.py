@@ -46,6 +46,7 @@ from tests.attention.helpers import (
 )
 from tests.attention.test_conformance import CASES, check_case
 from tests.devices import needs_tensor_descriptors
+from tests.launches import record_launches
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
     KINDS,
@@ -610,18 +611,33 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
         assert_close(g, w, tol, name)
 
 
-def test_warp_specialize_is_for_the_forward_config_only():
+def test_warp_specialize_is_for_the_forward_config_only(monkeypatch):
+    """One config for every kernel gives warp specialization to the forward alone (the
+    gradient runs, its kernels unspecialized); a backward kernel's own config with it is
+    refused, naming the kernel."""
     inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
     ws = AttentionKernelConfig(16, 16, tma=True, warp_specialize=True)
 
-    def loss(q):
+    def loss(q, config):
         out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
-                               config=AttentionConfigs(backward_dq=ws))  # fmt: skip
+                               config=config)  # fmt: skip
         return out.astype(jnp.float32).sum()
 
     with pytest.raises(ValueError, match=r"warp_specialize=True is for the forward.*backward_dq"):
-        jax.grad(loss)(q)
+        jax.grad(loss)(q, AttentionConfigs(backward_dq=ws))
+    launches = record_launches(monkeypatch, attention_triton)
+    jax.grad(loss)(q, ws)
+    specialized = {
+        launch.kernel.__name__: launch.constexprs.get("WARP_SPECIALIZE", False)
+        for launch in launches
+        if launch.kernel.__name__ != "attention_schedule_kernel"
+    }
+    assert specialized == {
+        "attention_forward_kernel": True,
+        "attention_backward_dq_kernel": False,
+        "attention_backward_dkdv_kernel": False,
+    }
 
 
 @needs_tensor_descriptors

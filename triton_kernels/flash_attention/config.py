@@ -52,12 +52,14 @@ class AttentionKernelConfig(KernelConfig):
         (`_HOPPER_DKDV_TMA`): on an H100 all three at their default tiles ran slower with
         it (forward 5%, fwd+bwd 3-12%).
       warp_specialize: the forward's key loop warp-specialized (needs `tma` and 4 warps;
-        the forward kernel's config only): Triton gives the Q, K and V copies to a
+        a config for every kernel gives it to the forward only, one for a backward kernel
+        is refused): Triton gives the Q, K and V copies to a
         producer warpgroup and the rest to two consumer warpgroups of `block_m / 2` rows
         (on Hopper the kernel runs 12 warps), FlashAttention-3's split, but in one loop
         whose every tile is masked (`forward._forward_keys` says why). Persistent
-        launches (past 64 sequences) run unspecialized. Off by default: not yet timed on
-        a GPU (an A/B row of `python -m bench gpu-check --warp-specialized`).
+        launches (past 64 sequences), float32 inputs and 16-row tiles compile
+        unspecialized (12 warps in the report: specialized). Off by default: not yet
+        timed on a GPU (an A/B row of `python -m bench gpu-check --warp-specialized`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """

@@ -266,8 +266,9 @@ def _sequence_rows(rows_ptr, length, WIDTH: tl.constexpr, STRIDE: tl.constexpr,
     """A tensor descriptor over `length` rows of WIDTH elements from `rows_ptr`, `STRIDE`
     elements apart (WIDTH: one head, or a GQA group's heads side by side), loaded
     [BLOCK, HEAD_DIM] at a time (one head of BLOCK rows); rows past `length` load as 0.
-    An empty sequence gets one row: a descriptor has no zero extent, and nothing loads
-    from it (its loops are empty)."""
+    An empty sequence gets one row: a descriptor has no zero extent, and nothing it
+    loads is used (key loops are empty; the warp-specialized forward's Q tile of a
+    surplus program, row 0 of a non-empty q, is never stored)."""
     return tl.make_tensor_descriptor(
         rows_ptr, shape=[tl.maximum(length, 1), WIDTH], strides=[STRIDE, 1],
         block_shape=[BLOCK, HEAD_DIM],

@@ -64,7 +64,9 @@ class GroupedMatmulConfig(KernelConfig):
         CUTLASS's Hopper GEMMs (and `torch._grouped_mm`) do by hand. Its float32 output
         tile passes through shared memory (`shared_memory_bytes`). Off by default: not
         yet timed on a GPU (A/B rows of `python -m bench gpu-check --warp-specialized`);
-        tgmm ignores it. With float32 inputs the loop compiles unspecialized.
+        tgmm ignores it. Triton compiles the loop unspecialized (4 warps; the report's
+        warps say which) for float32 inputs, 16-row tiles, 256-row tiles, and a single
+        stage (128 x 128 x 256 fits only one beside its hand-off tile).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -104,10 +106,10 @@ class GroupedMatmulConfig(KernelConfig):
 
 
 # gmm warp-specialized on Hopper (`GroupedMatmulConfig.warp_specialize`), the A/B rows of
-# `python -m bench gpu-check --tma` until a GPU has timed them: the Hopper tile with the
-# most stages that fit beside its float32 hand-off tile (2: 96 + 128 KiB), and a
-# [128, 128] tile at 5 (160 + 64 KiB), the producer further ahead. Static report, sm_90,
-# m 8192, k 2048, n 1408 (3.6 / 3.9): the consumers' loop 103 / 99 and 221 / 237
+# `python -m bench gpu-check --warp-specialized` until a GPU has timed them: the Hopper
+# tile with the most stages that fit beside its float32 hand-off tile (2: 96 + 128 KiB),
+# and a [128, 128] tile at 5 (160 + 64 KiB), the producer further ahead. Static report,
+# sm_90, m 8192, k 2048, n 1408 (3.6 / 3.9): the consumers' loop 103 / 99 and 221 / 237
 # warp-instructions per MFLOP, against 223 / 225 for the default by pointers and 145 /
 # 143 through descriptors at 8 warps; no spill, not serialized.
 HOPPER_WARP_SPECIALIZED_GMM = ((128, 64, 256, 2), (128, 64, 128, 5))
