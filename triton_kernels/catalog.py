@@ -112,6 +112,14 @@ _FLOAT32_POINTERS = {
 _INT32_POINTERS = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
 
 
+def _loading_tags(config: Any) -> tuple[str, str]:
+    """(name suffix, description suffix) of a config's loading options: "_tma" / " tma"
+    for tensor descriptors, "_ws" / " warp-specialized" for a warp-specialized loop."""
+    name = ("_tma" if config.tma else "") + ("_ws" if config.warp_specialize else "")
+    words = (" tma" if config.tma else "") + (" warp-specialized" if config.warp_specialize else "")
+    return name, words
+
+
 def attention_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[str, str]:
     """Types of an attention kernel's runtime parameters: q/k/v/out and their gradients in
     `dtype_name`; statistics, per-head vectors and the shift placeholder float32; offsets
@@ -162,8 +170,7 @@ def attention_variant(
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
-        + ("_tma" if config.tma else "")
-        + ("_ws" if config.warp_specialize else "")
+        + _loading_tags(config)[0]
         + ("_dq_atomic" if dq_atomic else ""),
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
@@ -171,9 +178,7 @@ def attention_variant(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} {features.describe()} "
-        f"{config.block_m}x{config.block_n}"
-        + (" tma" if config.tma else "")
-        + (" warp-specialized" if config.warp_specialize else ""),
+        f"{config.block_m}x{config.block_n}" + _loading_tags(config)[1],
     )
 
 
@@ -324,16 +329,14 @@ def grouped_matmul_variant(
         constexprs["TMA"] = config.tma
         constexprs["WARP_SPECIALIZE"] = config.warp_specialize
     return KernelVariant(
-        name=name + ("_tma" if config.tma else "") + ("_ws" if config.warp_specialize else ""),
+        name=name + _loading_tags(config)[0],
         kernel=kernel,
         signature=signature,
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
-        f"{config.block_m}x{config.block_k}x{config.block_n}"
-        + (" tma" if config.tma else "")
-        + (" warp-specialized" if config.warp_specialize else ""),
+        f"{config.block_m}x{config.block_k}x{config.block_n}" + _loading_tags(config)[1],
     )
 
 

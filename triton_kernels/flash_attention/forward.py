@@ -522,11 +522,11 @@ def _forward_tile(
     # Rows start 16-byte aligned when a row of HEAD_DIM elements spans a multiple of 16 bytes.
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     q_tile = (q_start + m0).to(tl.int64) * Q_STRIDE + head * HEAD_DIM
-    q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
     if WARP_SPECIALIZE:  # a load by pointers feeding a dot stops Triton's partitioning
         q_rows = q_ptr + q_start.to(tl.int64) * Q_STRIDE + head * HEAD_DIM
         q = _sequence_rows(q_rows, len_q, HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM).load([m0, 0])
     else:
+        q_ptrs = _tile_ptrs(q_ptr + q_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
         q = _load_rows(q_ptrs, row_ok, d_ok, True, BLOCK_D == HEAD_DIM)
 
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
