@@ -252,16 +252,18 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 
 
 # True: the first two varlen rows time the dK/dV default before TMA as one more anchor
-# (`_dkdv_tile_before_tma`), the grouped matmul rows gmm with TMA as one more, forward only
+# (`_dkdv_tile_before_tma`), the grouped matmul rows gmm with TMA as one more, forward
+# only, and the weight gradient's tgmm with TMA, fwd+bwd only (`tgmm_impl`)
 # (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
 # True: the grouped matmul rows also time gmm warp-specialized at each of
-# `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only, and three varlen rows the
+# `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only, the weight gradient's tgmm at
+# `HOPPER_WARP_SPECIALIZED_TGMM`, fwd+bwd only, and three varlen rows the
 # warp-specialized forward (`_warp_specialized_forward`) (`gpu-check --warp-specialized`,
 # which bench/gpu_check.sh passes once the warp-specialized device tests, the launch
-# layer's matmul, gmm and the forward, all passed: a kernel whose partitions deadlock would
-# hang the run).
+# layer's matmul, gmm, tgmm and the forward, all passed: a kernel whose partitions
+# deadlock would hang the run).
 USE_WARP_SPECIALIZED = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
@@ -472,6 +474,36 @@ def grouped_matmul_impl(
         name += f" warp-specialized {'x'.join(map(str, tile))} {stages} stages"
     impl = _gmm_jax(fn, name)
     return dataclasses.replace(impl, grad=False) if tma or tiling or warp_specialized else impl
+
+
+def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = None) -> Impl:
+    """Ours with the weight gradient's tgmm alone changed, fwd+bwd only: its default tile
+    through tensor descriptors (`tma`), or warp-specialized at (tm, tk, tn, stages)
+    (`GroupedMatmulConfigs.tgmm`); gmm's launches keep their defaults."""
+    from jax_bridge import GroupedMatmulConfigs, grouped_matmul
+    from jax_bridge.launch.target import launch_target
+    from triton_kernels.grouped_matmul.config import tgmm_config, warp_specialized_gmm_config
+
+    def fn(lhs, rhs, sizes):
+        (m, k), n = lhs.shape, rhs.shape[2]
+        if warp_specialized:
+            config = warp_specialized_gmm_config(m, k, n, warp_specialized)
+        else:
+            config = tgmm_config(
+                m, k, n, element_bytes=2, compute_capability=launch_target().compute_capability,
+                lhs_token_major=True, num_groups=groups,
+            )  # fmt: skip
+            config = dataclasses.replace(config, tma=True)
+        return grouped_matmul(
+            lhs, rhs, sizes, config=GroupedMatmulConfigs(tgmm=config), implementation="triton",
+            preferred_element_type=lhs.dtype,
+        )  # fmt: skip
+
+    name = "ours triton, tgmm tma"
+    if warp_specialized:
+        *tile, stages = warp_specialized
+        name += f" warp-specialized {'x'.join(map(str, tile))} {stages} stages"
+    return dataclasses.replace(_gmm_jax(fn, name), forward=False)
 
 
 def _gmm_config(
@@ -775,7 +807,10 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
 
 def matmul_cases(sizes: Sizes) -> list[Case]:
     """Grouped matmul at each (m, k, n, groups): ragged_dot, the dense roofline, torch."""
-    from triton_kernels.grouped_matmul.config import HOPPER_WARP_SPECIALIZED_GMM
+    from triton_kernels.grouped_matmul.config import (
+        HOPPER_WARP_SPECIALIZED_GMM,
+        HOPPER_WARP_SPECIALIZED_TGMM,
+    )
 
     cases = []
     for m, k, n, groups in sizes.matmuls:
@@ -786,12 +821,13 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
             ragged = dataclasses.replace(ragged, grad=False)
         anchors = [ragged, dense_matmul_impl(), one_group_impl()]
         if USE_TMA:
-            anchors.append(grouped_matmul_impl(tma=True))
+            anchors += [grouped_matmul_impl(tma=True), tgmm_impl(groups)]
         if USE_WARP_SPECIALIZED:
             anchors += [
                 grouped_matmul_impl(warp_specialized=tiling)
                 for tiling in HOPPER_WARP_SPECIALIZED_GMM
             ]
+            anchors.append(tgmm_impl(groups, HOPPER_WARP_SPECIALIZED_TGMM))
         if m // groups <= 256:
             anchors.append(grouped_matmul_impl(tiling=_GMM_SMALL_GROUP_TILING, num_warps=4))
         anchors.append(grouped_matmul_impl(op_tiling=_GMM_PREVIOUS_DEFAULT_TILING))

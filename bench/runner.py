@@ -66,7 +66,8 @@ class Impl:
     `canonical(result, grad)` maps the result (`out`, or `(out, grads)` for fwd+bwd) to a
     list of float32 numpy arrays in our layout ([out] or [out, *grads]); None: unchecked.
     `framework`: "jax" (jitted by the runner) or "torch" (called eagerly, as compiled by
-    the case). `grad`: whether it has a backward to time.
+    the case). `grad`: whether it has a backward to time; `forward`: whether its forward
+    is its own to time (False: an A/B anchor that differs from ours in the backward only).
     """
 
     name: str
@@ -75,6 +76,7 @@ class Impl:
     canonical: Callable[[Any, bool], list[np.ndarray]] | None
     framework: str = "jax"
     grad: bool = True
+    forward: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +249,7 @@ def run_case(
         )
         found = []
         for anchor in case.anchors if anchors else ():
-            if grad and not anchor.grad:
+            if not (anchor.grad if grad else anchor.forward):
                 continue
             try:
                 anchor_times, anchor_result, calls = measure(anchor, host, case, grad, timing)

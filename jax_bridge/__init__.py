@@ -99,7 +99,7 @@ from triton_kernels.flash_attention.config import (
     AttentionFeatures,
     AttentionKernelConfig,
 )
-from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, GroupedMatmulConfigs
 
 __all__ = [
     "DEFAULT_PRECISION",
@@ -116,6 +116,7 @@ __all__ = [
     "Dispatched",
     "FwdParams",
     "GroupedMatmulConfig",
+    "GroupedMatmulConfigs",
     "KernelConfig",
     "KernelReport",
     "MoEParams",

@@ -176,7 +176,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     # many documents the persistent forward at 128x128, on the first two and the row
     # without a right bound the warp-specialized forward, on grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
-    # and every launch at megablox's tiling (the default before Hopper's).
+    # every launch at megablox's tiling (the default before Hopper's), and the weight
+    # gradient's tgmm with TMA and warp-specialized (fwd+bwd only).
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
@@ -185,8 +186,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton varlen dq by atomics", "ours triton, one group",
         "ours triton warp-specialized 128x64x256 2 stages",
         "ours triton warp-specialized 128x64x128 5 stages",
-        "ours triton varlen forward warp-specialized",
+        "ours triton varlen forward warp-specialized", "ours triton, tgmm tma",
+        "ours triton, tgmm tma warp-specialized 64x128x256 2 stages",
     }  # fmt: skip
+    tgmm_rows = [r for r in found if "tgmm" in r["baseline"]]
+    assert tgmm_rows and all(r["op"].endswith("fwd+bwd") for r in tgmm_rows)
     unchecked = {"dense matmul (roofline)", "ours triton, one group"}
     for row in found:
         assert row["times"] and row["baseline_times"]

@@ -37,6 +37,7 @@ from triton_kernels.flash_attention.constexprs import (
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 from triton_kernels.grouped_matmul.config import (
     HOPPER_WARP_SPECIALIZED_GMM,
+    HOPPER_WARP_SPECIALIZED_TGMM,
     GroupedMatmulConfig,
     gmm_config,
     tgmm_config,
@@ -289,8 +290,9 @@ GMM_KERNELS = {
     ),
     "tgmm": (tgmm_kernel, tgmm_config, dict(LHS_TOKEN_MAJOR=False, ACCUMULATE=True)),
 }
-# The gmm launches that can take their tiles through tensor descriptors (tgmm cannot yet).
-GMM_TMA_KERNELS = ("gmm", "gmm_transposed_accumulate")
+# The launches that can take their tiles through tensor descriptors (tgmm: over a
+# token-major lhs, the weight gradient).
+GMM_TMA_KERNELS = ("gmm", "gmm_transposed_accumulate", "tgmm_token_major")
 
 
 def grouped_matmul_variant(
@@ -325,9 +327,8 @@ def grouped_matmul_variant(
         INPUT_PRECISION="ieee" if dtype_name == "float32" else "tf32",
         **layout,
     )
-    if kernel is gmm_kernel:
-        constexprs["TMA"] = config.tma
-        constexprs["WARP_SPECIALIZE"] = config.warp_specialize
+    constexprs["TMA"] = config.tma
+    constexprs["WARP_SPECIALIZE"] = config.warp_specialize
     return KernelVariant(
         name=name + _loading_tags(config)[0],
         kernel=kernel,
@@ -369,13 +370,17 @@ def default_variants(
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
     if compute_capability == 90:  # and warp-specialized (Hopper's partitioning)
-        config = warp_specialized_gmm_config(*GMM_PROBLEM, HOPPER_WARP_SPECIALIZED_GMM[0])
-        variants.append(grouped_matmul_variant("gmm", compute_capability, config=config))
+        for name, tiling in (
+            ("gmm", HOPPER_WARP_SPECIALIZED_GMM[0]),
+            ("tgmm_token_major", HOPPER_WARP_SPECIALIZED_TGMM),
+        ):
+            config = warp_specialized_gmm_config(*GMM_PROBLEM, tiling)
+            variants.append(grouped_matmul_variant(name, compute_capability, config=config))
     return variants
 
 
 def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:
-    """A gmm kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`."""
+    """A grouped matmul kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`."""
     _, make_config, _ = GMM_KERNELS[name]
     m, k, n = GMM_PROBLEM
     default = make_config(m, k, n, element_bytes=2, compute_capability=compute_capability)

@@ -40,7 +40,7 @@ from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from jax_bridge.grouped_matmul.options import MatmulOptions
 from jax_bridge.launch.target import interpreting
-from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, GroupedMatmulConfigs
 
 _BACKENDS = BackendTable("grouped_matmul", {"xla": xla, "triton": triton})
 # What `refuse_forward_mode` offers instead (the gradients are grouped matmuls again).
@@ -53,9 +53,10 @@ _REVERSE_MODE = (
 def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):
     """Validated `MatmulOptions` of one public call."""
     checks.check_tiling_arg(tiling)
-    if config is not None and not isinstance(config, GroupedMatmulConfig):
+    if config is not None and not isinstance(config, GroupedMatmulConfig | GroupedMatmulConfigs):
         raise TypeError(
-            f"{op}: config must be a GroupedMatmulConfig or None, got {type(config).__name__}."
+            f"{op}: config must be a GroupedMatmulConfig, a GroupedMatmulConfigs or None, "
+            f"got {type(config).__name__}."
         )
     return MatmulOptions(
         implementation=_BACKENDS.resolve(implementation, interpret=bool(interpret)),
@@ -80,7 +81,7 @@ def grouped_matmul(
     interpret: bool = False,
     precision: Any = None,
     implementation: str = "auto",
-    config: GroupedMatmulConfig | None = None,
+    config: GroupedMatmulConfig | GroupedMatmulConfigs | None = None,
 ) -> jax.Array:
     """Grouped matmul: `out[rows of group i] = lhs[rows of group i] @ rhs[i]`.
 
@@ -123,8 +124,10 @@ def grouped_matmul(
       config: the Triton kernels' full launch configuration (block sizes, warps,
         stages), used as given for this call and its gradient's matmuls, but for pipeline
         stages where a launch could not hold them in shared memory (tgmm, the weight
-        gradient, holds other tiles a stage than gmm); it replaces `tiling`. None:
-        `tiling` and the shape decide.
+        gradient, holds other tiles a stage than gmm); it replaces `tiling`. A
+        `GroupedMatmulConfigs` gives each kernel its own (gmm: this call and the input
+        gradient; tgmm: the weight gradient), its None entries left to `tiling` and the
+        shape. None: `tiling` and the shape decide.
 
     Returns:
       [m, n] of `preferred_element_type`. Rows of groups outside the local range, and
@@ -177,7 +180,7 @@ def transposed_grouped_matmul(
     interpret: bool = False,
     precision: Any = None,
     implementation: str = "auto",
-    config: GroupedMatmulConfig | None = None,
+    config: GroupedMatmulConfig | GroupedMatmulConfigs | None = None,
 ) -> jax.Array:
     """Transposed grouped matmul (gmm's weight gradient): `out[i] = lhs[:, rows of i] @
     rhs[rows of i]`.

@@ -20,7 +20,8 @@ __all__ = ["MatmulOptions"]
 class MatmulOptions(OpOptions):
     """The static half of one gmm or tgmm call (see `OpOptions`).
 
-    `config` is a `GroupedMatmulConfig` or None. `tiling` is the caller's tuple,
+    `config` is a `GroupedMatmulConfig` (every launch), a `GroupedMatmulConfigs` (one per
+    kernel) or None. `tiling` is the caller's tuple,
     callable or None, resolved per call against the call's own sizes, so the backward
     matmuls get tilings for their shapes. `lhs_token_major` is used by tgmm only: its
     lhs is `[m, k]` instead of `[k, m]`.

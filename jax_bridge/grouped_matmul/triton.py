@@ -33,7 +33,13 @@ from jax_bridge.launch.target import (
     require_tensor_descriptors,
 )
 from jax_bridge.launch.triton_call import triton_call
-from triton_kernels.grouped_matmul.config import GroupedMatmulConfig, gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.config import (
+    GroupedMatmulConfig,
+    GroupedMatmulConfigs,
+    gmm_config,
+    tgmm_config,
+    tgmm_warp_specializes,
+)
 from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
@@ -41,12 +47,22 @@ from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 def _config(
     options: MatmulOptions, m: int, k: int, n: int, dtype, make, *, transposed: bool
 ) -> GroupedMatmulConfig:
-    """The caller's config (`_within_shared_memory`), else `make` (gmm_config, or
-    tgmm_config when `transposed`) from the tiling (a callable one is asked once)."""
-    if options.config is not None:
-        return _within_shared_memory(options.config, np.dtype(dtype).itemsize, transposed)
+    """The caller's config for this kernel (`_within_shared_memory`), else `make`
+    (gmm_config, or tgmm_config when `transposed`) from the tiling (a callable one is
+    asked once)."""
+    given = _given_config(options, transposed)
+    if given is not None:
+        return _within_shared_memory(given, np.dtype(dtype).itemsize, transposed)
     tiling = checks.resolve_tiling(options.tiling, m, k, n)
     return _default_config(make, m, k, n, dtype, tiling)
+
+
+def _given_config(options: MatmulOptions, transposed: bool) -> GroupedMatmulConfig | None:
+    """The caller's config for tgmm (`transposed`) or gmm: the one config given for
+    both, or the kernel's entry of a `GroupedMatmulConfigs`; None: none given."""
+    if isinstance(options.config, GroupedMatmulConfigs):
+        return options.config.for_kernel(transposed)
+    return options.config
 
 
 def _default_config(make, m: int, k: int, n: int, dtype, tiling) -> GroupedMatmulConfig:
@@ -79,16 +95,16 @@ def _within_shared_memory(
     return dataclasses.replace(config, num_stages=max(1, (limit - fixed) // stage))
 
 
-def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype) -> bool:
-    """Whether gmm loads its tiles through tensor descriptors: where the config asks and
-    the hardware and row sizes allow it (ValueError otherwise)."""
+def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype, op: str = "grouped_matmul") -> bool:
+    """Whether a kernel loads its tiles through tensor descriptors: where the config asks
+    and the hardware and row sizes allow it (ValueError otherwise)."""
     if not config.tma:
         return False
-    require_tensor_descriptors("grouped_matmul")
+    require_tensor_descriptors(op)
     itemsize = np.dtype(dtype).itemsize
     if (k * itemsize) % 16 or (n * itemsize) % 16:
         raise ValueError(
-            f"grouped_matmul: config tma=True needs rows of k and n elements that span "
+            f"{op}: config tma=True needs rows of k and n elements that span "
             f"multiples of 16 bytes (a descriptor's stride), got k={k}, n={n} of "
             f"{itemsize} bytes"
         )
@@ -257,14 +273,19 @@ def tgmm(
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     # tgmm reads only the group bounds, which no row tile changes: its metadata launch
     # takes the row tile gmm takes here, so that XLA merges it with the equal launch of
-    # the gmm calls beside it (a gradient makes both). A config or tiling gives both
-    # kernels the same rows; only their defaults differ.
+    # the gmm calls beside it (a gradient makes both): gmm's config's, or its default's
+    # where neither a config nor a tiling is given (a tiling's rows are tgmm's too).
     rows = config.block_m
-    if options.config is None and options.tiling is None:
+    gmm_given = _given_config(options, transposed=False)
+    if gmm_given is not None:
+        rows = gmm_given.block_m
+    elif options.tiling is None:
         rows = _default_config(gmm_config, m, k, n, lhs.dtype, None).block_m
     meta = group_metadata(group_sizes, group_offset, m=m, block_m=rows, num_groups=num_groups)
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
+    # Descriptors over a group's rows need them token-major (16-byte aligned bases).
+    tma = options.lhs_token_major and _tma(config, k, n, lhs.dtype, "transposed_grouped_matmul")
     return triton_call(
         lhs,
         rhs,
@@ -282,4 +303,6 @@ def tgmm(
         LHS_TOKEN_MAJOR=options.lhs_token_major,
         ACCUMULATE=accumulate,
         INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
+        TMA=tma,
+        WARP_SPECIALIZE=tma and tgmm_warp_specializes(config),
     )

@@ -166,9 +166,9 @@ def test_default_precision_compiles_exact_float32_products():
 
 
 def test_tma_gmm_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
-    """A config with `tma`: both gmm launches of forward + backward (the forward and d_lhs)
-    carry the scratch of their two descriptors (lhs and rhs, 128 bytes each) to jaxlib;
-    tgmm (d_rhs), which has none, is built as before."""
+    """A config with `tma`: every launch of forward + backward carries the scratch of its
+    two descriptors (128 bytes each) to jaxlib: both gmm launches (the forward and d_lhs:
+    lhs and rhs) and tgmm (d_rhs: lhs and rhs over a group's rows)."""
     pytest.importorskip("jax_triton")
     from jax_bridge import GroupedMatmulConfig
     from tests.launch.recording import record_triton_kernels
@@ -190,7 +190,43 @@ def test_tma_gmm_lowers_for_an_h100_with_its_global_scratch(monkeypatch):
     gmm = recorded.of("gmm_kernel")
     assert len(gmm) == 2 and all(call[7:] == (256, 128) for call in gmm)
     (tgmm,) = recorded.of("tgmm_kernel")
-    assert len(tgmm) == 7
+    assert tgmm[1] == 8 and tgmm[7:] == (256, 128)
+
+
+def test_warp_specialized_tgmm_lowers_for_an_h100_with_its_own_warps(monkeypatch):
+    """The weight gradient's tgmm warp-specialized (`GroupedMatmulConfigs.tgmm`, 4 warps
+    asked): 12 warps and its descriptors' scratch reach jaxlib, gmm's launches keep their
+    defaults (no scratch). gmm's warp-specialized tile given to every kernel compiles in
+    tgmm unspecialized (block_k 64 with block_n 256: its consumers do not compile)."""
+    pytest.importorskip("jax_triton")
+    from jax_bridge import GroupedMatmulConfig, GroupedMatmulConfigs
+    from tests.launch.recording import record_triton_kernels
+    from triton_kernels.grouped_matmul.config import (
+        HOPPER_WARP_SPECIALIZED_GMM,
+        HOPPER_WARP_SPECIALIZED_TGMM,
+        warp_specialized_gmm_config,
+    )
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    shapes = SDS((512, 256), jnp.bfloat16), SDS((8, 256, 384), jnp.bfloat16), SDS((8,), jnp.int32)
+
+    def lower(config: GroupedMatmulConfig | GroupedMatmulConfigs) -> tuple:
+        def loss(lhs, rhs, sizes):
+            out = grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+            return out.astype(jnp.float32).sum()
+
+        recorded.calls.clear()
+        lower_for_cuda(jax.grad(loss, argnums=(0, 1)), *shapes, compute_capability=90)
+        return recorded.of("tgmm_kernel"), recorded.of("gmm_kernel")
+
+    tgmm_config = warp_specialized_gmm_config(512, 256, 384, HOPPER_WARP_SPECIALIZED_TGMM)
+    (tgmm,), (d_lhs,) = lower(GroupedMatmulConfigs(tgmm=tgmm_config))
+    assert tgmm[1] == 12 and tgmm[7:] == (256, 128)
+    assert len(d_lhs) == 7
+    gmm_config = warp_specialized_gmm_config(512, 256, 384, HOPPER_WARP_SPECIALIZED_GMM[0])
+    (tgmm,), (d_lhs,) = lower(gmm_config)
+    assert tgmm[1] == 4 and tgmm[7:] == (256, 128)
+    assert d_lhs[1] == 12
 
 
 def test_warp_specialized_gmm_lowers_for_an_h100_with_its_own_warps(monkeypatch):
@@ -221,25 +257,26 @@ def test_warp_specialized_gmm_lowers_for_an_h100_with_its_own_warps(monkeypatch)
     assert schedule[1] == 4
 
 
-def test_static_report_of_warp_specialized_gmm_shows_its_partitions():
-    """The catalog's warp-specialized gmm at sm_90: 12 warps whose register budgets are
-    set per warpgroup (USETMAXREG: the producer gives registers to the consumers), tiles
-    by bulk tensor copies, wgmma, no spill, within the shared memory limit (its
-    `shared_memory_bytes`), and a shorter consumer loop per MFLOP than the by-pointer
-    default's."""
-    (variant,) = [v for v in default_variants(90, (128,)) if v.name == "gmm_tma_ws"]
+@pytest.mark.parametrize("kernel", ["gmm", "tgmm_token_major"])
+def test_static_report_of_warp_specialized_gmm_shows_its_partitions(kernel):
+    """The catalog's warp-specialized gmm and tgmm at sm_90: 12 warps whose register
+    budgets are set per warpgroup (USETMAXREG: the producer gives registers to the
+    consumers), tiles by bulk tensor copies, wgmma, no spill, within the shared memory
+    limit (its `shared_memory_bytes`), and a shorter consumer loop per MFLOP than the
+    by-pointer default's."""
+    (variant,) = [v for v in default_variants(90, (128,)) if v.name == f"{kernel}_tma_ws"]
     report = variant_report(variant, 90)
     print(report.summary())
     assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
     assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
     assert report.uses_wgmma and not report.spills and not report.serialized_wgmma
     assert not report.exceeds_shared_memory
-    assert report.instructions_per_mflop < _report("gmm", 90).instructions_per_mflop
+    assert report.instructions_per_mflop < _report(kernel, 90).instructions_per_mflop
 
 
 @pytest.mark.parametrize("variant", GMM_TMA_KERNELS)
 def test_static_report_of_tma_gmm_shows_bulk_tensor_copies(variant):
-    """gmm's default sm_90 tile with `tma`: lhs and rhs tiles by bulk tensor copies
+    """The default sm_90 tile with `tma`: lhs and rhs tiles by bulk tensor copies
     (UTMALDG, no per-thread LDGSTS), wgmma, no spills, and fewer loop instructions per
     MFLOP than the same tile by pointers."""
     report = variant_report(gmm_tma_variant(variant, 90), 90)

@@ -26,7 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_bridge import GroupedMatmulConfig, grouped_matmul, transposed_grouped_matmul
+from jax_bridge import (
+    GroupedMatmulConfig,
+    GroupedMatmulConfigs,
+    grouped_matmul,
+    transposed_grouped_matmul,
+)
 from jax_bridge.grouped_matmul import triton as triton_backend
 from jax_bridge.grouped_matmul.metadata import (
     local_group_bounds,
@@ -48,11 +53,12 @@ from tests.launches import Launch, record_launches
 from triton_kernels.grouped_matmul.config import (
     DEFAULT_TILING,
     HOPPER_WARP_SPECIALIZED_GMM,
+    HOPPER_WARP_SPECIALIZED_TGMM,
     gmm_config,
     tgmm_config,
     warp_specialized_gmm_config,
 )
-from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_kernel
+from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 # --- group metadata ----------------------------------------------------------------------
@@ -256,6 +262,7 @@ def _launched_config(launch: Launch) -> GroupedMatmulConfig:
     return GroupedMatmulConfig(
         block_m=c["BLOCK_M"], block_k=c["BLOCK_K"], block_n=c["BLOCK_N"],
         num_warps=launch.num_warps, num_stages=launch.num_stages, tma=c.get("TMA", False),
+        warp_specialize=c.get("WARP_SPECIALIZE", False),
     )  # fmt: skip
 
 
@@ -281,6 +288,52 @@ def test_a_config_reaches_every_launch_with_the_stages_shared_memory_holds(monke
     assert [_launched_config(launch) for launch in ops] == [
         config, config, dataclasses.replace(config, num_stages=2)
     ]  # fmt: skip
+
+
+def test_each_kernel_takes_its_own_config(monkeypatch):
+    """`GroupedMatmulConfigs`: gmm's config reaches the forward and the input gradient,
+    tgmm's the weight gradient, and a kernel without one launches its default; the
+    numbers are the float64 loop's. A warp-specialized tgmm config launches its loop
+    warp-specialized through descriptors, but at block_k 64 with block_n 256 (gmm's
+    warp-specialized tile, which Triton cannot compile in tgmm), where it runs
+    unspecialized."""
+    rng = np.random.default_rng(23)
+    m, k, n, groups = 96, 64, 48, 3
+    sizes = jnp.asarray([40, 0, 37], jnp.int32)
+    lhs, rhs, weight = normal(rng, (m, k)), normal(rng, (groups, k, n)), normal(rng, (m, n))
+    gmm = GroupedMatmulConfig(block_m=32, block_k=16, block_n=64, num_warps=2)
+    tgmm = GroupedMatmulConfig(16, 32, 16, num_warps=4, tma=True, warp_specialize=True)
+    wide = GroupedMatmulConfig(16, 64, 256, num_warps=4, tma=True, warp_specialize=True)
+
+    def gradients(config):
+        def loss(lhs, rhs):
+            out = grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton")
+            return jnp.sum(out * weight)
+
+        return jax.grad(loss, (0, 1))(lhs, rhs)
+
+    d_lhs, d_rhs = gradients(GroupedMatmulConfigs(gmm=gmm, tgmm=tgmm))
+    assert_close(d_lhs, gmm_float64(weight, jnp.swapaxes(rhs, 1, 2), sizes))
+    assert_close(d_rhs, tgmm_float64(lhs.T, weight, sizes, num_groups=groups))
+
+    launches = record_launches(monkeypatch, triton_backend)
+
+    def launched(config):
+        launches.clear()
+        gradients(config)
+        ops = [launch for launch in launches if launch.kernel is not gmm_schedule_kernel]
+        assert [launch.kernel for launch in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
+        return [_launched_config(launch) for launch in ops]
+
+    assert launched(GroupedMatmulConfigs(gmm=gmm, tgmm=tgmm)) == [gmm, gmm, tgmm]
+    seen = launched(GroupedMatmulConfigs(tgmm=tgmm))
+    assert seen[0] == gmm_config(m, k, n, element_bytes=4, compute_capability=None)
+    assert seen[2] == tgmm
+    assert launched(GroupedMatmulConfigs(tgmm=wide))[2] == dataclasses.replace(
+        wide, warp_specialize=False
+    )
+    with pytest.raises(TypeError, match=r"GroupedMatmulConfigs\.tgmm must be a GroupedMatmul"):
+        GroupedMatmulConfigs(tgmm=(16, 16, 16))
 
 
 @pytest.mark.parametrize("capability, budget_kib", [(80, 163), (86, 99), (90, 227)])
@@ -371,6 +424,57 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
     assert (out[~local_rows] == 0).all()
     expected = gmm_float64(lhs, rhs, np.maximum(group_sizes, 0), offset=offset)
     assert_close(out[local_rows], expected[local_rows])
+
+
+@pytest.mark.parametrize("case", _WRITE_CASES)
+@pytest.mark.parametrize(
+    "tma, warp_specialize",
+    [(False, False), (True, False), (True, True)],
+    ids=["pointers", "tma", "tma-warp-specialized"],
+)
+def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
+    """Launched bare on an output that starts NaN, every local group's [k, n] tile must
+    hold the sum over its own rows (an empty group: zeros) though every row outside the
+    local groups holds NaN or Inf, in lhs (token-major) and rhs alike: tiles by
+    pointers mask them, descriptors over a group's rows read past its end as 0. k = 24
+    and n = 40 leave partial tiles, 16-row steps partial ones too."""
+    rng = np.random.default_rng(22)
+    m, k, n, block = 75, 24, 40, 16
+    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
+    operands = []
+    for width in (k, n):
+        poisoned = np.where(local_rows[:, None], np.asarray(normal(rng, (m, width))), np.nan)
+        poisoned[::5][~local_rows[::5]] = -np.inf
+        operands.append(jnp.asarray(poisoned))
+    lhs, rhs = operands
+    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    out = triton_call(
+        lhs,
+        rhs,
+        jnp.full((local, k, n), jnp.nan, jnp.float32),  # not read: ACCUMULATE is off
+        meta.group_starts,
+        meta.group_ends,
+        kernel=tgmm_kernel,
+        out_shape=jax.ShapeDtypeStruct((local, k, n), jnp.float32),
+        grid=tgmm_grid(local, k, n, block, block),
+        input_output_aliases={2: 0},
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=block,
+        BLOCK_K=block,
+        BLOCK_N=block,
+        LHS_TOKEN_MAJOR=True,
+        ACCUMULATE=False,
+        INPUT_PRECISION="ieee",
+        TMA=tma,
+        WARP_SPECIALIZE=warp_specialize,
+        num_warps=4,
+    )
+    expected = tgmm_float64(lhs.T, rhs, np.maximum(group_sizes, 0), offset=offset, num_groups=local)
+    assert_close(out, expected)
 
 
 @pytest.mark.parametrize(
@@ -514,3 +618,34 @@ def test_warp_specialized_tma_gmm_on_a_hopper_gpu(tiling):
         )
     )(lhs, rhs)  # fmt: skip
     assert_close(out, gmm_float64(lhs, rhs, sizes))
+
+
+@needs_tensor_descriptors
+@pytest.mark.parametrize(
+    "tiling", [None, HOPPER_WARP_SPECIALIZED_TGMM], ids=["tma", "warp_specialized"]
+)
+def test_tma_tgmm_on_a_hopper_gpu(tiling):
+    """The weight gradient's tgmm through descriptors over each group's rows, at its
+    default tile or warp-specialized at the A/B row's (`GroupedMatmulConfigs.tgmm`),
+    against the float64 loop: groups of 301, 0, 450 and 7 rows (partial and empty
+    steps), rows past them, a partial column tile."""
+    rng = np.random.default_rng()
+    m, k, n = 1000, 256, 320
+    sizes = jnp.asarray([301, 0, 450, 7], jnp.int32)  # 758 rows < m
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (4, k, n), jnp.bfloat16)
+    weight = normal(rng, (m, n), jnp.bfloat16)
+    if tiling is None:
+        config = tgmm_config(m, k, n, element_bytes=2, compute_capability=90,
+                             lhs_token_major=True, num_groups=4)  # fmt: skip
+        config = dataclasses.replace(config, tma=True)
+    else:
+        config = warp_specialized_gmm_config(m, k, n, tiling)
+
+    def loss(rhs):
+        configs = GroupedMatmulConfigs(tgmm=config)
+        out = grouped_matmul(lhs, rhs, sizes, config=configs, implementation="triton",
+                             preferred_element_type=jnp.float32)  # fmt: skip
+        return jnp.sum(out * weight.astype(jnp.float32))
+
+    d_rhs = jax.jit(jax.grad(loss))(rhs)
+    assert_close(d_rhs, tgmm_float64(lhs.T, weight, sizes, num_groups=4), dtype=jnp.bfloat16)

@@ -54,19 +54,24 @@ class GroupedMatmulConfig(KernelConfig):
       block_k, block_n: tile sizes along k and n. In gmm `block_k` is the reduction step;
         in tgmm a program owns a `[block_k, block_n]` output tile.
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
-      tma: gmm loads its lhs and rhs tiles through device-side tensor descriptors
-        (Hopper's bulk tensor copies, sm_90 and up; the interpreter runs them too). Needs
-        rows of k and n elements to span multiples of 16 bytes. Off by default: on an
-        H100 gmm ran 2.6x slower with it at m 8192, 3% at m 32768; tgmm ignores it.
-      warp_specialize: gmm's k loop warp-specialized (needs `tma` and 4 warps): Triton
-        gives the tile loads to a producer warpgroup and the MMAs to two consumer
-        warpgroups of `block_m / 2` rows (on Hopper the kernel runs 12 warps), which
-        CUTLASS's Hopper GEMMs (and `torch._grouped_mm`) do by hand. Its float32 output
-        tile passes through shared memory (`shared_memory_bytes`). Off by default: not
-        yet timed on a GPU (A/B rows of `python -m bench gpu-check --warp-specialized`);
-        tgmm ignores it. Triton compiles the loop unspecialized (4 warps; the report's
-        warps say which) for float32 inputs, 16-row tiles, 256-row tiles, and a single
-        stage (128 x 128 x 256 fits only one beside its hand-off tile).
+      tma: the tiles through device-side tensor descriptors (Hopper's bulk tensor copies,
+        sm_90 and up; the interpreter runs them too). Needs rows of k and n elements to
+        span multiples of 16 bytes. gmm reads lhs and the group's weights so; tgmm, where
+        its lhs is token-major (the weight gradient), reads lhs and rhs through
+        descriptors over each group's own rows (a [k, m] lhs loads by pointers). Off by
+        default: on an H100 gmm ran 2.6x slower with it at m 8192, 3% at m 32768 (before
+        its tile list and grid order changed); tgmm's is not yet timed on a GPU (static
+        report, sm_90, m 8192: 341 -> 156 warp-instructions per MFLOP at its default tile).
+      warp_specialize: the reduction loop warp-specialized (needs `tma` and 4 warps):
+        Triton gives the tile loads to a producer warpgroup and the MMAs to two consumer
+        warpgroups (on Hopper the kernel runs 12 warps), which CUTLASS's Hopper GEMMs (and
+        `torch._grouped_mm`) do by hand. Its float32 output tile passes through shared
+        memory (`shared_memory_bytes`). Off by default: not yet timed on a GPU (A/B rows of
+        `python -m bench gpu-check --warp-specialized`). Triton compiles the loop
+        unspecialized (4 warps; the report's warps say which) for float32 inputs, 16-row
+        tiles, 256-row tiles, and a single stage (128 x 128 x 256 fits only one beside its
+        hand-off tile); tgmm runs unspecialized at `block_k` 64 with `block_n` 256, whose
+        consumers Triton fails to compile (`tgmm_warp_specializes`), and with a [k, m] lhs.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -92,17 +97,51 @@ class GroupedMatmulConfig(KernelConfig):
         return (self.block_m + self.block_n) * self.block_k * element_bytes
 
     def shared_memory_bytes(self, element_bytes: int, transposed: bool) -> int:
-        """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, for a
-        warp-specialized gmm (not `transposed`: tgmm ignores it), of the float32 output
-        tile its consumers hand the epilogue (the static report: 128 x 64 x 128 at 4
-        stages takes 192 KiB, 128 + 64)."""
+        """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, where
+        warp-specialized, of the float32 output tile its consumers hand the epilogue: gmm's
+        `[block_m, block_n]`, tgmm's (`transposed`) `[block_k, block_n]` (the static
+        report: gmm 128 x 64 x 128 at 4 stages takes 192 KiB, 128 + 64)."""
         pipeline = self.num_stages * self.stage_bytes(element_bytes, transposed)
-        handoff = self.warp_specialize and not transposed
-        return pipeline + (4 * self.block_m * self.block_n if handoff else 0)
+        if not self.warp_specialize:
+            return pipeline
+        return pipeline + 4 * (self.block_k if transposed else self.block_m) * self.block_n
 
     def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
         """The kernels' shape and tile constexprs for problem sizes m, k, n."""
         return dict(M=m, K=k, N=n, BLOCK_M=self.block_m, BLOCK_K=self.block_k, BLOCK_N=self.block_n)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulConfigs:
+    """A launch configuration per kernel; None: that kernel's default.
+
+    `gmm` reaches every `gmm_kernel` launch (the forward, the input gradient), `tgmm`
+    every `tgmm_kernel` launch (the weight gradient, `transposed_grouped_matmul`). A
+    single `GroupedMatmulConfig` given as `config=` reaches both kernels alike.
+    """
+
+    gmm: GroupedMatmulConfig | None = None
+    tgmm: GroupedMatmulConfig | None = None
+
+    def __post_init__(self):
+        for kernel in ("gmm", "tgmm"):
+            config = getattr(self, kernel)
+            if config is not None and not isinstance(config, GroupedMatmulConfig):
+                raise TypeError(
+                    f"GroupedMatmulConfigs.{kernel} must be a GroupedMatmulConfig or None, "
+                    f"got {type(config).__name__}"
+                )
+
+    def for_kernel(self, transposed: bool) -> GroupedMatmulConfig | None:
+        """tgmm's config where `transposed`, else gmm's."""
+        return self.tgmm if transposed else self.gmm
+
+
+def tgmm_warp_specializes(config: GroupedMatmulConfig) -> bool:
+    """Whether tgmm runs `config` warp-specialized: as asked, but at `block_k` 64 with
+    `block_n` 256, where Triton (3.6 and 3.9) fails to lay out the consumers' MMAs (a
+    gmm config of `HOPPER_WARP_SPECIALIZED_GMM` reaching the weight gradient)."""
+    return config.warp_specialize and not (config.block_k == 64 and config.block_n == 256)
 
 
 # gmm warp-specialized on Hopper (`GroupedMatmulConfig.warp_specialize`), the A/B rows of
@@ -115,11 +154,22 @@ class GroupedMatmulConfig(KernelConfig):
 HOPPER_WARP_SPECIALIZED_GMM = ((128, 64, 256, 2), (128, 64, 128, 5))
 
 
+# tgmm (the weight gradient, token-major lhs) warp-specialized on Hopper, the A/B row of
+# `python -m bench gpu-check --warp-specialized`: 64-row steps into a [128, 256] output
+# tile, two consumers of 64 x 256 (224 KiB with the hand-off tile). Static report, sm_90,
+# m 8192, k 2048, n 1408 (3.6 / 3.9): the consumers' loop 99 / 93 warp-instructions per
+# MFLOP, against 319 / 341 for the default by pointers and 151 / 156 at its tile through
+# descriptors; no spill, not serialized. (128, 64, 256) does not compile
+# (`tgmm_warp_specializes`).
+HOPPER_WARP_SPECIALIZED_TGMM = (64, 128, 256, 2)
+
+
 def warp_specialized_gmm_config(
     m: int, k: int, n: int, tiling: tuple[int, int, int, int]
 ) -> GroupedMatmulConfig:
-    """gmm's warp-specialized config at `tiling` = (tm, tk, tn, stages) (an entry of
-    `HOPPER_WARP_SPECIALIZED_GMM`), blocks shrunk to the problem as `gmm_config` does."""
+    """The warp-specialized config of gmm (or tgmm) at `tiling` = (tm, tk, tn, stages)
+    (an entry of `HOPPER_WARP_SPECIALIZED_GMM`, or `HOPPER_WARP_SPECIALIZED_TGMM`),
+    blocks shrunk to the problem as `gmm_config` does."""
     tm, tk, tn, stages = tiling
     return GroupedMatmulConfig(
         block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n), num_warps=4,

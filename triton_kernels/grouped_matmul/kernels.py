@@ -204,44 +204,40 @@ def gmm_kernel(
 
 
 @triton.jit
-def tgmm_kernel(
-    lhs_ptr,
-    rhs_ptr,
-    init_ptr,
-    group_start_ptr,
-    group_end_ptr,
-    out_ptr,
-    M: tl.constexpr,
-    K: tl.constexpr,
-    N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    LHS_TOKEN_MAJOR: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """One [BLOCK_K, BLOCK_N] tile of one group's output; grid (cdiv(K, BLOCK_K),
-    cdiv(N, BLOCK_N), G).
+def _tgmm_rows_by_descriptor(
+    acc, lhs_ptr, rhs_ptr, row_begin, row_end, k0, n0, K: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """acc += lhs[rows, k0 : k0 + BLOCK_K]^T @ rhs[rows, n0 : n0 + BLOCK_N] over the rows
+    [row_begin, row_end) of one group, lhs token-major [M, K] and rhs [M, N], through
+    tensor descriptors over the group's own rows: a tile's rows past the group's end (and
+    k or columns past K or N) read 0, so nothing is masked. The descriptors' base is the
+    group's first row: 16-byte aligned where rows of K and N elements span multiples of
+    16 bytes (the bridge checks). An empty group runs no step (its descriptors, of one
+    row lest a dimension be 0, are never read)."""
+    rows = row_end - row_begin
+    first = row_begin.to(tl.int64)
+    lhs = tl.make_tensor_descriptor(lhs_ptr + first * K, shape=[tl.maximum(rows, 1), K],
+                                    strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
+    rhs = tl.make_tensor_descriptor(rhs_ptr + first * N, shape=[tl.maximum(rows, 1), N],
+                                    strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])  # fmt: skip
+    for row in tl.range(0, rows, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+        a = lhs.load([row, k0])
+        b = rhs.load([row, n0])
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+    return acc
 
-    lhs: [K, M], or [M, K] when LHS_TOKEN_MAJOR (the layout of gmm's lhs, so the weight
-    gradient needs no transpose); rhs: [M, N]; init, out: [G, K, N] (out aliases init).
-    group_start, group_end: int32 [G], rows of each group, clipped to [0, M].
-    out[g] = init[g] * ACCUMULATE + sum over rows r of g of lhs[:, r] outer rhs[r, :];
-    an empty group writes init[g] (or zeros): every element of out is written.
-    """
-    pid_k = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    group = tl.program_id(2)
-    row_begin = tl.load(group_start_ptr + group)
-    row_end = tl.load(group_end_ptr + group)
 
-    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    in_k = ks < K
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_cols = cols < N
+@triton.jit
+def _tgmm_rows_by_pointer(
+    acc, lhs_ptr, rhs_ptr, row_begin, row_end, ks, in_k, cols, in_cols, M: tl.constexpr,
+    K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, LHS_TOKEN_MAJOR: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc += lhs[ks, rows] @ rhs[rows, cols] over the rows [row_begin, row_end) of one
+    group by masked loads: rows outside the group, and ks and cols past K and N, read 0."""
     offs_m = tl.arange(0, BLOCK_M)
-
     # Steps walk BLOCK_M-aligned row blocks, from the block holding the group's first
     # row: aligned starts let the [K, M] layout load rows as wide vectors, at the cost
     # of at most one extra, partly masked, step per group.
@@ -259,7 +255,6 @@ def tgmm_kernel(
     # mask is all-true, and compiling it away leaves only the row mask in the loop.
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     EVEN_N: tl.constexpr = N % BLOCK_N == 0
-    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for row in range(first_row, row_end, BLOCK_M):
         rows = row + offs_m
         in_rows = (rows >= row_begin) & (rows < row_end)
@@ -274,6 +269,64 @@ def tgmm_kernel(
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         lhs_ptrs += lhs_step
         rhs_ptrs += BLOCK_M * N
+    return acc
+
+
+@triton.jit
+def tgmm_kernel(
+    lhs_ptr,
+    rhs_ptr,
+    init_ptr,
+    group_start_ptr,
+    group_end_ptr,
+    out_ptr,
+    M: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LHS_TOKEN_MAJOR: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
+):
+    """One [BLOCK_K, BLOCK_N] tile of one group's output; grid (cdiv(K, BLOCK_K),
+    cdiv(N, BLOCK_N), G).
+
+    lhs: [K, M], or [M, K] when LHS_TOKEN_MAJOR (the layout of gmm's lhs, so the weight
+    gradient needs no transpose); rhs: [M, N]; init, out: [G, K, N] (out aliases init).
+    group_start, group_end: int32 [G], rows of each group, clipped to [0, M].
+    out[g] = init[g] * ACCUMULATE + sum over rows r of g of lhs[:, r] outer rhs[r, :];
+    an empty group writes init[g] (or zeros): every element of out is written.
+    TMA (LHS_TOKEN_MAJOR only): lhs and rhs tiles through device-side tensor descriptors
+    over each group's rows (`_tgmm_rows_by_descriptor`); the launch passes their global
+    scratch. WARP_SPECIALIZE (with TMA): the row loop split into a producer warpgroup and
+    consumers, as in `gmm_kernel`.
+    """
+    tl.static_assert(LHS_TOKEN_MAJOR or not TMA, "tgmm_kernel: TMA needs a token-major lhs")
+    pid_k = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    group = tl.program_id(2)
+    row_begin = tl.load(group_start_ptr + group)
+    row_end = tl.load(group_end_ptr + group)
+
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_k = ks < K
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < N
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        acc = _tgmm_rows_by_descriptor(
+            acc, lhs_ptr, rhs_ptr, row_begin, row_end, pid_k * BLOCK_K, pid_n * BLOCK_N,
+            K, N, BLOCK_M, BLOCK_K, BLOCK_N, INPUT_PRECISION, WARP_SPECIALIZE,
+        )  # fmt: skip
+    else:
+        acc = _tgmm_rows_by_pointer(
+            acc, lhs_ptr, rhs_ptr, row_begin, row_end, ks, in_k, cols, in_cols,
+            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, LHS_TOKEN_MAJOR, INPUT_PRECISION,
+        )  # fmt: skip
 
     out_offsets = group.to(tl.int64) * (K * N) + ks[:, None] * N + cols[None, :]
     out_mask = in_k[:, None] & in_cols[None, :]
