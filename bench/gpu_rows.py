@@ -9,7 +9,8 @@ Every case is a `bench.runner.Case`; `cases(sizes)` lists them in run order. Anc
   express: no mask, or causal) and compiled FlexAttention with the same mask as a
   `mask_mod` on the packed tokens (`create_block_mask(mask_mod, 1, 1, T, T)`);
 * grouped matmul: `jax.lax.ragged_dot`, a dense matmul of the same FLOPs (cuBLAS: the
-  roofline; unchecked) and, with PyTorch, `torch._grouped_mm(a, b, offs=cumsum)`.
+  roofline; unchecked), the operands' bytes moved once by XLA (the memory roof;
+  unchecked) and, with PyTorch, `torch._grouped_mm(a, b, offs=cumsum)`.
 
 `Sizes.gpu()` holds the issue's shapes (16384 tokens, 16 heads of 128, bfloat16);
 `Sizes.tiny()` the same rows at toy sizes for a CPU (Triton's interpreter; cuDNN and
@@ -554,6 +555,22 @@ def dense_matmul_impl() -> Impl:
     return Impl("dense matmul (roofline)", fn, prepare, None)
 
 
+def memory_roof_impl() -> Impl:
+    """The op's memory traffic without its arithmetic, by XLA: lhs and the weights read
+    once and out written (a sum of each, broadcast); its gradient reads d_out once and
+    writes d_lhs and d_rhs. Fewer bytes than any grouped matmul moves (the backward reads
+    the weights and lhs again), so ours / this is a floor on how far from the bandwidth
+    roof a row runs (m 8192 reads 369 MB of weights for 47 GFLOP). Unchecked."""
+    import jax.numpy as jnp
+
+    def fn(lhs, rhs, sizes):
+        del sizes
+        total = jnp.sum(lhs, dtype=jnp.float32) + jnp.sum(rhs, dtype=jnp.float32)
+        return jnp.broadcast_to(total.astype(lhs.dtype), (lhs.shape[0], rhs.shape[2]))
+
+    return dataclasses.replace(_gmm_jax(fn, "memory roof (XLA)"), canonical=None)
+
+
 def one_group_impl() -> Impl:
     """Ours on the roofline's problem: every row in one group, [m, k] @ [k, n] as one
     grouped matmul (rhs [1, k, n]). Other work than the row's (no check): it says how far
@@ -806,7 +823,8 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
 
 
 def matmul_cases(sizes: Sizes) -> list[Case]:
-    """Grouped matmul at each (m, k, n, groups): ragged_dot, the dense roofline, torch."""
+    """Grouped matmul at each (m, k, n, groups): ragged_dot, the dense roofline, the
+    memory roof, torch."""
     from triton_kernels.grouped_matmul.config import (
         HOPPER_WARP_SPECIALIZED_GMM,
         HOPPER_WARP_SPECIALIZED_TGMM,
@@ -819,7 +837,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         # about two float32 arrays of m * k * groups. Past 2**31 such words, forward only.
         if m * k * groups > 2**31:
             ragged = dataclasses.replace(ragged, grad=False)
-        anchors = [ragged, dense_matmul_impl(), one_group_impl()]
+        anchors = [ragged, dense_matmul_impl(), one_group_impl(), memory_roof_impl()]
         if USE_TMA:
             anchors += [grouped_matmul_impl(tma=True), tgmm_impl(groups)]
         if USE_WARP_SPECIALIZED:
