@@ -671,27 +671,32 @@ def _three_stage_tiles(spec: MaskSpec) -> Impl:
 
 
 def _two_ctas_forward(spec: MaskSpec) -> Impl:
-    """An A/B of the forward on short documents: 64x64 tiles at 4 warps fit two CTAs per
-    SM (80 KB of shared memory, 247 registers: static report, sm_90, d=128, Triton 3.6;
-    the default 128x128 at 8 warps: one, 160 KB, 255 registers), so one program's start
-    (Q's load, the pipeline's fill) and end (the rescale, O's store) overlap the other's
-    loop; its loop runs 662 warp-instructions per MFLOP against 491. Each of 16 x 1024's
-    query tiles sees 4.5 key tiles on average (1 to 8): the start and end weigh there."""
+    """An A/B of the forward: 64x64 tiles at 4 warps fit two CTAs per SM (80 KB of shared
+    memory, 247 registers: static report, sm_90, d=128, Triton 3.6; the default 128x128
+    at 8 warps: one, 160 KB, 255 registers), so one program's start (Q's load, the
+    pipeline's fill) and end (the rescale, O's store) overlap the other's loop; its loop
+    runs 662 warp-instructions per MFLOP against 491. Each of 16 x 1024's query tiles sees
+    4.5 key tiles on average (1 to 8): the start and end weigh there. On long documents
+    what it can win is one CTA's softmax overlapping the other's MMAs: the default's loop
+    waits for QK^T's wgmma before the softmax and issues PV's after it, and its two
+    warpgroups meet at the pipeline's barrier every tile, so the tensor cores idle
+    through each tile's 16384 exp2 (~1024 cycles of the MUFUs against ~2048 of MMA).
+    Forward only (the backward is the default's)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     two = AttentionConfigs(forward=AttentionKernelConfig(64, 64, 4, 2))
-    return varlen_impl(spec, two, "forward 64x64 4 warps")
+    return dataclasses.replace(varlen_impl(spec, two, "forward 64x64 4 warps"), grad=False)
 
 
 def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     """An A/B of the persistent forward's tile (launches of more than 60 documents): it
     keeps 128x64 since 128x128 spills there (static report, sm_90, d=128, Triton 3.6: 80 B
     stored and 100 B loaded a thread, outside the key loop, none in it), though its key
-    loop runs 496 warp-instructions per MFLOP against 654."""
+    loop runs 496 warp-instructions per MFLOP against 654. Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     wide = AttentionConfigs(forward=AttentionKernelConfig(128, 128, 8, 2))
-    return varlen_impl(spec, wide, "forward 128x128")
+    return dataclasses.replace(varlen_impl(spec, wide, "forward 128x128"), grad=False)
 
 
 def _dq_atomic_backward(spec: MaskSpec) -> Impl:
@@ -726,11 +731,14 @@ def _warp_specialized_forward(spec: MaskSpec) -> Impl:
     loop whose every tile is masked. Static report, sm_90, d=128, consumer
     warp-instructions per MFLOP (3.6 / 3.9): 687 / 714 causal, 563 / 591 not causal,
     against the default's 491 / 527 and 495 / 527 (unmasked loops), no spill. What the
-    count cannot price: no consumer waits on its own loads."""
+    count cannot price: no consumer waits on its own loads, and the two consumers, which
+    meet at no barrier, drift out of phase (one's softmax beside the other's MMAs).
+    Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
-    return varlen_impl(spec, AttentionConfigs(forward=forward), "forward warp-specialized")
+    impl = varlen_impl(spec, AttentionConfigs(forward=forward), "forward warp-specialized")
+    return dataclasses.replace(impl, grad=False)
 
 
 def _sdpa(spec: MaskSpec) -> list[Impl]:
@@ -754,22 +762,22 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     ]
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
-    # and with --tma the dK/dV default before TMA; of the first (the shortest documents),
-    # a forward of two CTAs per SM; of the many documents, the persistent forward at
-    # 128x128; of the row without a right bound, dK/dV's pipeline four stages deep; with
-    # --warp-specialized, of the first two and the one without a right bound, the
-    # warp-specialized forward.
+    # and with --tma the dK/dV default before TMA; of those and the row without a right
+    # bound, a forward of two CTAs per SM; of the many documents, the persistent forward
+    # at 128x128; of the row without a right bound, dK/dV's pipeline four stages deep;
+    # with --warp-specialized, of the first two and the one without a right bound, the
+    # warp-specialized forward. Forward-only changes time no backward.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
         if not spec.causal:
-            return (_deep_dkdv_pipeline(spec), *ws)
+            return (_deep_dkdv_pipeline(spec), _two_ctas_forward(spec), *ws)
         if i >= 2:
             return ()
-        short = (_two_ctas_forward(spec),) if i == 0 else ()
         tma = _dkdv_tile_before_tma(spec) if USE_TMA else ()
-        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *short, *tma, *ws)
+        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), _two_ctas_forward(spec),
+                *tma, *ws)  # fmt: skip
 
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
