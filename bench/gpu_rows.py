@@ -688,6 +688,22 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     return dataclasses.replace(varlen_impl(spec, two, "forward 64x64 4 warps"), grad=False)
 
 
+def _overlapped_forward(spec: MaskSpec) -> Impl:
+    """An A/B of the forward's softmax overlap (`AttentionKernelConfig.overlap_softmax`,
+    FlashAttention-3's intra-warpgroup overlap): each unmasked key tile's QK^T wgmma is
+    issued before the previous tile's softmax, at `OVERLAPPED_FORWARD_TILE` (128x64, 8
+    warps, three stages: the three-stage row's forward tile, so the two rows differ by the
+    overlap alone). Static report, sm_90, Triton 3.6 and 3.9: all 34 of the loop's exp2s
+    issued beside an MMA in flight (none in the default's), not serialized. Forward
+    only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import OVERLAPPED_FORWARD_TILE
+
+    config = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
+    impl = varlen_impl(spec, AttentionConfigs(forward=config), "forward overlapped softmax")
+    return dataclasses.replace(impl, grad=False)
+
+
 def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     """An A/B of the persistent forward's tile (launches of more than 60 documents): it
     keeps 128x64 since 128x128 spills there (static report, sm_90, d=128, Triton 3.6: 80 B
@@ -763,21 +779,22 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
     # and with --tma the dK/dV default before TMA; of those and the row without a right
-    # bound, a forward of two CTAs per SM; of the many documents, the persistent forward
-    # at 128x128; of the row without a right bound, dK/dV's pipeline four stages deep;
-    # with --warp-specialized, of the first two and the one without a right bound, the
-    # warp-specialized forward. Forward-only changes time no backward.
+    # bound, a forward of two CTAs per SM and the forward with its softmax overlapped; of
+    # the many documents, the persistent forward at 128x128; of the row without a right
+    # bound, dK/dV's pipeline four stages deep; with --warp-specialized, of the first two
+    # and the one without a right bound, the warp-specialized forward. Forward-only
+    # changes time no backward.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
+        forward = (_two_ctas_forward(spec), _overlapped_forward(spec))
         if not spec.causal:
-            return (_deep_dkdv_pipeline(spec), _two_ctas_forward(spec), *ws)
+            return (_deep_dkdv_pipeline(spec), *forward, *ws)
         if i >= 2:
             return ()
         tma = _dkdv_tile_before_tma(spec) if USE_TMA else ()
-        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), _two_ctas_forward(spec),
-                *tma, *ws)  # fmt: skip
+        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *forward, *tma, *ws)
 
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),

@@ -40,7 +40,7 @@ on sm_90 (bf16, head_dim 128, causal)."""
 _TARGET_KERNELS = ("attention_forward", "attention_backward_dq", "attention_backward_dkdv")
 _COLUMNS = (
     "kernel", "arch", "problem", "warps", "stages", "regs", "spill B", "smem KiB",
-    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "flags",
+    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "exp2 by MMA", "flags",
 )  # fmt: skip
 
 
@@ -104,6 +104,8 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
                     "loop_instructions": loop.instructions if loop else None,
                     "loop_mma_flops": loop.mma_flops if loop else None,
                     "instructions_per_mflop": None if proxy is None else round(proxy, 1),
+                    "loop_mufu": loop.mufu if loop else None,
+                    "loop_mufu_beside_mma": loop.mufu_beside_mma if loop else None,
                     "flags": _flags(report, variant.name, head_dim),
                 }
             )
@@ -114,7 +116,7 @@ def format_report(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as one aligned table (figures right-aligned)."""
     cells = [_cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
-    left = {0, 1, 2, 12}
+    left = {0, 1, 2, 13}
 
     def line(row: Sequence[str]) -> str:
         pairs = enumerate(zip(row, widths, strict=True))
@@ -131,6 +133,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         str(r["ctas_per_sm"]), f"{r['mma_instructions']} {r['mma_kind']}",
         "-" if r["loop_instructions"] is None else str(r["loop_instructions"]),
         "-" if r["instructions_per_mflop"] is None else f"{r['instructions_per_mflop']:.0f}",
+        f"{r['loop_mufu_beside_mma']}/{r['loop_mufu']}" if r.get("loop_mufu") else "-",
         " ".join(r["flags"]) or "ok",
     )
     # fmt: on
@@ -221,7 +224,8 @@ def main(argv: Sequence[str]) -> None:
     print(
         f"\ninstr/MFLOP: warp-instructions of the innermost unmasked tensor-core loop per "
         f"MFLOP of its tensor-core work (target <= {TARGET_PER_MFLOP} for the sm_90 "
-        "attention kernels at bf16, head_dim 128, causal)"
+        "attention kernels at bf16, head_dim 128, causal); exp2 by MMA: of that loop's "
+        "MUFU instructions, those issued while a warpgroup MMA is in flight"
     )
     if args.json is not None:
         from bench.report import machine_description

@@ -25,6 +25,7 @@ from triton_kernels.flash_attention.backward import (
     attention_backward_dq_kernel,
 )
 from triton_kernels.flash_attention.config import (
+    OVERLAPPED_FORWARD_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
     default_attention_config,
@@ -114,11 +115,17 @@ _INT32_POINTERS = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
 
 
 def _loading_tags(config: Any) -> tuple[str, str]:
-    """(name suffix, description suffix) of a config's loading options: "_tma" / " tma"
-    for tensor descriptors, "_ws" / " warp-specialized" for a warp-specialized loop."""
-    name = ("_tma" if config.tma else "") + ("_ws" if config.warp_specialize else "")
-    words = (" tma" if config.tma else "") + (" warp-specialized" if config.warp_specialize else "")
-    return name, words
+    """(name suffix, description suffix) of a config's loading and scheduling options:
+    "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
+    warp-specialized loop, "_overlap" / " overlapped softmax" for the forward's
+    `overlap_softmax`."""
+    tags = [
+        ("tma", "_tma", " tma"),
+        ("warp_specialize", "_ws", " warp-specialized"),
+        ("overlap_softmax", "_overlap", " overlapped softmax"),
+    ]
+    on = [(name, words) for field, name, words in tags if getattr(config, field, False)]
+    return "".join(name for name, _ in on), "".join(words for _, words in on)
 
 
 def attention_signature(kernel: triton.JITFunction, dtype_name: str) -> dict[str, str]:
@@ -356,6 +363,9 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
+        if compute_capability == 90 and head_dim == 128:  # the forward's softmax overlap
+            config = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
+            variants.append(attention_variant("forward", head_dim, 90, config=config))
         # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
         variants.append(
             attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)

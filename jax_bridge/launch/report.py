@@ -55,6 +55,9 @@ class InnerLoop:
         its HGMMA (per warpgroup: 2*M*N*K) and HMMA (per warp: 2*M*N*K) instructions.
       spill_instructions: local-memory loads and stores (LDL, STL: spills) in the body.
       spill_stores: the stores (STL) among them.
+      mufu: special-function instructions (MUFU: the softmax's exp2s) in the body.
+      mufu_beside_mma: those issued while a warpgroup MMA is in flight (after an HGMMA,
+        before the WARPGROUP.DEPBAR that waits for it): work the tensor cores overlap.
     """
 
     start: int
@@ -63,6 +66,8 @@ class InnerLoop:
     mma_flops: int
     spill_instructions: int = 0
     spill_stores: int = 0
+    mufu: int = 0
+    mufu_beside_mma: int = 0
 
     def instructions_per_mflop(self, num_warps: int) -> float:
         """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
@@ -113,7 +118,10 @@ def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
         if flops:
             spilling = sum(op.split(".")[0] in ("LDL", "STL") for op in ops)
             stores = sum(op.split(".")[0] == "STL" for op in ops)
-            found.append(InnerLoop(lo, hi, len(ops), flops, spilling, stores))
+            mufu = sum(op.startswith("MUFU") for op in ops)
+            found.append(
+                InnerLoop(lo, hi, len(ops), flops, spilling, stores, mufu, _mufu_beside_mma(ops))
+            )
     inner = [
         loop
         for loop in found
@@ -122,6 +130,21 @@ def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
         )
     ]
     return min(inner, key=lambda loop: loop.instructions, default=None)
+
+
+def _mufu_beside_mma(ops: list[str]) -> int:
+    """MUFU instructions of a loop body issued while a warpgroup MMA is in flight: after
+    an HGMMA and before the next WARPGROUP.DEPBAR (one pass in program order; an MMA
+    left in flight at the back-edge is not followed around it)."""
+    in_flight, beside = False, 0
+    for op in ops:
+        if op.startswith("HGMMA"):
+            in_flight = True
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            in_flight = False
+        elif in_flight and op.startswith("MUFU"):
+            beside += 1
+    return beside
 
 
 def ctas_per_sm(

@@ -210,6 +210,16 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
             ValueError,
             r"warp_specialize needs .*num_warps=4.*num_warps=8",
         ),
+        (
+            dict(block_m=16, block_n=16, overlap_softmax=1),
+            TypeError,
+            "AttentionKernelConfig.overlap_softmax must be a bool",
+        ),
+        (
+            dict(block_m=16, block_n=16, tma=True, warp_specialize=True, overlap_softmax=True),
+            ValueError,
+            "overlap_softmax and warp_specialize exclude each other",
+        ),
     ],
     ids=[
         "not_pow2",
@@ -223,6 +233,8 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
         "ws_bool",
         "ws_no_tma",
         "ws_8_warps",
+        "overlap_bool",
+        "overlap_and_ws",
     ],
 )
 def test_kernel_config_validation(kwargs, error, message):
@@ -304,6 +316,46 @@ def test_config_overrides_give_the_same_numbers(config):
         assert_close(got, ref, tol, name)
         # Two float32 runs, each within tol of the oracle.
         assert_close(got, same, 2 * tol, f"{name} vs the default config")
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(causal=True), dict(causal=False, logits_soft_cap=7.0), dict(alibi=True)],
+    ids=["causal", "soft-cap", "alibi"],
+)
+def test_overlapped_softmax_gives_the_default_numbers(options, tma):
+    """`overlap_softmax` (each unmasked key tile's QK^T a tile ahead of its softmax) over
+    documents whose unmasked key tiles number zero, one (the loop's prologue and
+    epilogue only) and many, GQA, sinks: the oracle's numbers and the same tile's
+    without the overlap, forward and backward (which reads the forward's lse)."""
+    lengths = [(83, 83), (1, 1), (0, 0), (21, 40), (16, 16), (50, 71)]
+    inputs = make_inputs(44, lengths, 4, 2, 32)
+    q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
+    alibi = options.pop("alibi", False)
+    slopes = jnp.asarray([0.5, 0.25, 0.125, 0.0625], jnp.float32) if alibi else None
+    options |= dict(return_lse=True, alibi_slopes=slopes)
+
+    def run(config):
+        def fn(q, k, v, s):
+            return varlen_attention(q, k, v, cu_q, cu_k, sinks=s, implementation="triton",
+                                    config=AttentionConfigs(forward=config), **options)  # fmt: skip
+
+        return value_and_grads(fn, q, k, v, sinks, inputs["d_out"], inputs["d_lse"])
+
+    def reference(q, k, v, s):
+        return attention_reference(q, k, v, cu_q, cu_k, sinks=s, **options)
+
+    plain = AttentionKernelConfig(16, 16, tma=tma)
+    overlapped, same = run(plain.replace(overlap_softmax=True)), run(plain)
+    expected = oracle_value_and_grads(reference, q, k, v, sinks, inputs["d_out"], inputs["d_lse"])
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k, sinks=sinks)
+    flat = lambda r: (r[0], r[1], *r[2])
+    names = ("out", "lse", "dq", "dk", "dv", "d_sinks")
+    for name, got, other, ref in zip(names, flat(overlapped), flat(same), flat(expected),
+                                     strict=True):  # fmt: skip
+        assert_close(got, ref, tol, name)
+        assert_close(got, other, 2 * tol, f"{name} vs the loop without the overlap")
 
 
 def _assert_device_float64_numbers(dtype, causal: bool, config=None) -> None:
@@ -611,25 +663,33 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
         assert_close(g, w, tol, name)
 
 
-def test_warp_specialize_is_for_the_forward_config_only(monkeypatch):
-    """One config for every kernel gives warp specialization to the forward alone (the
-    gradient runs, its kernels unspecialized); a backward kernel's own config with it is
-    refused, naming the kernel."""
+@pytest.mark.parametrize(
+    "option, constexpr, config",
+    [
+        ("warp_specialize", "WARP_SPECIALIZE",
+         AttentionKernelConfig(16, 16, tma=True, warp_specialize=True)),
+        ("overlap_softmax", "OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True)),
+    ],
+    ids=["warp_specialize", "overlap_softmax"],
+)  # fmt: skip
+def test_forward_options_are_for_the_forward_config_only(monkeypatch, option, constexpr, config):
+    """One config for every kernel gives warp specialization (or the softmax overlap) to
+    the forward alone (the gradient runs, its kernels without it); a backward kernel's
+    own config with it is refused, naming the kernel."""
     inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
-    ws = AttentionKernelConfig(16, 16, tma=True, warp_specialize=True)
 
     def loss(q, config):
         out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
                                config=config)  # fmt: skip
         return out.astype(jnp.float32).sum()
 
-    with pytest.raises(ValueError, match=r"warp_specialize=True is for the forward.*backward_dq"):
-        jax.grad(loss)(q, AttentionConfigs(backward_dq=ws))
+    with pytest.raises(ValueError, match=rf"{option}=True is for the forward.*backward_dq"):
+        jax.grad(loss)(q, AttentionConfigs(backward_dq=config))
     launches = record_launches(monkeypatch, attention_triton)
-    jax.grad(loss)(q, ws)
+    jax.grad(loss)(q, config)
     specialized = {
-        launch.kernel.__name__: launch.constexprs.get("WARP_SPECIALIZE", False)
+        launch.kernel.__name__: launch.constexprs.get(constexpr, False)
         for launch in launches
         if launch.kernel.__name__ != "attention_schedule_kernel"
     }

@@ -144,6 +144,24 @@ ptxas info    : Used 255 registers, used 1 barriers"""
     assert clean["serialized_wgmma"] is False
 
 
+def test_exp2s_beside_an_mma_in_flight_are_those_between_an_hgmma_and_its_wait():
+    """`InnerLoop.mufu_beside_mma`: the MUFUs issued after an HGMMA and before the
+    WARPGROUP.DEPBAR that waits for it (the softmax overlap); those after the wait, or
+    before the MMA is issued, run beside no MMA."""
+    sass = _listing(
+        "MUFU.EX2 R1, R2",  # 0x00: loop head, before any MMA
+        "WARPGROUP.ARRIVE",
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+        "MUFU.EX2 R3, R4",  # beside the QK^T in flight
+        "MUFU.EX2 R5, R6",  # beside it too
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "MUFU.EX2 R7, R8",  # after the wait
+        "@!P0 BRA 0x0",
+    )
+    loop = innermost_mma_loop(sass, num_warps=4)
+    assert (loop.mufu, loop.mufu_beside_mma) == (4, 2)
+
+
 def test_loop_spills_are_counted_in_the_loop_only():
     """LDL / STL inside the innermost MMA loop count; those outside do not."""
     sass = """

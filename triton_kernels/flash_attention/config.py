@@ -60,6 +60,15 @@ class AttentionKernelConfig(KernelConfig):
         launches (past 64 sequences), float32 inputs and 16-row tiles compile
         unspecialized (12 warps in the report: specialized). Off by default: not yet
         timed on a GPU (an A/B row of `python -m bench gpu-check --warp-specialized`).
+      overlap_softmax: the forward issues each unmasked key tile's QK^T before the
+        previous tile's softmax, so that its wgmma runs beside the softmax's exp2s
+        (FlashAttention-3's intra-warpgroup overlap, `forward._overlapped_key_tiles`);
+        the default loop waits for QK^T, then computes the softmax, the tensor cores
+        idle. It holds a second tile of scores in registers: ptxas keeps the overlap at
+        128x64 tiles and 8 warps by pointers (`OVERLAPPED_FORWARD_TILE`), not at 128x128
+        (spills), 4 warps or with `tma` (SASS, sm_90, Triton 3.6 and 3.9). Forward only,
+        as `warp_specialize` (exclusive with it); off by default: not yet timed on a GPU
+        (an A/B row of `python -m bench gpu-check`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -70,6 +79,32 @@ class AttentionKernelConfig(KernelConfig):
     num_stages: int = 2
     tma: bool = False
     warp_specialize: bool = False
+    overlap_softmax: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.overlap_softmax, bool):
+            raise TypeError(
+                f"AttentionKernelConfig.overlap_softmax must be a bool, got "
+                f"{self.overlap_softmax!r}."
+            )
+        if self.overlap_softmax and self.warp_specialize:
+            raise ValueError(
+                "AttentionKernelConfig: overlap_softmax and warp_specialize exclude each "
+                "other (the warp-specialized forward runs one loop over every key tile)."
+            )
+
+
+# The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
+# gpu-check` until a GPU has timed it: (block_m, block_n, num_warps, num_stages), the
+# tile and depth of FlexAttention's H100 forward (the three-stage A/B row's, without the
+# overlap). Static report, sm_90, bf16, d=128, causal, Triton 3.6 / 3.9: the unmasked
+# loop issues all 34 of its MUFUs while the next tile's QK^T wgmma is in flight (none
+# without the overlap, nor in the 128x128 default), 692 / 711 warp-instructions per
+# MFLOP against 637 / 694 without it and 495 / 527 for the default; no spill, not
+# serialized (128x128 with the overlap spills 132 / 40 B; by descriptors (`tma`) or at
+# 4 warps ptxas issues no exp2 beside the MMA).
+OVERLAPPED_FORWARD_TILE = (128, 64, 8, 3)
 
 
 @dataclasses.dataclass(frozen=True)

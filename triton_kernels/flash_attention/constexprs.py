@@ -100,6 +100,7 @@ def attention_constexprs(
         )
         # the persistent walk is a loop around the key loop: not partitioned
         constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
+        constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
     elif kind == "backward_dq":
         constexprs["HAS_D_LSE"] = has_d_lse
     else:

@@ -389,24 +389,125 @@ def _forward_key_tiles(
                 KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA,
             )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-        if RAW_SCORE_MAX:  # masked raw products; the scale joins exp2's argument
-            qk, _ = _scores_log2(
-                qk, rows, cols, shift, len_k, window_left, window_right, 1.0, 1.0, 1.0, 0.0,
-                APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, False, False,
-            )  # fmt: skip
-            acc, m_i, l_i = _online_softmax_step(
-                acc, m_i, l_i, qk, v, qk_scale_log2, True, APPLY_MASK, INPUT_PRECISION
-            )
-        else:
-            s2, _ = _scores_log2(
-                qk, rows, cols, shift, len_k, window_left, window_right,
-                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-                APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
-            )  # fmt: skip
-            acc, m_i, l_i = _online_softmax_step(
-                acc, m_i, l_i, s2, v, 1.0, False, APPLY_MASK, INPUT_PRECISION
-            )
+        acc, m_i, l_i = _softmax_key_tile(
+            acc, m_i, l_i, qk, v, rows, cols, shift, len_k, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, APPLY_MASK,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+            RAW_SCORE_MAX,
+        )  # fmt: skip
     return acc, m_i, l_i
+
+
+@triton.jit
+def _softmax_key_tile(
+    acc, m_i, l_i, qk, v, rows, cols, shift, len_k, window_left, window_right,
+    qk_scale_log2, scale_over_cap, cap_log2, slope_log2, APPLY_MASK: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr,
+):  # fmt: skip
+    """(acc, m_i, l_i) updated with key tile `cols` from its raw products qk = q.k^T
+    [M, BLOCK_N] and its values v: the tile's log2 scores (masked where APPLY_MASK), then
+    `_online_softmax_step`."""
+    if RAW_SCORE_MAX:  # masked raw products; the scale joins exp2's argument
+        qk, _ = _scores_log2(
+            qk, rows, cols, shift, len_k, window_left, window_right, 1.0, 1.0, 1.0, 0.0,
+            APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, False, False,
+        )  # fmt: skip
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, qk, v, qk_scale_log2, True, APPLY_MASK, INPUT_PRECISION
+        )
+    else:
+        s2, _ = _scores_log2(
+            qk, rows, cols, shift, len_k, window_left, window_right,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+        )  # fmt: skip
+        acc, m_i, l_i = _online_softmax_step(
+            acc, m_i, l_i, s2, v, 1.0, False, APPLY_MASK, INPUT_PRECISION
+        )
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _one_key_tile(
+    seq_rows, at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """(tile, next cursor): rows n + offs_n of K or V through the descriptor `seq_rows`
+    (TMA: rows outside the sequence read 0), or from the pointer `at` to row n (then
+    stepped BLOCK_N rows on), rows failing col_ok read as 0 where CHECK_ROWS (else all
+    inside the sequence: an unmasked key tile)."""
+    if TMA:
+        tile, at_next = seq_rows.load([n, 0]), at
+    else:
+        ptrs = _tile_ptrs(at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        tile = _load_rows(ptrs, col_ok, d_ok, CHECK_ROWS, BLOCK_D == HEAD_DIM)
+        at_next = at + BLOCK_N * KV_STRIDE
+    return tile, at_next
+
+
+@triton.jit
+def _overlapped_key_tiles(
+    acc, m_i, l_i, q, k_seq, v_seq, start, end, rows, shift, len_k, window_left,
+    window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+    KV_STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, RAW_SCORE_MAX: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """`_forward_key_tiles` over the unmasked key tiles [start, end), each tile's QK^T
+    issued before the previous tile's softmax (FlashAttention-3's intra-warpgroup
+    overlap): the wgmma of tile j + 1 runs on the tensor cores while the warps compute
+    tile j's exp2s, which the plain loop does one after the other (it waits for QK^T
+    before its softmax). Costs the next tile's scores in registers: ptxas keeps the order
+    only where they fit (`OVERLAPPED_FORWARD_TILE`). Same numbers as the plain loop: the
+    same steps in the same order.
+
+    No branch: an `if` around the first and last tiles (an empty phase) makes ptxas
+    serialize every wgmma of the kernel (C7515: registers of an accumulator defined
+    inside a pipeline stage). They run unconditionally instead, their loads masked to
+    the phase (nothing read outside it), and an empty phase keeps (acc, m_i, l_i).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
+    k, k_at = _one_key_tile(
+        k_seq, k_at, start, start + offs_n < end, offs_n, offs_d, d_ok,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
+    )  # fmt: skip
+    qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    # Invariant: qk holds the products of tile n - BLOCK_N, v_at points at its values.
+    for n in tl.range(start + BLOCK_N, end, BLOCK_N):
+        k, k_at = _one_key_tile(k_seq, k_at, n, None, offs_n, offs_d, d_ok, KV_STRIDE,
+                                HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False, TMA)  # fmt: skip
+        qk_next = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+        v, v_at = _one_key_tile(v_seq, v_at, n - BLOCK_N, None, offs_n, offs_d, d_ok,
+                                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+                                TMA)  # fmt: skip
+        acc, m_i, l_i = _softmax_key_tile(
+            acc, m_i, l_i, qk, v, rows, n - BLOCK_N + offs_n, shift, len_k, window_left,
+            window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False,
+            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+            RAW_SCORE_MAX,
+        )  # fmt: skip
+        qk = qk_next
+    last = tl.maximum(start + (end - 1 - start) // BLOCK_N * BLOCK_N, start)
+    v, v_at = _one_key_tile(
+        v_seq, v_at, last, last + offs_n < end, offs_n, offs_d, d_ok,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
+    )  # fmt: skip
+    acc_last, m_last, l_last = _softmax_key_tile(
+        acc, m_i, l_i, qk, v, rows, last + offs_n, shift, len_k, window_left, window_right,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False,
+        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
+        RAW_SCORE_MAX,
+    )  # fmt: skip
+    some = start < end
+    acc = tl.where(some, acc_last, acc)
+    return acc, tl.where(some, m_last, m_i), tl.where(some, l_last, l_i)
 
 
 @triton.jit
@@ -417,11 +518,12 @@ def _forward_keys(
     BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_WINDOW_LEFT: tl.constexpr,
     HAS_WINDOW_RIGHT: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, INPUT_PRECISION: tl.constexpr, RAW_SCORE_MAX: tl.constexpr,
-    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, OVERLAP_SOFTMAX: tl.constexpr = False,
 ):  # fmt: skip
     """`_forward_key_tiles` over the key tiles [start, end) of a query tile, in its phases
     (`_column_phases`): the masked tiles of [start, full_start) and [full_end, end), the
-    unmasked ones between. WARP_SPECIALIZE: one warp-specialized loop over [start, end),
+    unmasked ones between (OVERLAP_SOFTMAX: by `_overlapped_key_tiles`).
+    WARP_SPECIALIZE: one warp-specialized loop over [start, end),
     every tile masked: Triton 3.6 and 3.9 partition a kernel of one loop only (with two
     or three, their Hopper pass fails on the values flowing between them), and an `if`
     around the mask would leave the loop unspecialized.
@@ -445,13 +547,21 @@ def _forward_keys(
                 HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
                 INPUT_PRECISION, RAW_SCORE_MAX, TMA,
             )  # fmt: skip
-        acc, m_i, l_i = _forward_key_tiles(
-            acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
-            window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
-            INPUT_PRECISION, RAW_SCORE_MAX, TMA,
-        )  # fmt: skip
+        if OVERLAP_SOFTMAX:
+            acc, m_i, l_i = _overlapped_key_tiles(
+                acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
+                window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_WINDOW_LEFT,
+                HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, RAW_SCORE_MAX, TMA,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = _forward_key_tiles(
+                acc, m_i, l_i, q, k_seq, v_seq, full_start, full_end, rows, shift, len_k,
+                window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
+                HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS,
+                INPUT_PRECISION, RAW_SCORE_MAX, TMA,
+            )  # fmt: skip
         acc, m_i, l_i = _forward_key_tiles(
             acc, m_i, l_i, q, k_seq, v_seq, full_end, end, rows, shift, len_k,
             window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
@@ -499,6 +609,7 @@ def _forward_tile(
     head,
     live=True,
     WARP_SPECIALIZE: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """out, lse of tile-list row `chunk` (sequence `seq`), for query head `head`; a
     program that is not `live` (WARP_SPECIALIZE's surplus programs, seq 0) visits no key
@@ -553,7 +664,7 @@ def _forward_tile(
         window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, HAS_SINKS, INPUT_PRECISION,
-        RAW_SCORE_MAX, TMA, WARP_SPECIALIZE,
+        RAW_SCORE_MAX, TMA, WARP_SPECIALIZE, OVERLAP_SOFTMAX,
     )  # fmt: skip
 
     out, lse = _final_rows(acc, m_i, l_i)
@@ -600,6 +711,7 @@ def attention_forward_kernel(
     PERSISTENT: tl.constexpr,
     TMA: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one sequence, for one query head.
 
@@ -633,6 +745,8 @@ def attention_forward_kernel(
         the count). Its partitioning takes one loop without early exits: every key tile
         is masked (`_forward_keys`), Q comes by descriptor too, and surplus programs run
         an empty loop instead of returning.
+      OVERLAP_SOFTMAX: the unmasked key tiles' QK^T issued a tile ahead of the softmax
+        (`_overlapped_key_tiles`).
     """
     head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -647,6 +761,7 @@ def attention_forward_kernel(
                 window_right, shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
                 BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP,
                 HAS_SINKS, HAS_ALIBI, INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head,
+                True, False, OVERLAP_SOFTMAX,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -664,4 +779,5 @@ def attention_forward_kernel(
             shift_ptr, out_ptr, lse_ptr, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N,
             BLOCK_D, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_SINKS, HAS_ALIBI,
             INPUT_PRECISION, RAW_SCORE_MAX, TMA, chunk, seq, head, live, WARP_SPECIALIZE,
+            OVERLAP_SOFTMAX,
         )  # fmt: skip
