@@ -704,6 +704,21 @@ def _overlapped_forward(spec: MaskSpec) -> Impl:
     return dataclasses.replace(impl, grad=False)
 
 
+def _overlapped_dkdv(spec: MaskSpec) -> Impl:
+    """An A/B of dK/dV's softmax overlap (`overlap_softmax` on its config): each query
+    tile's dP = V dO^T issued before P's exp2s, at `OVERLAPPED_DKDV_TILE` (32x128 by
+    pointers, what dK/dV runs without a right bound: the not-causal row's default, so
+    there the two rows differ by the overlap alone; on causal rows compare it with
+    `--tma`'s "dkdv 32x128 by pointers"). Static report, sm_90, Triton 3.6: 16 of the
+    loop's 16 exp2s beside dP's wgmma in flight, none without. fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import OVERLAPPED_DKDV_TILE
+
+    config = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+    impl = varlen_impl(spec, AttentionConfigs(backward_dkdv=config), "dkdv overlapped softmax")
+    return dataclasses.replace(impl, forward=False)
+
+
 def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     """An A/B of the persistent forward's tile (launches of more than 60 documents): it
     keeps 128x64 since 128x128 spills there (static report, sm_90, d=128, Triton 3.6: 80 B
@@ -779,7 +794,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
     # and with --tma the dK/dV default before TMA; of those and the row without a right
-    # bound, a forward of two CTAs per SM and the forward with its softmax overlapped; of
+    # bound, a forward of two CTAs per SM and the forward and dK/dV with their softmax
+    # overlapped; of
     # the many documents, the persistent forward at 128x128; of the row without a right
     # bound, dK/dV's pipeline four stages deep; with --warp-specialized, of the first two
     # and the one without a right bound, the warp-specialized forward. Forward-only
@@ -788,7 +804,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
-        forward = (_two_ctas_forward(spec), _overlapped_forward(spec))
+        forward = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
         if not spec.causal:
             return (_deep_dkdv_pipeline(spec), *forward, *ws)
         if i >= 2:

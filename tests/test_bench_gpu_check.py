@@ -172,8 +172,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "64 tok random 50%",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages,
-    # dQ by atomics, the dK/dV tile before TMA, a forward of two CTAs per SM and one with
-    # its softmax overlapped, on the
+    # dQ by atomics, the dK/dV tile before TMA, a forward of two CTAs per SM, and the
+    # forward and dK/dV with their softmax overlapped, on the
     # many documents the persistent forward at 128x128, on the first two and the row
     # without a right bound the warp-specialized forward, on grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
@@ -190,9 +190,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton varlen forward warp-specialized", "ours triton, tgmm tma",
         "ours triton, tgmm tma warp-specialized 64x128x256 2 stages", "memory roof (XLA)",
         "ours triton varlen forward overlapped softmax",
+        "ours triton varlen dkdv overlapped softmax",
     }  # fmt: skip
-    overlapped = [r for r in found if "overlapped" in r["baseline"]]
-    assert overlapped and all(r["op"].endswith("forward") for r in overlapped)
+    for kernel, label in (("forward", "forward"), ("dkdv", "fwd+bwd")):
+        rows = [r for r in found if f"{kernel} overlapped" in r["baseline"]]
+        assert rows and all(r["op"].endswith(label) for r in rows)
     tgmm_rows = [r for r in found if "tgmm" in r["baseline"]]
     assert tgmm_rows and all(r["op"].endswith("fwd+bwd") for r in tgmm_rows)
     unchecked = {"dense matmul (roofline)", "ours triton, one group", "memory roof (XLA)"}

@@ -25,6 +25,7 @@ from triton_kernels.flash_attention.backward import (
     attention_backward_dq_kernel,
 )
 from triton_kernels.flash_attention.config import (
+    OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
@@ -363,9 +364,11 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
-        if compute_capability == 90 and head_dim == 128:  # the forward's softmax overlap
-            config = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
-            variants.append(attention_variant("forward", head_dim, 90, config=config))
+        if compute_capability == 90 and head_dim == 128:  # the softmax overlap
+            for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),
+                               ("backward_dkdv", OVERLAPPED_DKDV_TILE)):  # fmt: skip
+                config = AttentionKernelConfig(*tile, overlap_softmax=True)
+                variants.append(attention_variant(kind, head_dim, 90, config=config))
         # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
         variants.append(
             attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)

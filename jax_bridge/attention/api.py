@@ -115,8 +115,9 @@ def varlen_attention(
         allows TF32 on NVIDIA GPUs, HIGH three TF32 passes (`jax_bridge.core.precision`).
       config: the Triton kernels' launch configuration: an `AttentionConfigs` (one
         `AttentionKernelConfig` per kernel, None fields keep their defaults), or one
-        `AttentionKernelConfig` for all three kernels (its `warp_specialize` and
-        `overlap_softmax` for the forward only). None: chosen by head_dim, dtype
+        `AttentionKernelConfig` for all three kernels (its `warp_specialize` for the
+        forward only, `overlap_softmax` for the forward and dK/dV). None: chosen by
+        head_dim, dtype
         and GPU. `AttentionConfigs(dq_atomic=True)` makes the backward FlashAttention-2's
         (dQ added by float32 atomics from the dK/dV kernel, no dQ kernel; dQ's sums then
         run in no fixed order). With implementation="pallas": a splash `BlockSizes`
@@ -261,10 +262,10 @@ def _check_config(
     if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):
         return config
     if implementation != "pallas" and isinstance(config, AttentionKernelConfig):
-        # One config for every kernel: warp specialization and the softmax overlap are
-        # the forward's alone.
-        backward = config.replace(warp_specialize=False, overlap_softmax=False)
-        return AttentionConfigs(config, backward, backward)
+        # One config for every kernel: warp specialization is the forward's alone, the
+        # softmax overlap the forward's and dK/dV's.
+        dkdv = config.replace(warp_specialize=False)
+        return AttentionConfigs(config, dkdv, dkdv.replace(overlap_softmax=False))
     expected = (
         "a splash BlockSizes"
         if implementation == "pallas"

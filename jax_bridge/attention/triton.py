@@ -102,14 +102,19 @@ def _launch(
     """The launch keywords of kernel `kind` under `config`: warps, stages, name and the
     constexprs (`attention_constexprs`; dK/dV's DQ_ATOMIC from `options.config`). A
     config with `tma` is refused here unless the hardware and head_dim allow it, one with
-    `warp_specialize` or `overlap_softmax` unless it is the forward's."""
+    `warp_specialize` unless it is the forward's, one with `overlap_softmax` for dQ."""
     head_dim = q.shape[2]
-    for option in ("warp_specialize", "overlap_softmax"):
-        if getattr(config, option) and kind != "forward":
-            raise ValueError(
-                f"varlen_attention: {option}=True is for the forward kernel's config only, "
-                f"got it in the {kind} kernel's"
-            )
+    if config.warp_specialize and kind != "forward":
+        raise ValueError(
+            f"varlen_attention: warp_specialize=True is for the forward kernel's config only, "
+            f"got it in the {kind} kernel's"
+        )
+    if config.overlap_softmax and kind == "backward_dq":
+        raise ValueError(
+            "varlen_attention: overlap_softmax=True is for the forward and dK/dV kernels' "
+            "configs only (the dQ kernel's exp2s already run beside its dP), got it in the "
+            "backward_dq kernel's"
+        )
     if config.tma:
         require_tensor_descriptors("varlen_attention")
         if block_d(head_dim) != head_dim:

@@ -458,20 +458,25 @@ def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent)
 @pytest.mark.parametrize(
     "features", [AttentionFeatures(causal=True), AttentionFeatures()], ids=["causal", "not-causal"]
 )
-def test_overlapped_softmax_issues_exp2s_beside_the_next_tiles_mma(features):
-    """The forward with `overlap_softmax` at `OVERLAPPED_FORWARD_TILE` (sm_90, d=128,
-    bf16): its unmasked loop issues exp2s while the next key tile's QK^T wgmma is in
-    flight, without spills or serialized wgmma; the same tile without the overlap, and
-    the default forward, wait for QK^T before any exp2."""
-    from triton_kernels.flash_attention.config import OVERLAPPED_FORWARD_TILE
+@pytest.mark.parametrize("kind", ["forward", "backward_dkdv"])
+def test_overlapped_softmax_issues_exp2s_beside_an_mma(kind, features):
+    """`overlap_softmax` at the A/B rows' tiles (sm_90, d=128, bf16): the forward's
+    unmasked loop issues exp2s while the next key tile's QK^T wgmma is in flight, the
+    dK/dV loop while dP's is, without spills or serialized wgmma; the same tile without
+    the overlap, and the kernel's default, issue every exp2 beside no MMA."""
+    from triton_kernels.flash_attention.config import (
+        OVERLAPPED_DKDV_TILE,
+        OVERLAPPED_FORWARD_TILE,
+    )
 
-    tile = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE)
+    tile = {"forward": OVERLAPPED_FORWARD_TILE, "backward_dkdv": OVERLAPPED_DKDV_TILE}[kind]
+    tile = AttentionKernelConfig(*tile)
     overlapped = attention_kernel_report(
-        "forward", 128, 90, features=features, config=tile.replace(overlap_softmax=True)
+        kind, 128, 90, features=features, config=tile.replace(overlap_softmax=True)
     )
     print(overlapped.summary(), overlapped.inner_loop)
     assert overlapped.inner_loop.mufu_beside_mma > 0
     assert not overlapped.spills and not overlapped.serialized_wgmma
     for config in (tile, None):
-        plain = attention_kernel_report("forward", 128, 90, features=features, config=config)
+        plain = attention_kernel_report(kind, 128, 90, features=features, config=config)
         assert plain.inner_loop.mufu > 0 and plain.inner_loop.mufu_beside_mma == 0

@@ -321,25 +321,28 @@ def test_config_overrides_give_the_same_numbers(config):
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize(
     "options",
-    [dict(causal=True), dict(causal=False, logits_soft_cap=7.0), dict(alibi=True)],
-    ids=["causal", "soft-cap", "alibi"],
+    [dict(causal=True), dict(causal=False, logits_soft_cap=7.0, dq_atomic=True), dict(alibi=True)],
+    ids=["causal", "soft-cap-dq-atomic", "alibi"],
 )
 def test_overlapped_softmax_gives_the_default_numbers(options, tma):
-    """`overlap_softmax` (each unmasked key tile's QK^T a tile ahead of its softmax) over
-    documents whose unmasked key tiles number zero, one (the loop's prologue and
-    epilogue only) and many, GQA, sinks: the oracle's numbers and the same tile's
-    without the overlap, forward and backward (which reads the forward's lse)."""
+    """`overlap_softmax` (the forward: each unmasked key tile's QK^T a tile ahead of its
+    softmax; dK/dV: dP ahead of P's exp2s, with dQ by atomics too) over documents whose
+    unmasked key tiles number zero, one (the forward loop's first and last tiles only)
+    and many, GQA, sinks: the oracle's numbers and the same tiles' without the overlap,
+    forward and backward."""
     lengths = [(83, 83), (1, 1), (0, 0), (21, 40), (16, 16), (50, 71)]
     inputs = make_inputs(44, lengths, 4, 2, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
-    alibi = options.pop("alibi", False)
+    alibi, dq_atomic = options.pop("alibi", False), options.pop("dq_atomic", False)
     slopes = jnp.asarray([0.5, 0.25, 0.125, 0.0625], jnp.float32) if alibi else None
     options |= dict(return_lse=True, alibi_slopes=slopes)
 
     def run(config):
+        configs = AttentionConfigs(forward=config, backward_dkdv=config, dq_atomic=dq_atomic)
+
         def fn(q, k, v, s):
             return varlen_attention(q, k, v, cu_q, cu_k, sinks=s, implementation="triton",
-                                    config=AttentionConfigs(forward=config), **options)  # fmt: skip
+                                    config=configs, **options)  # fmt: skip
 
         return value_and_grads(fn, q, k, v, sinks, inputs["d_out"], inputs["d_lse"])
 
@@ -664,18 +667,21 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
 
 
 @pytest.mark.parametrize(
-    "option, constexpr, config",
+    "option, constexpr, config, dkdv",
     [
         ("warp_specialize", "WARP_SPECIALIZE",
-         AttentionKernelConfig(16, 16, tma=True, warp_specialize=True)),
-        ("overlap_softmax", "OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True)),
+         AttentionKernelConfig(16, 16, tma=True, warp_specialize=True), False),
+        ("overlap_softmax", "OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True),
+         True),
     ],
     ids=["warp_specialize", "overlap_softmax"],
 )  # fmt: skip
-def test_forward_options_are_for_the_forward_config_only(monkeypatch, option, constexpr, config):
-    """One config for every kernel gives warp specialization (or the softmax overlap) to
-    the forward alone (the gradient runs, its kernels without it); a backward kernel's
-    own config with it is refused, naming the kernel."""
+def test_kernel_options_reach_only_the_kernels_that_take_them(
+    monkeypatch, option, constexpr, config, dkdv
+):
+    """One config for every kernel gives warp specialization to the forward alone, the
+    softmax overlap to the forward and dK/dV (the gradient runs, its other kernels
+    without it); the dQ kernel's own config with either is refused, naming the kernel."""
     inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
@@ -696,7 +702,7 @@ def test_forward_options_are_for_the_forward_config_only(monkeypatch, option, co
     assert specialized == {
         "attention_forward_kernel": True,
         "attention_backward_dq_kernel": False,
-        "attention_backward_dkdv_kernel": False,
+        "attention_backward_dkdv_kernel": dkdv,
     }
 
 

@@ -133,6 +133,7 @@ def _dkdv_query_tiles(
     TWO_RANGES: tl.constexpr,
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
     (and, with TWO_RANGES, then [start2, end2)) of the GROUP query heads first_head,
@@ -216,7 +217,7 @@ def _dkdv_query_tiles(
         if DQ_ATOMIC:
             dk, dv, dq = _dkdv_dq_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP,
-                False, INPUT_PRECISION,
+                False, INPUT_PRECISION, OVERLAP_SOFTMAX,
             )  # fmt: skip
             dq_tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
             dq_ptrs = _tile_ptrs(dq_seq + dq_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
@@ -226,7 +227,7 @@ def _dkdv_query_tiles(
         else:
             dk, dv = _dkdv_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP,
-                False, INPUT_PRECISION,
+                False, INPUT_PRECISION, OVERLAP_SOFTMAX,
             )  # fmt: skip
         if not STEP_BY_MASK:
             g += 1
@@ -275,6 +276,7 @@ def _dkdv_tile(
     chunk,
     seq,
     kv_head,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """dk, dv of tile-list row `chunk` (sequence `seq`), for kv head `kv_head`."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
@@ -349,7 +351,7 @@ def _dkdv_tile(
         shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
-        HAS_WINDOW_RIGHT, TMA, DQ_ATOMIC,
+        HAS_WINDOW_RIGHT, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
     )  # fmt: skip
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
@@ -357,7 +359,7 @@ def _dkdv_tile(
         shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, False, TMA,
-        DQ_ATOMIC,
+        DQ_ATOMIC, OVERLAP_SOFTMAX,
     )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.
@@ -404,6 +406,7 @@ def attention_backward_dkdv_kernel(
     PERSISTENT: tl.constexpr,
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
 
@@ -416,8 +419,10 @@ def attention_backward_dkdv_kernel(
     dQ, unscaled (dS K; the caller multiplies by the softmax scale), into dq_accum_ptr:
     float32 [total_q, NUM_Q_HEADS, HEAD_DIM], zeros at launch, by atomic adds (no dQ
     kernel then: FlashAttention-2's backward; the order of the float32 sums varies from
-    run to run); without it dq_accum_ptr is never touched (a placeholder). Other
-    arguments (shift_ptr included) as the forward kernel.
+    run to run); without it dq_accum_ptr is never touched (a placeholder).
+    OVERLAP_SOFTMAX: each query tile's dP = V dO^T is issued before P's exp2s, which run
+    beside its wgmma (`steps._dkdv_products`' DP_FIRST). Other arguments (shift_ptr
+    included) as the forward kernel.
     """
     kv_head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -432,7 +437,7 @@ def attention_backward_dkdv_kernel(
                 logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
                 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
                 HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC,
-                chunk, seq, kv_head,
+                chunk, seq, kv_head, OVERLAP_SOFTMAX,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -446,7 +451,7 @@ def attention_backward_dkdv_kernel(
             logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
             NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
             HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC, chunk,
-            seq, kv_head,
+            seq, kv_head, OVERLAP_SOFTMAX,
         )  # fmt: skip
 
 

@@ -60,15 +60,19 @@ class AttentionKernelConfig(KernelConfig):
         launches (past 64 sequences), float32 inputs and 16-row tiles compile
         unspecialized (12 warps in the report: specialized). Off by default: not yet
         timed on a GPU (an A/B row of `python -m bench gpu-check --warp-specialized`).
-      overlap_softmax: the forward issues each unmasked key tile's QK^T before the
-        previous tile's softmax, so that its wgmma runs beside the softmax's exp2s
-        (FlashAttention-3's intra-warpgroup overlap, `forward._overlapped_key_tiles`);
-        the default loop waits for QK^T, then computes the softmax, the tensor cores
-        idle. It holds a second tile of scores in registers: ptxas keeps the overlap at
-        128x64 tiles and 8 warps by pointers (`OVERLAPPED_FORWARD_TILE`), not at 128x128
-        (spills), 4 warps or with `tma` (SASS, sm_90, Triton 3.6 and 3.9). Forward only,
-        as `warp_specialize` (exclusive with it); off by default: not yet timed on a GPU
-        (an A/B row of `python -m bench gpu-check`).
+      overlap_softmax: the kernel issues a wgmma its exp2s do not need before them, so
+        that it runs beside them (FlashAttention-3's intra-warpgroup overlap). The
+        forward: each unmasked key tile's QK^T before the previous tile's softmax
+        (`forward._overlapped_key_tiles`; the default loop waits for QK^T, then computes
+        the softmax, the tensor cores idle); it holds a second tile of scores in
+        registers: ptxas keeps the overlap at 128x64 tiles and 8 warps by pointers
+        (`OVERLAPPED_FORWARD_TILE`), not at 128x128 (spills), 4 warps, with `tma`, nor
+        in the persistent launch (SASS, sm_90, Triton 3.6 and 3.9). dK/dV: each query
+        tile's dP = V dO^T before P's exp2s (`steps._dkdv_products`): at 32x128 by
+        pointers 16 / 11 of 16 exp2s beside it (3.6 / 3.9), at 64x128 with `tma` it
+        spills. Not for dQ (its exp2s already run beside dP; refused), exclusive with
+        `warp_specialize`; off by default: not yet timed on a GPU (A/B rows of `python
+        -m bench gpu-check`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -105,6 +109,13 @@ class AttentionKernelConfig(KernelConfig):
 # serialized (128x128 with the overlap spills 132 / 40 B; by descriptors (`tma`) or at
 # 4 warps ptxas issues no exp2 beside the MMA).
 OVERLAPPED_FORWARD_TILE = (128, 64, 8, 3)
+# dK/dV with `overlap_softmax` (dP issued before P's exp2s), the A/B row's: the tile
+# dK/dV takes by pointers on Hopper (calls without a right bound, or without descriptors),
+# 32x128 at 8 warps and two stages. Static report, sm_90, bf16, d=128, causal, Triton 3.6
+# / 3.9: 16 / 11 of the loop's 16 exp2s beside dP's wgmma in flight (none without it),
+# 494 / 530 warp-instructions per MFLOP against 492 / 528, no spill, not serialized.
+# (The Hopper default for light causal calls, 64x128 with `tma`, spills with it: 76-280 B.)
+OVERLAPPED_DKDV_TILE = (32, 128, 8, 2)
 
 
 @dataclasses.dataclass(frozen=True)

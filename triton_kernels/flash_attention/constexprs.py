@@ -105,6 +105,7 @@ def attention_constexprs(
         constexprs["HAS_D_LSE"] = has_d_lse
     else:
         constexprs["DQ_ATOMIC"] = dq_atomic
+        constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
     return constexprs
 
 

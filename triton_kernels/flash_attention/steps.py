@@ -139,16 +139,21 @@ def _dq_step(
 def _dkdv_products(
     dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
     PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """(dk, dv, dS^T in q's dtype): the body of `_dkdv_step` (read its docstring). dV's
-    product is issued before dP's, which it does not need."""
+    product is issued before dP's, which it does not need; DP_FIRST: dP's before P's
+    exp2s, which it does not need either, so that its wgmma runs beside them (costs dP's
+    tile in registers while P is computed)."""
+    if DP_FIRST:
+        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
     p_t = _probabilities(s2_t, lse2, True)
     p_dv = p_t
     if PARTIAL:
         p_dv = tl.where(allowed, p_t, 0.0)
     dv = tl.dot(p_dv.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-    dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+    if not DP_FIRST:
+        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
     ds_t = _score_gradient(
         p_t, dp_t, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, True
     ).to(q.dtype)
@@ -173,14 +178,15 @@ def _dkdv_step(
     HAS_SOFT_CAP: tl.constexpr,
     HAS_HOOK_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DP_FIRST: tl.constexpr = False,
 ):
     """(dk, dv) ([N, BLOCK_D] float32) += (dS^T Q, P^T dO) with one query tile q, dO
     [M, BLOCK_D], from the transposed tile's log2 scores s2_t and tanh t_t [N, M] (rows:
     this program's keys, v [N, BLOCK_D]), the hook's derivative g_t and the queries'
-    lse_log2 and delta [M]."""
+    lse_log2 and delta [M]. DP_FIRST: see `_dkdv_products`."""
     dk, dv, _ = _dkdv_products(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
-        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST,
     )  # fmt: skip
     return dk, dv
 
@@ -189,13 +195,13 @@ def _dkdv_step(
 def _dkdv_dq_step(
     dk, dv, s2_t, t_t, g_t, q, do, k, v, lse2, delta, allowed,
     PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """`_dkdv_step`'s (dk, dv), and the query tile's share of dQ, dS K ([M, BLOCK_D]
     float32, unscaled; over this program's keys k [N, BLOCK_D] only), from the same dS."""
     dk, dv, ds_t = _dkdv_products(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
-        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST,
     )  # fmt: skip
     dq = tl.dot(tl.trans(ds_t), k, None, input_precision=INPUT_PRECISION)
     return dk, dv, dq
