@@ -50,6 +50,8 @@ from tests.launches import record_launches
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
     KINDS,
+    OVERLAPPED_DKDV_TILE,
+    OVERLAPPED_FORWARD_TILE,
     AttentionFeatures,
     block_d,
     default_attention_config,
@@ -390,6 +392,18 @@ def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype):
     """The default that only such a device takes (dK/dV at 64x128 with Q and dO through
     TMA; d=128, causal, GQA groups of 4), against the float64 oracle."""
     _assert_device_float64_numbers(dtype, causal=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_overlapped_softmax_at_the_ab_rows_tiles_gives_the_float64_numbers(causal):
+    """The A/B rows' forward and dK/dV with their softmax overlapped, at their tiles (d=128,
+    bf16, GQA groups of 4; compiled on a GPU, where the overlap is in the SASS), against
+    the float64 oracle."""
+    forward = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
+    dkdv = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+    config = AttentionConfigs(forward=forward, backward_dkdv=dkdv)
+    _assert_device_float64_numbers(jnp.bfloat16, causal, config)
 
 
 # --- dQ accumulated by the dK/dV kernel (AttentionConfigs.dq_atomic) ----------------------
