@@ -26,7 +26,9 @@
 # limit; a step failing does not stop the next. $OUT ends with summary.txt, the JSON and
 # one archive of the logs (gpu_check_logs.tgz), as the device tool returns 8 files at most.
 # BENCH_COMMIT=<hash> names the commit where the copy has no .git; GPU_CHECK_ARGS adds
-# arguments to gpu-check. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
+# arguments to gpu-check; BENCH_BUDGET_S (260) is the bench rows' budget (cases not started
+# by then are skipped; each A/B anchor compiles its own kernels: ~5 cases in 260 s with
+# every anchor on), its step's time limit 30 s more. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
 # GPU_CHECK_ARGS="--dry-run --rows m64" bash bench/gpu_check.sh tma bench ncu (the `tma`
 # gate stays shut: the copy skips).
 set -u
@@ -92,8 +94,9 @@ fi
 
 if [[ $steps == *" bench "* ]]; then
   json="$OUT/bench/results/gpu-check-$(date -u +%Y%m%dT%H%MZ).json"
-  timeout 290 "$PY" -m bench gpu-check --budget-s 260 --json "$json" $tma_flag \
-    ${GPU_CHECK_ARGS:-} >"$logs/gpu_check.txt" 2>&1
+  budget="${BENCH_BUDGET_S:-260}"
+  timeout $((budget + 30)) "$PY" -m bench gpu-check --budget-s "$budget" --json "$json" \
+    $tma_flag ${GPU_CHECK_ARGS:-} >"$logs/gpu_check.txt" 2>&1
   rc=$?
   note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
   if [ "$rc" -gt 1 ] && [ "$rc" -ne 124 ]; then
