@@ -795,22 +795,21 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
     # and with --tma the dK/dV default before TMA; of those and the row without a right
     # bound, a forward of two CTAs per SM and the forward and dK/dV with their softmax
-    # overlapped; of
-    # the many documents, the persistent forward at 128x128; of the row without a right
-    # bound, dK/dV's pipeline four stages deep; with --warp-specialized, of the first two
-    # and the one without a right bound, the warp-specialized forward. Forward-only
-    # changes time no backward.
+    # overlapped; of the many documents, the persistent forward at 128x128; of the row
+    # without a right bound, dK/dV's pipeline four stages deep; with --warp-specialized,
+    # of the first two and the one without a right bound, the warp-specialized forward.
+    # An anchor that changes one pass only times that pass.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
-        forward = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
+        overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
         if not spec.causal:
-            return (_deep_dkdv_pipeline(spec), *forward, *ws)
+            return (_deep_dkdv_pipeline(spec), *overlap, *ws)
         if i >= 2:
             return ()
         tma = _dkdv_tile_before_tma(spec) if USE_TMA else ()
-        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *forward, *tma, *ws)
+        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),
