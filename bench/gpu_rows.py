@@ -692,10 +692,11 @@ def _overlapped_forward(spec: MaskSpec) -> Impl:
     """An A/B of the forward's softmax overlap (`AttentionKernelConfig.overlap_softmax`,
     FlashAttention-3's intra-warpgroup overlap): each unmasked key tile's QK^T wgmma is
     issued before the previous tile's softmax, at `OVERLAPPED_FORWARD_TILE` (128x64, 8
-    warps, three stages: the three-stage row's forward tile, so the two rows differ by the
-    overlap alone). Static report, sm_90, Triton 3.6 and 3.9: all 34 of the loop's exp2s
-    issued beside an MMA in flight (none in the default's), not serialized. Forward
-    only."""
+    warps, three stages: the three-stage row's forward tile, so on the causal rows the two
+    differ by the overlap alone; on the row without a right bound, which has no
+    three-stage row, it differs from the default in tile and depth too). Static report,
+    sm_90, Triton 3.6 and 3.9: all 34 of the loop's exp2s issued beside an MMA in flight
+    (none in the default's), not serialized. Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import OVERLAPPED_FORWARD_TILE
 

@@ -118,8 +118,8 @@ _INT32_POINTERS = {"cu_seqlens_q_ptr", "cu_seqlens_k_ptr", "chunk_indices_ptr"}
 def _loading_tags(config: Any) -> tuple[str, str]:
     """(name suffix, description suffix) of a config's loading and scheduling options:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
-    warp-specialized loop, "_overlap" / " overlapped softmax" for the forward's
-    `overlap_softmax`."""
+    warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
+    forward's or dK/dV's)."""
     tags = [
         ("tma", "_tma", " tma"),
         ("warp_specialize", "_ws", " warp-specialized"),

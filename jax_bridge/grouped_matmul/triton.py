@@ -273,8 +273,9 @@ def tgmm(
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
     # tgmm reads only the group bounds, which no row tile changes: its metadata launch
     # takes the row tile gmm takes here, so that XLA merges it with the equal launch of
-    # the gmm calls beside it (a gradient makes both): gmm's config's, or its default's
-    # where neither a config nor a tiling is given (a tiling's rows are tgmm's too).
+    # the gmm calls beside it (a gradient makes both): gmm's config's, its default's
+    # where neither a config nor a tiling is given, else tgmm's own (a tiling's rows are
+    # gmm's too, unless tgmm has a config of its own: then the two launches differ).
     rows = config.block_m
     gmm_given = _given_config(options, transposed=False)
     if gmm_given is not None:
@@ -285,7 +286,8 @@ def tgmm(
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
     # Descriptors over a group's rows need them token-major (16-byte aligned bases).
-    tma = options.lhs_token_major and _tma(config, k, n, lhs.dtype, "transposed_grouped_matmul")
+    op = "transposed_grouped_matmul (tgmm: also grouped_matmul's weight gradient)"
+    tma = options.lhs_token_major and _tma(config, k, n, lhs.dtype, op)
     return triton_call(
         lhs,
         rhs,

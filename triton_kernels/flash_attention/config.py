@@ -104,7 +104,7 @@ class AttentionKernelConfig(KernelConfig):
 # tile and depth of FlexAttention's H100 forward (the three-stage A/B row's, without the
 # overlap). Static report, sm_90, bf16, d=128, causal, Triton 3.6 / 3.9: the unmasked
 # loop issues all 34 of its MUFUs while the next tile's QK^T wgmma is in flight (none
-# without the overlap, nor in the 128x128 default), 692 / 711 warp-instructions per
+# without the overlap, nor in the 128x128 default), 690 / 711 warp-instructions per
 # MFLOP against 637 / 694 without it and 495 / 527 for the default; no spill, not
 # serialized (128x128 with the overlap spills 132 / 40 B; by descriptors (`tma`) or at
 # 4 warps ptxas issues no exp2 beside the MMA).

@@ -272,9 +272,10 @@ def _sequence_rows(rows_ptr, length, WIDTH: tl.constexpr, STRIDE: tl.constexpr,
     """A tensor descriptor over `length` rows of WIDTH elements from `rows_ptr`, `STRIDE`
     elements apart (WIDTH: one head, or a GQA group's heads side by side), loaded
     [BLOCK, HEAD_DIM] at a time (one head of BLOCK rows); rows past `length` load as 0.
-    An empty sequence gets one row: a descriptor has no zero extent, and nothing it
-    loads is used (key loops are empty; the warp-specialized forward's Q tile of a
-    surplus program, row 0 of a non-empty q, is never stored)."""
+    An empty sequence gets one row: a descriptor has no zero extent, and nothing is
+    loaded from it (key loops are empty; `_overlapped_key_tiles` loads an empty phase's
+    tiles past the rows; the warp-specialized forward's Q tile of a surplus program, row
+    0 of a non-empty q, is never stored)."""
     return tl.make_tensor_descriptor(
         rows_ptr, shape=[tl.maximum(length, 1), WIDTH], strides=[STRIDE, 1],
         block_shape=[BLOCK, HEAD_DIM],
@@ -467,16 +468,21 @@ def _overlapped_key_tiles(
 
     No branch: an `if` around the first and last tiles (an empty phase) makes ptxas
     serialize every wgmma of the kernel (C7515: registers of an accumulator defined
-    inside a pipeline stage). They run unconditionally instead, their loads masked to
-    the phase (nothing read outside it), and an empty phase keeps (acc, m_i, l_i).
+    inside a pipeline stage). They run unconditionally instead and an empty phase keeps
+    (acc, m_i, l_i); its loads read nothing: by pointers every row is masked, by
+    descriptors the tiles lie past the sequence's rows, which the copy engine fills
+    with zeros without reading (at row 0 an empty sequence's one-row descriptor would
+    read the next sequence's first row, or past the array).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
+    some = start < end
+    nowhere = tl.maximum(len_k, 1)  # past the rows of the sequence's descriptors
     k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
     k, k_at = _one_key_tile(
-        k_seq, k_at, start, start + offs_n < end, offs_n, offs_d, d_ok,
-        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
+        k_seq, k_at, tl.where(some, start, nowhere), start + offs_n < end, offs_n, offs_d,
+        d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     # Invariant: qk holds the products of tile n - BLOCK_N, v_at points at its values.
@@ -494,7 +500,7 @@ def _overlapped_key_tiles(
             RAW_SCORE_MAX,
         )  # fmt: skip
         qk = qk_next
-    last = tl.maximum(start + (end - 1 - start) // BLOCK_N * BLOCK_N, start)
+    last = tl.where(some, start + (end - 1 - start) // BLOCK_N * BLOCK_N, nowhere)
     v, v_at = _one_key_tile(
         v_seq, v_at, last, last + offs_n < end, offs_n, offs_d, d_ok,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
@@ -505,7 +511,6 @@ def _overlapped_key_tiles(
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
         RAW_SCORE_MAX,
     )  # fmt: skip
-    some = start < end
     acc = tl.where(some, acc_last, acc)
     return acc, tl.where(some, m_last, m_i), tl.where(some, l_last, l_i)
 

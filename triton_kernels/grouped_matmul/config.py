@@ -99,10 +99,11 @@ class GroupedMatmulConfig(KernelConfig):
     def shared_memory_bytes(self, element_bytes: int, transposed: bool) -> int:
         """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, where
         warp-specialized, of the float32 output tile its consumers hand the epilogue: gmm's
-        `[block_m, block_n]`, tgmm's (`transposed`) `[block_k, block_n]` (the static
+        `[block_m, block_n]`, tgmm's (`transposed`; where `tgmm_warp_specializes`)
+        `[block_k, block_n]` (the static
         report: gmm 128 x 64 x 128 at 4 stages takes 192 KiB, 128 + 64)."""
         pipeline = self.num_stages * self.stage_bytes(element_bytes, transposed)
-        if not self.warp_specialize:
+        if not (tgmm_warp_specializes(self) if transposed else self.warp_specialize):
             return pipeline
         return pipeline + 4 * (self.block_k if transposed else self.block_m) * self.block_n
 
