@@ -324,6 +324,19 @@ def test_static_report_of_the_dq_atomic_dkdv(compute_capability, head_dim, featu
         assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
 
 
+def _lower_training_step(config: AttentionConfigs, causal: bool) -> None:
+    """Lowers for an H100 (sm_90) the gradient of a bf16 varlen attention call at `config`
+    (d=128, GQA): every kernel of forward + backward compiles and reaches jaxlib."""
+    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=causal, implementation="triton",
+                               config=config)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+
+
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_static_report_float32(head_dim, kind):
@@ -343,15 +356,7 @@ def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
     tile = AttentionKernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=True)
     dkdv = AttentionKernelConfig(block_m=32, block_n=128, num_warps=8, num_stages=2, tma=True)
-    config = AttentionConfigs(forward=tile, backward_dkdv=dkdv)
-    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
-
-    def loss(q, k, v, cu_q, cu_k):
-        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
-                               config=config)  # fmt: skip
-        return out.astype(jnp.float32).sum()
-
-    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+    _lower_training_step(AttentionConfigs(forward=tile, backward_dkdv=dkdv), causal=True)
     with_scratch = {"attention_forward_kernel", "attention_backward_dkdv_kernel"}
     for name in with_scratch:
         (call,) = recorded.of(name)
@@ -372,15 +377,7 @@ def test_warp_specialized_forward_lowers_for_an_h100_with_its_own_warps(monkeypa
 
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
     forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
-    config = AttentionConfigs(forward=forward)
-    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
-
-    def loss(q, k, v, cu_q, cu_k):
-        out = varlen_attention(q, k, v, cu_q, cu_k, causal=causal, implementation="triton",
-                               config=config)  # fmt: skip
-        return out.astype(jnp.float32).sum()
-
-    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu_q, cu_k, compute_capability=90)
+    _lower_training_step(AttentionConfigs(forward=forward), causal=causal)
     (call,) = recorded.of("attention_forward_kernel")
     assert call[1] == 12 and call[7:] == (384, 128)
     assert all(c[1] != 12 for c in recorded.calls if c[0] != "attention_forward_kernel")

@@ -372,12 +372,16 @@ _WRITE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", _WRITE_CASES)
-@pytest.mark.parametrize(
+# How a bare launch loads its tiles: by pointers, through descriptors, warp-specialized.
+_BY_LOADING = pytest.mark.parametrize(
     "tma, warp_specialize",
     [(False, False), (True, False), (True, True)],
     ids=["pointers", "tma", "tma-warp-specialized"],
 )
+
+
+@pytest.mark.parametrize("case", _WRITE_CASES)
+@_BY_LOADING
 def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
     """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
     the interpreter), every row of a local group must hold its product afterwards and
@@ -427,11 +431,7 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
 
 
 @pytest.mark.parametrize("case", _WRITE_CASES)
-@pytest.mark.parametrize(
-    "tma, warp_specialize",
-    [(False, False), (True, False), (True, True)],
-    ids=["pointers", "tma", "tma-warp-specialized"],
-)
+@_BY_LOADING
 def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
     """Launched bare on an output that starts NaN, every local group's [k, n] tile must
     hold the sum over its own rows (an empty group: zeros) though every row outside the

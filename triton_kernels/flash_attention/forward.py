@@ -312,23 +312,35 @@ def _key_cursors(k_seq, v_seq, start, KV_STRIDE: tl.constexpr, TMA: tl.constexpr
 
 
 @triton.jit
+def _key_rows(
+    at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr,
+    APPLY_MASK: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """(tile, next cursor): the [BLOCK_N, BLOCK_D] tile of K or V rows n + offs_n, through
+    the descriptor `at` (TMA; rows outside the sequence read 0; it is also the next
+    cursor) or from the pointer `at` to row n (rows failing col_ok read 0 where
+    APPLY_MASK; the next cursor points BLOCK_N rows on)."""
+    if TMA:
+        tile, at_next = at.load([n, 0]), at
+    else:
+        ptrs = _tile_ptrs(at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        tile = _load_rows(ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
+        at_next = at + BLOCK_N * KV_STRIDE
+    return tile, at_next
+
+
+@triton.jit
 def _key_value_tiles(
     k_at, v_at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ROWS_ALIGNED: tl.constexpr, APPLY_MASK: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """(K, V, next k_at, next v_at): the tiles [BLOCK_N, BLOCK_D] of key rows n + offs_n,
-    through the descriptors `k_at`, `v_at` (TMA; rows past the sequence read 0; they are
-    also the next cursors) or from the pointers `k_at`, `v_at` to row n (rows failing
-    col_ok read 0 where APPLY_MASK; the next cursors point BLOCK_N rows on)."""
-    if TMA:
-        k, v, k_next, v_next = k_at.load([n, 0]), v_at.load([n, 0]), k_at, v_at
-    else:
-        k_ptrs = _tile_ptrs(k_at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        v_ptrs = _tile_ptrs(v_at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        k = _load_rows(k_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        v = _load_rows(v_ptrs, col_ok, d_ok, APPLY_MASK, BLOCK_D == HEAD_DIM)
-        k_next, v_next = k_at + BLOCK_N * KV_STRIDE, v_at + BLOCK_N * KV_STRIDE
+    """(K, V, next k_at, next v_at): `_key_rows` of both at key rows n + offs_n."""
+    k, k_next = _key_rows(k_at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE, HEAD_DIM,
+                          BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA)  # fmt: skip
+    v, v_next = _key_rows(v_at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE, HEAD_DIM,
+                          BLOCK_N, BLOCK_D, ROWS_ALIGNED, APPLY_MASK, TMA)  # fmt: skip
     return k, v, k_next, v_next
 
 
@@ -431,25 +443,6 @@ def _softmax_key_tile(
 
 
 @triton.jit
-def _one_key_tile(
-    seq_rows, at, n, col_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    ROWS_ALIGNED: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
-    """(tile, next cursor): rows n + offs_n of K or V through the descriptor `seq_rows`
-    (TMA: rows outside the sequence read 0), or from the pointer `at` to row n (then
-    stepped BLOCK_N rows on), rows failing col_ok read as 0 where CHECK_ROWS (else all
-    inside the sequence: an unmasked key tile)."""
-    if TMA:
-        tile, at_next = seq_rows.load([n, 0]), at
-    else:
-        ptrs = _tile_ptrs(at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-        tile = _load_rows(ptrs, col_ok, d_ok, CHECK_ROWS, BLOCK_D == HEAD_DIM)
-        at_next = at + BLOCK_N * KV_STRIDE
-    return tile, at_next
-
-
-@triton.jit
 def _overlapped_key_tiles(
     acc, m_i, l_i, q, k_seq, v_seq, start, end, rows, shift, len_k, window_left,
     window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
@@ -480,19 +473,18 @@ def _overlapped_key_tiles(
     some = start < end
     nowhere = tl.maximum(len_k, 1)  # past the rows of the sequence's descriptors
     k_at, v_at = _key_cursors(k_seq, v_seq, start, KV_STRIDE, TMA)
-    k, k_at = _one_key_tile(
-        k_seq, k_at, tl.where(some, start, nowhere), start + offs_n < end, offs_n, offs_d,
-        d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
+    k, k_at = _key_rows(
+        k_at, tl.where(some, start, nowhere), start + offs_n < end, offs_n, offs_d, d_ok,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     # Invariant: qk holds the products of tile n - BLOCK_N, v_at points at its values.
     for n in tl.range(start + BLOCK_N, end, BLOCK_N):
-        k, k_at = _one_key_tile(k_seq, k_at, n, None, offs_n, offs_d, d_ok, KV_STRIDE,
-                                HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False, TMA)  # fmt: skip
+        k, k_at = _key_rows(k_at, n, None, offs_n, offs_d, d_ok, KV_STRIDE, HEAD_DIM,
+                            BLOCK_N, BLOCK_D, ROWS_ALIGNED, False, TMA)  # fmt: skip
         qk_next = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
-        v, v_at = _one_key_tile(v_seq, v_at, n - BLOCK_N, None, offs_n, offs_d, d_ok,
-                                KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False,
-                                TMA)  # fmt: skip
+        v, v_at = _key_rows(v_at, n - BLOCK_N, None, offs_n, offs_d, d_ok, KV_STRIDE,
+                            HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False, TMA)  # fmt: skip
         acc, m_i, l_i = _softmax_key_tile(
             acc, m_i, l_i, qk, v, rows, n - BLOCK_N + offs_n, shift, len_k, window_left,
             window_right, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False,
@@ -501,8 +493,8 @@ def _overlapped_key_tiles(
         )  # fmt: skip
         qk = qk_next
     last = tl.where(some, start + (end - 1 - start) // BLOCK_N * BLOCK_N, nowhere)
-    v, v_at = _one_key_tile(
-        v_seq, v_at, last, last + offs_n < end, offs_n, offs_d, d_ok,
+    v, v_at = _key_rows(
+        v_at, last, last + offs_n < end, offs_n, offs_d, d_ok,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True, TMA,
     )  # fmt: skip
     acc_last, m_last, l_last = _softmax_key_tile(
