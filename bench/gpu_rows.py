@@ -181,16 +181,17 @@ def splash_mask(spec: MaskSpec):
     return CausalMask(shape)
 
 
-def block_sparse_impl(spec: MaskSpec, block_sizes=None, label: str = "") -> Impl:
+def block_sparse_impl(spec: MaskSpec, block_sizes=None, label: str = "", config=None) -> Impl:
     """Ours: the Triton block-sparse kernels with the spec's splash mask, at their default
-    tiles or at `block_sizes` (a `BlockSizes`, for A/B rows: `label` names it)."""
+    tiles or at `block_sizes` (a `BlockSizes`) and `config` (an `AttentionConfigs`), for
+    A/B rows: `label` names them."""
     from jax_bridge import block_sparse_attention
 
     mask = splash_mask(spec)
 
     def fn(q, k, v):
         return block_sparse_attention(
-            q, k, v, mask, block_sizes=block_sizes, implementation="triton"
+            q, k, v, mask, block_sizes=block_sizes, config=config, implementation="triton"
         )
 
     def prepare(host):
@@ -252,9 +253,10 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # ---------------------------------------------------------------------------- torch side
 
 
-# True: the first two varlen rows time the dK/dV default before TMA as one more anchor
-# (`_dkdv_tile_before_tma`), the grouped matmul rows gmm with TMA as one more, forward
-# only, and the weight gradient's tgmm with TMA, fwd+bwd only (`tgmm_impl`)
+# True: the first two varlen rows time the dK/dV default before TMA and the backward at
+# one warpgroup a CTA (`_dkdv_tile_before_tma`, `_two_ctas_backward`), the grouped matmul
+# rows gmm with TMA as one more, forward only, and the weight gradient's tgmm with TMA,
+# fwd+bwd only (`tgmm_impl`)
 # (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
@@ -655,6 +657,24 @@ def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
     return (varlen_impl(spec, before, "dkdv 32x128 by pointers"),)
 
 
+def _two_ctas_backward(spec: MaskSpec) -> Impl:
+    """An A/B of the backward's CTA shape: dK/dV and dQ at `TWO_CTA_BACKWARD_TILE`
+    (64x64, 4 warps, two stages, with `tma`), one warpgroup a CTA and two CTAs an SM,
+    against the defaults' two warpgroups a CTA (dK/dV 64x128 with `tma`, dQ 128x64).
+    Static report, sm_90, d=128, Triton 3.6: the same warp-instructions per MFLOP (dK/dV
+    360 against 360, dQ 351 against 359), but the defaults' loops take 2-4 barriers of
+    the whole CTA a tile, which hold their two warpgroups in step (neither's exp2s beside
+    the other's MMAs); two CTAs of one warpgroup drift apart, at twice the reads of the
+    streamed tiles. fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import TWO_CTA_BACKWARD_TILE
+
+    config = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    two = AttentionConfigs(backward_dkdv=config, backward_dq=config)
+    impl = varlen_impl(spec, two, "backward 64x64 4 warps")
+    return dataclasses.replace(impl, forward=False)
+
+
 def _three_stage_tiles(spec: MaskSpec) -> Impl:
     """An A/B of pipeline depth: the forward and dQ at FlexAttention's H100 tiles for
     head_dim 128 (PyTorch's defaults: 128x64, 8 warps, three stages; ours default to two
@@ -767,8 +787,9 @@ def _warp_specialized_forward(spec: MaskSpec) -> Impl:
     meet at no barrier, drift out of phase (one's softmax beside the other's MMAs).
     Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import WARP_SPECIALIZED_FORWARD_TILE
 
-    forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
+    forward = AttentionKernelConfig(*WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True)
     impl = varlen_impl(spec, AttentionConfigs(forward=forward), "forward warp-specialized")
     return dataclasses.replace(impl, grad=False)
 
@@ -794,11 +815,12 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     ]
 
     # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
-    # and with --tma the dK/dV default before TMA; of those and the row without a right
-    # bound, a forward of two CTAs per SM and the forward and dK/dV with their softmax
-    # overlapped; of the many documents, the persistent forward at 128x128; of the row
-    # without a right bound, dK/dV's pipeline four stages deep; with --warp-specialized,
-    # of the first two and the one without a right bound, the warp-specialized forward.
+    # and with --tma the dK/dV default before TMA and the backward at one warpgroup a CTA;
+    # of those and the row without a right bound, a forward of two CTAs per SM and the
+    # forward and dK/dV with their softmax overlapped; of the many documents, the
+    # persistent forward at 128x128; of the row without a right bound, dK/dV's pipeline
+    # four stages deep; with --warp-specialized, of the first two and the one without a
+    # right bound, the warp-specialized forward.
     # An anchor that changes one pass only times that pass.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
@@ -809,7 +831,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
             return (_deep_dkdv_pipeline(spec), *overlap, *ws)
         if i >= 2:
             return ()
-        tma = _dkdv_tile_before_tma(spec) if USE_TMA else ()
+        tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec)) if USE_TMA else ()
         return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [
@@ -842,9 +864,40 @@ def _wide_block_sparse_dq(spec: MaskSpec) -> Impl:
     return block_sparse_impl(spec, wide, "dq 128x128")
 
 
+def _two_ctas_block_sparse(spec: MaskSpec) -> Impl:
+    """An A/B of the block-sparse kernels' CTA shape: one warpgroup a CTA, two CTAs an
+    SM (forward and dQ at 64x64, dK/dV at 32x64, 4 warps, two stages; dK/dV spills at
+    64x64 by pointers), against the defaults' two warpgroups a CTA, whose loops take 2-4
+    barriers of the whole CTA a tile (`TWO_CTA_BACKWARD_TILE`'s comment). Static report,
+    sm_90, d=128, Triton 3.6 / 3.9, warp-instructions per MFLOP: forward 690 / 736
+    against 504 / 526, dQ 417 / 437 against 370 / 432, dK/dV 538 / 549 against 502 /
+    555; no spill in the loops (28 B outside dK/dV's)."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    square = AttentionKernelConfig(64, 64, 4, 2)
+    two = AttentionConfigs(
+        forward=square, backward_dq=square, backward_dkdv=AttentionKernelConfig(32, 64, 4, 2)
+    )
+    return block_sparse_impl(spec, label="64x64 4 warps", config=two)
+
+
+def _flex_forward_block_sparse(spec: MaskSpec) -> Impl:
+    """An A/B of the block-sparse forward's tile: FlexAttention's on an H100 at d=128
+    (128x64, 8 warps, three stages) against the default 128x128 at two; narrower key
+    tiles leave fewer masked elements in a sparse mask's partial tiles (a window's
+    edges, a document's diagonal). Static report, sm_90, Triton 3.6 / 3.9: 683 / 729
+    warp-instructions per MFLOP against 504 / 526, no spill. Forward only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    flex = AttentionConfigs(forward=AttentionKernelConfig(128, 64, 8, 3))
+    impl = block_sparse_impl(spec, label="forward 128x64 3 stages", config=flex)
+    return dataclasses.replace(impl, grad=False)
+
+
 def block_sparse_cases(sizes: Sizes) -> list[Case]:
     """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks;
-    the documents row with the dQ tile's A/B."""
+    A/B rows of the sparse ones (the window and the documents): one warpgroup a CTA and
+    FlexAttention's forward tile; of the documents also the dQ tile."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     specs = {
         "causal": (MaskSpec((t,)), True),
@@ -855,10 +908,17 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
             False,
         ),
     }
+
+    def ab(name: str, spec: MaskSpec) -> tuple[Impl, ...]:
+        if name.startswith("causal") or name.startswith("random"):
+            return ()
+        dq = (_wide_block_sparse_dq(spec),) if "documents" in name else ()
+        return (_two_ctas_block_sparse(spec), _flex_forward_block_sparse(spec), *dq)
+
     return [
         _attention_case("block_sparse", "block_sparse_attention", f"{t} tok {name}", spec, heads,
                         sizes, block_sparse_impl(spec), _sdpa(spec) if sdpa else [],
-                        variants=(_wide_block_sparse_dq(spec),) if "documents" in name else ())
+                        variants=ab(name, spec))
         for name, (spec, sdpa) in specs.items()
     ]  # fmt: skip
 

@@ -9,6 +9,11 @@ instructions (HGMMA on sm_90, HMMA on sm_80) and the static throughput proxy: th
 warp-instructions of the innermost unmasked tensor-core loop per MFLOP of its tensor-core
 work (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
 kernels of different tile shapes fairly, and it moves with every change to a kernel.
+Beside it, what the count cannot price: the loop's exp2s issued while an MMA is in
+flight ("exp2 by MMA") and its barriers of the whole CTA ("CTA bar"), each of which holds
+a CTA's warpgroups in step (a CTA of one warpgroup, 4 warps, is held by none). On the
+H100 the TMA kernels, with fewer instructions and more such barriers (4 a tile against 2
+under Triton 3.6), ran 3-12% slower than the same tiles by pointers.
 
 Flags: SPILL (a spill store inside that loop, or more than `LOOP_RELOADS_TOLERATED`
 reloads, where every iteration pays them, or more than `SPILL_OUTSIDE_LOOP_BYTES`
@@ -40,7 +45,7 @@ on sm_90 (bf16, head_dim 128, causal)."""
 _TARGET_KERNELS = ("attention_forward", "attention_backward_dq", "attention_backward_dkdv")
 _COLUMNS = (
     "kernel", "arch", "problem", "warps", "stages", "regs", "spill B", "smem KiB",
-    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "exp2 by MMA", "flags",
+    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "exp2 by MMA", "CTA bar", "flags",
 )  # fmt: skip
 
 
@@ -106,6 +111,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
                     "instructions_per_mflop": None if proxy is None else round(proxy, 1),
                     "loop_mufu": loop.mufu if loop else None,
                     "loop_mufu_beside_mma": loop.mufu_beside_mma if loop else None,
+                    "loop_cta_barriers": loop.cta_barriers if loop else None,
                     "flags": _flags(report, variant.name, head_dim),
                 }
             )
@@ -116,7 +122,7 @@ def format_report(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as one aligned table (figures right-aligned)."""
     cells = [_cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
-    left = {0, 1, 2, 13}
+    left = {0, 1, 2, 14}
 
     def line(row: Sequence[str]) -> str:
         pairs = enumerate(zip(row, widths, strict=True))
@@ -134,9 +140,18 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         "-" if r["loop_instructions"] is None else str(r["loop_instructions"]),
         "-" if r["instructions_per_mflop"] is None else f"{r['instructions_per_mflop']:.0f}",
         f"{r['loop_mufu_beside_mma']}/{r['loop_mufu']}" if r.get("loop_mufu") else "-",
+        _barrier_cell(r),
         " ".join(r["flags"]) or "ok",
     )
     # fmt: on
+
+
+def _barrier_cell(r: dict[str, Any]) -> str:
+    # A barrier holds warpgroups in step only where the CTA has two or more.
+    count = r.get("loop_cta_barriers")
+    if count is None:
+        return "-"
+    return str(count) if r["num_warps"] > 4 else f"{count} (1 WG)"
 
 
 def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 0) -> dict:
@@ -225,7 +240,10 @@ def main(argv: Sequence[str]) -> None:
         f"\ninstr/MFLOP: warp-instructions of the innermost unmasked tensor-core loop per "
         f"MFLOP of its tensor-core work (target <= {TARGET_PER_MFLOP} for the sm_90 "
         "attention kernels at bf16, head_dim 128, causal); exp2 by MMA: of that loop's "
-        "MUFU instructions, those issued while a warpgroup MMA is in flight"
+        "MUFU instructions, those issued while a warpgroup MMA is in flight; CTA bar: "
+        "that loop's barriers of the whole CTA, each holding its warpgroups in step (one "
+        "warpgroup's exp2s cannot run beside another's MMAs; a CTA of one warpgroup, "
+        "4 warps, is held by none, and two of them on an SM run out of step)"
     )
     if args.json is not None:
         from bench.report import machine_description

@@ -160,8 +160,11 @@ def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
 def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     path = tmp_path / "results" / "dry.json"
     # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents);
-    # 32x2 causal: the many-document row
-    rows = ["16x4 causal", "4x16 causal", "32x2 causal", "m64 G4", "64 tok random 50%"]
+    # 32x2 causal: the many-document row; 64 tok 16 documents: the block-sparse A/B rows
+    rows = [
+        "16x4 causal", "4x16 causal", "32x2 causal", "m64 G4", "64 tok random 50%",
+        "64 tok 16 documents",
+    ]  # fmt: skip
     status = gpu_check.main(["--dry-run", "--rows", *rows, "--json", str(path)])
     assert status == 0
     document = json.loads(path.read_text())
@@ -169,16 +172,17 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     found = document["rows"]
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
         "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal", "m64 k32 n16 G4",
-        "64 tok random 50%",
+        "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages,
-    # dQ by atomics, the dK/dV tile before TMA, a forward of two CTAs per SM, and the
-    # forward and dK/dV with their softmax overlapped, on the
+    # dQ by atomics, the dK/dV tile before TMA, the backward and the forward of two CTAs
+    # per SM, and the forward and dK/dV with their softmax overlapped, on the
     # many documents the persistent forward at 128x128, on the first two and the row
     # without a right bound the warp-specialized forward, on grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
-    # gradient's tgmm with TMA and warp-specialized (fwd+bwd only).
+    # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
+    # documents two CTAs per SM, FlexAttention's forward tile and the dQ tile.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
@@ -191,9 +195,14 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton, tgmm tma warp-specialized 64x128x256 2 stages", "memory roof (XLA)",
         "ours triton varlen forward overlapped softmax",
         "ours triton varlen dkdv overlapped softmax",
+        "ours triton varlen backward 64x64 4 warps", "ours triton block-sparse 64x64 4 warps",
+        "ours triton block-sparse forward 128x64 3 stages", "ours triton block-sparse dq 128x128",
     }  # fmt: skip
-    for kernel, label in (("forward", "forward"), ("dkdv", "fwd+bwd")):
-        rows = [r for r in found if f"{kernel} overlapped" in r["baseline"]]
+    for kernel, label in (
+        ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
+        ("backward 64x64", "fwd+bwd"), ("block-sparse forward 128x64", "forward"),
+    ):  # fmt: skip
+        rows = [r for r in found if kernel in r["baseline"]]
         assert rows and all(r["op"].endswith(label) for r in rows)
     tgmm_rows = [r for r in found if "tgmm" in r["baseline"]]
     assert tgmm_rows and all(r["op"].endswith("fwd+bwd") for r in tgmm_rows)

@@ -27,6 +27,7 @@ from triton_kernels.flash_attention.backward import (
 from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
+    TWO_CTA_BACKWARD_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
     default_attention_config,
@@ -43,6 +44,7 @@ from triton_kernels.grouped_matmul.config import (
     GroupedMatmulConfig,
     gmm_config,
     tgmm_config,
+    tgmm_warp_specializes,
     warp_specialized_gmm_config,
 )
 from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
@@ -324,6 +326,8 @@ def grouped_matmul_variant(
             element_bytes=element_bytes,
             compute_capability=compute_capability,
         )
+    if kernel is tgmm_kernel:  # as the op launches it (Triton fails some tgmm consumers)
+        config = config.replace(warp_specialize=tgmm_warp_specializes(config))
     element = TRITON_TYPES[dtype_name]
     types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
     types |= {"init_ptr": "*fp32", "out_ptr": "*fp32", "num_groups": "i32"}
@@ -369,6 +373,11 @@ def default_variants(
                                ("backward_dkdv", OVERLAPPED_DKDV_TILE)):  # fmt: skip
                 config = AttentionKernelConfig(*tile, overlap_softmax=True)
                 variants.append(attention_variant(kind, head_dim, 90, config=config))
+            # and the backward at one warpgroup a CTA, two CTAs an SM
+            config = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+            for kind in ("backward_dkdv", "backward_dq"):
+                variant = attention_variant(kind, head_dim, 90, config=config)
+                variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
         # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
         variants.append(
             attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)

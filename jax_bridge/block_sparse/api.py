@@ -22,6 +22,7 @@ from jax_bridge.block_sparse.checks import (
     OP,
     check_alibi,
     check_block_sizes,
+    check_config,
     check_mask,
     check_qkv,
     check_return_lse,
@@ -44,6 +45,7 @@ from jax_bridge.core.validation import check_head_dim, check_per_head
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.masks import Mask
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 
 __all__ = ["BACKENDS", "BlockSparseOptions", "block_sparse_attention"]
 
@@ -65,6 +67,7 @@ def block_sparse_attention(
     return_lse: bool = False,
     score_mod: ScoreMod | None = None,
     block_sizes: BlockSizes | None = None,
+    config: AttentionConfigs | AttentionKernelConfig | None = None,
     precision: Any = None,
     implementation: str = "auto",
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
@@ -106,6 +109,12 @@ def block_sparse_attention(
         default up to 512); Triton (block_q, block_kv), (block_q_dq, block_kv_dq) and
         (block_q_dkv, block_kv_dkv), powers of two >= 16 (default: the varlen kernels'
         tiles for the GPU). Sequences are padded to whole blocks either way.
+      config: the Triton kernels' launch configuration (tile, warps, stages), as
+        `varlen_attention` takes it: an `AttentionConfigs` (each kernel's
+        `AttentionKernelConfig`; None fields: the default) or one `AttentionKernelConfig`
+        for all three kernels. A kernel's tile given by both `block_sizes` and `config`
+        must agree. `tma`, `warp_specialize`, `overlap_softmax` and `dq_atomic` are the
+        varlen kernels' and refused. XLA ignores it; Pallas refuses it (`block_sizes`).
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
         The Pallas kernels use the TPU's default dot precision.
       implementation: "auto" (Triton on GPUs, Pallas on TPU, XLA elsewhere), "xla",
@@ -129,6 +138,7 @@ def block_sparse_attention(
     """
     impl = BACKENDS.resolve(implementation)
     block_sizes = check_block_sizes(block_sizes, impl)
+    config = check_config(config, block_sizes, impl)
     check_qkv(q, k, v)
     _, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
@@ -148,6 +158,7 @@ def block_sparse_attention(
         softmax_scale=scale,
         logits_soft_cap=cap,
         block_sizes=block_sizes,
+        config=config,
         score_mod=score_mod,
     )
     if has_traced_member(mask):

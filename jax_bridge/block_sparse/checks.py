@@ -13,8 +13,18 @@ from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.validation import check_per_head, check_qkv_arrays, is_traced
 from pallas_tpu.splash.config import BLOCK_FIELDS, NUM_LANES, NUM_SUBLANES, BlockSizes
 from pallas_tpu.splash.masks import Mask, MultiHeadMask
+from triton_kernels.flash_attention.config import KINDS, AttentionConfigs, AttentionKernelConfig
 
 OP = "block_sparse_attention"
+
+# block_sizes fields of each Triton kernel's (query, key) tile.
+TRITON_BLOCK_FIELDS = {
+    "forward": ("block_q", "block_kv"),
+    "backward_dq": ("block_q_dq", "block_kv_dq"),
+    "backward_dkdv": ("block_q_dkv", "block_kv_dkv"),
+}
+# AttentionKernelConfig's options that only the varlen kernels implement.
+_VARLEN_ONLY_OPTIONS = ("tma", "warp_specialize", "overlap_softmax")
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> None:
@@ -136,7 +146,7 @@ def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | Non
     if implementation == "xla":
         fields = ["block_q", "block_kv"]
     elif implementation == "triton":
-        fields = ["block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv", "block_kv_dkv"]
+        fields = [name for pair in TRITON_BLOCK_FIELDS.values() for name in pair]
     for name in fields:
         value = getattr(block_sizes, name)
         if value is None:
@@ -159,3 +169,60 @@ def check_block_sizes(block_sizes: Any, implementation: str) -> BlockSizes | Non
                 "implementation='pallas' (the TPU lane width)."
             )
     return block_sizes
+
+
+def check_config(
+    config: Any, block_sizes: BlockSizes | None, implementation: str
+) -> AttentionConfigs | None:
+    """The Triton kernels' launch configuration as an `AttentionConfigs` (one
+    `AttentionKernelConfig` stands for all three kernels), or None. XLA ignores it (as
+    `varlen_attention`'s XLA path does); Pallas takes `block_sizes` instead. The
+    block-sparse kernels read no tensor descriptors, run no warp-specialized or
+    overlapped loop and keep their own dQ kernel, so those options are refused on every
+    backend; a Triton kernel whose tile both `config` and `block_sizes` give must get
+    the same one (XLA's block_sizes are its own blocks)."""
+    if config is None:
+        return None
+    if isinstance(config, AttentionKernelConfig):
+        config = AttentionConfigs(forward=config, backward_dkdv=config, backward_dq=config)
+    if not isinstance(config, AttentionConfigs):
+        raise TypeError(
+            f"{OP}: config must be an AttentionConfigs, an AttentionKernelConfig or None, "
+            f"got {type(config).__name__}."
+        )
+    if implementation == "pallas":
+        raise ValueError(
+            f"{OP}: config is the Triton kernels' launch configuration; implementation="
+            "'pallas' takes its tiles from block_sizes."
+        )
+    if config.dq_atomic:
+        raise ValueError(
+            f"{OP}: config.dq_atomic=True is varlen_attention's; the block-sparse backward "
+            "keeps its dQ kernel."
+        )
+    for kind in KINDS:
+        kernel = getattr(config, kind)
+        if kernel is None:
+            continue
+        for option in _VARLEN_ONLY_OPTIONS:
+            if getattr(kernel, option):
+                raise ValueError(
+                    f"{OP}: config.{kind}.{option}=True is a varlen_attention kernel option; "
+                    "the block-sparse kernels do not take it."
+                )
+        if implementation == "triton":
+            _check_same_tile(kind, kernel, block_sizes)
+    return config
+
+
+def _check_same_tile(kind: str, kernel: AttentionKernelConfig, block_sizes: Any) -> None:
+    if block_sizes is None:
+        return
+    names = TRITON_BLOCK_FIELDS[kind]
+    for name, tile in zip(names, (kernel.block_m, kernel.block_n), strict=True):
+        given = getattr(block_sizes, name)
+        if given is not None and given != tile:
+            raise ValueError(
+                f"{OP}: block_sizes.{name}={given} and config.{kind} ({kernel.block_m}x"
+                f"{kernel.block_n}) give the {kind} kernel two tiles; give one, or both alike."
+            )

@@ -9,7 +9,8 @@ program (a tile with nothing to visit writes zeros, lse -inf or the sink, and ex
 every output element is written; programs take the heaviest tiles first. Tile shapes
 are the varlen kernels' defaults for the device, unless `block_sizes` gives them:
 (block_q, block_kv) for the forward, (block_q_dq, block_kv_dq) for dQ and (block_q_dkv,
-block_kv_dkv) for dK/dV.
+block_kv_dkv) for dK/dV; a kernel's `config` (`options.config`) gives its whole launch
+configuration, tile, warps and stages.
 
 Each kernel is launched twice (`_launch_twice`): first reading the operands as given,
 then, CAREFUL, again for only the programs whose results the first found non-finite,
@@ -26,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_bridge.block_sparse.checks import TRITON_BLOCK_FIELDS
 from jax_bridge.block_sparse.masks import head_groups, join_mask, padded_shape
 from jax_bridge.block_sparse.options import BlockSparseOptions
 from jax_bridge.block_sparse.tile_lists import (
@@ -48,13 +50,6 @@ from triton_kernels.flash_attention.constexprs import (
 )
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
-
-# block_sizes fields of each kernel's (query, key) tile.
-_BLOCK_FIELDS = {
-    "forward": ("block_q", "block_kv"),
-    "backward_dq": ("block_q_dq", "block_kv_dq"),
-    "backward_dkdv": ("block_q_dkv", "block_kv_dkv"),
-}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -90,6 +85,9 @@ class _Plan:
 
 
 def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype, alibi: bool) -> Any:
+    chosen = None if options.config is None else getattr(options.config, kind)
+    if chosen is not None:  # its tile agrees with block_sizes' (`checks.check_config`)
+        return chosen
     capability = launch_target().compute_capability
     soft_cap = options.logits_soft_cap is not None
     config = block_sparse_config(
@@ -98,7 +96,7 @@ def _config(options: BlockSparseOptions, kind: str, head_dim: int, dtype, alibi:
     given = options.block_sizes
     if given is None:
         return config
-    block_q, block_kv = (getattr(given, name) for name in _BLOCK_FIELDS[kind])
+    block_q, block_kv = (getattr(given, name) for name in TRITON_BLOCK_FIELDS[kind])
     return dataclasses.replace(
         config, block_m=block_q or config.block_m, block_n=block_kv or config.block_n
     )
@@ -108,7 +106,9 @@ def _plan(options: BlockSparseOptions, mask_arrays, q, k, alibi) -> _Plan:
     _, q_len, num_q_heads, head_dim = q.shape
     kv_len = k.shape[1]
     has_alibi = alibi is not None
-    configs = {kind: _config(options, kind, head_dim, q.dtype, has_alibi) for kind in _BLOCK_FIELDS}
+    configs = {
+        kind: _config(options, kind, head_dim, q.dtype, has_alibi) for kind in TRITON_BLOCK_FIELDS
+    }
     mask = join_mask(options.mask, mask_arrays)
     groups = head_groups(mask, num_q_heads)
     # Token arrays cover every kernel's padded rows and columns.

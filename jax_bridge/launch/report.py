@@ -58,6 +58,11 @@ class InnerLoop:
       mufu: special-function instructions (MUFU: the softmax's exp2s) in the body.
       mufu_beside_mma: those issued while a warpgroup MMA is in flight (after an HGMMA,
         before the WARPGROUP.DEPBAR that waits for it): work the tensor cores overlap.
+      cta_barriers: barriers of every thread of the CTA in the body (BAR.SYNC without a
+        thread count; Triton's pipeline takes one before reading what its asynchronous
+        copies wrote and before overwriting a stage). Each holds the CTA's warpgroups in
+        step, so with two or more one's exp2s cannot run beside another's MMAs; a CTA of
+        one warpgroup is held by none, and two of them on an SM run out of step.
     """
 
     start: int
@@ -68,6 +73,7 @@ class InnerLoop:
     spill_stores: int = 0
     mufu: int = 0
     mufu_beside_mma: int = 0
+    cta_barriers: int = 0
 
     def instructions_per_mflop(self, num_warps: int) -> float:
         """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
@@ -81,6 +87,9 @@ _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 _HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
 _HMMA_SHAPE = re.compile(r"HMMA\.(16)(8)(16|8|4)")
 _TCGEN05_MMA = re.compile(r"UTC\w*MMA")
+# `BAR.SYNC.DEFER_BLOCKING 0x0`: the whole CTA; a named barrier of some warps (a
+# warp-specialized partition's) carries their thread count as a second operand.
+_CTA_BARRIER = re.compile(r"BAR\.SYNC(?:\.DEFER_BLOCKING)?$")
 
 
 def _mma_flops(opcode: str, num_warps: int) -> int:
@@ -113,14 +122,17 @@ def innermost_mma_loop(sass: str, num_warps: int) -> InnerLoop | None:
             ends[head] = max(ends.get(head, address), address)
     found = []
     for lo, hi in ends.items():
-        ops = [op for address, op, _ in body if lo <= address <= hi]
+        lines = [(op, rest) for address, op, rest in body if lo <= address <= hi]
+        ops = [op for op, _ in lines]
         flops = sum(_mma_flops(op, num_warps) for op in ops)
         if flops:
             spilling = sum(op.split(".")[0] in ("LDL", "STL") for op in ops)
             stores = sum(op.split(".")[0] == "STL" for op in ops)
             mufu = sum(op.startswith("MUFU") for op in ops)
+            barriers = sum(bool(_CTA_BARRIER.match(op)) and "," not in rest for op, rest in lines)
+            beside = _mufu_beside_mma(ops)
             found.append(
-                InnerLoop(lo, hi, len(ops), flops, spilling, stores, mufu, _mufu_beside_mma(ops))
+                InnerLoop(lo, hi, len(ops), flops, spilling, stores, mufu, beside, barriers)
             )
     inner = [
         loop

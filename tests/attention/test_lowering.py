@@ -477,3 +477,22 @@ def test_overlapped_softmax_issues_exp2s_beside_an_mma(kind, features):
     for config in (tile, None):
         plain = attention_kernel_report(kind, 128, 90, features=features, config=config)
         assert plain.inner_loop.mufu > 0 and plain.inner_loop.mufu_beside_mma == 0
+
+
+def test_two_cta_backward_runs_two_ctas_of_one_warpgroup_an_sm():
+    """The A/B row's backward at `TWO_CTA_BACKWARD_TILE` with `tma` (sm_90, d=128, bf16,
+    causal): dK/dV and dQ at 4 warps fit two CTAs an SM, with tensor-descriptor loads and
+    no spill in their loops; the 8-warp defaults, one CTA an SM, take barriers of the
+    whole CTA in their loops (what holds their two warpgroups in step)."""
+    from triton_kernels.flash_attention.config import TWO_CTA_BACKWARD_TILE
+
+    config = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    for kind in ("backward_dkdv", "backward_dq"):
+        two = attention_kernel_report(kind, 128, 90, config=config)
+        print(two.summary(), two.inner_loop)
+        assert (two.num_warps, two.ctas_per_sm) == (4, 2), two.summary()
+        assert two.sass_opcodes.get("UTMALDG", 0) > 0 and two.uses_wgmma, two.summary()
+        assert not two.loop_spills and not two.serialized_wgmma, two.summary()
+        default = attention_kernel_report(kind, 128, 90)
+        assert (default.num_warps, default.ctas_per_sm) == (8, 1), default.summary()
+        assert default.inner_loop.cta_barriers > 0, default.inner_loop

@@ -52,6 +52,7 @@ from triton_kernels.flash_attention.config import (
     KINDS,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
+    TWO_CTA_BACKWARD_TILE,
     AttentionFeatures,
     block_d,
     default_attention_config,
@@ -404,6 +405,16 @@ def test_overlapped_softmax_at_the_ab_rows_tiles_gives_the_float64_numbers(causa
     dkdv = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
     config = AttentionConfigs(forward=forward, backward_dkdv=dkdv)
     _assert_device_float64_numbers(jnp.bfloat16, causal, config)
+
+
+@pytest.mark.slow
+def test_two_cta_backward_at_its_tile_gives_the_float64_gradients():
+    """The A/B row's backward at `TWO_CTA_BACKWARD_TILE` with `tma` (dK/dV and dQ at
+    64x64, 4 warps; d=128, bf16, causal, GQA groups of 4; in the interpreter here, on a
+    Hopper GPU by gpu_check.sh's test step), against the float64 oracle."""
+    tile = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    config = AttentionConfigs(backward_dkdv=tile, backward_dq=tile)
+    _assert_device_float64_numbers(jnp.bfloat16, True, config)
 
 
 # --- dQ accumulated by the dK/dV kernel (AttentionConfigs.dq_atomic) ----------------------

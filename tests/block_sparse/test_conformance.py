@@ -43,6 +43,7 @@ from pallas_tpu.splash import (
     PrefixLMMask,
 )
 from tests.attention.helpers import U32, C, assert_close, assert_lse_close, score_bound
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 
 IMPLEMENTATIONS = ["xla", "pallas", "triton"]
 XLA_BLOCKS = BlockSizes(block_q=32, block_kv=16)
@@ -111,9 +112,10 @@ def _oracle(mask, q, k, v, sinks, weights, kwargs):
 
 
 def check(implementation, mask, q, k, v, sinks, weights, *, use_sinks=True, **kwargs):
-    """The op's out, lse and gradients against the float64 oracle."""
+    """The op's out, lse and gradients against the float64 oracle (at the backend's test
+    tiles unless kwargs give block_sizes)."""
     sinks = sinks if use_sinks else None
-    op_kwargs = dict(kwargs, implementation=implementation, block_sizes=_blocks(implementation))
+    op_kwargs = {"block_sizes": _blocks(implementation), **kwargs, "implementation": implementation}
     argnums = (0, 1, 2, 3) if use_sinks else (0, 1, 2)
     grad = jax.value_and_grad(
         _loss(block_sparse_attention, mask, weights, op_kwargs), argnums, has_aux=True
@@ -658,6 +660,41 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
             r"block_kv_dq=48 must be a power of two >= 16",
         ),
         (dict(implementation="cuda"), ValueError, r"implementation must be one of"),
+        (dict(config=(32, 32)), TypeError, r"config must be an AttentionConfigs, an Attention"),
+        (
+            dict(config=AttentionKernelConfig(16, 16), implementation="pallas"),
+            ValueError,
+            r"config is the Triton kernels' launch configuration; implementation='pallas'",
+        ),
+        (
+            dict(config=AttentionConfigs(dq_atomic=True), implementation="triton"),
+            ValueError,
+            r"config.dq_atomic=True is varlen_attention's",
+        ),
+        (
+            dict(config=AttentionKernelConfig(16, 16, tma=True), implementation="triton"),
+            ValueError,
+            r"config.forward.tma=True is a varlen_attention kernel option",
+        ),
+        (
+            dict(
+                config=AttentionConfigs(
+                    backward_dkdv=AttentionKernelConfig(32, 128, 8, 2, overlap_softmax=True)
+                ),
+                implementation="triton",
+            ),
+            ValueError,
+            r"config.backward_dkdv.overlap_softmax=True is a varlen_attention kernel option",
+        ),
+        (
+            dict(
+                config=AttentionConfigs(backward_dq=AttentionKernelConfig(32, 16)),
+                block_sizes=BlockSizes(block_q_dq=32, block_kv_dq=32),
+                implementation="triton",
+            ),
+            ValueError,
+            r"block_sizes.block_kv_dq=32 and config.backward_dq \(32x16\) give the backward_dq",
+        ),
     ],
 )
 def test_bad_inputs_name_the_op_and_argument(change, error, match):
@@ -667,6 +704,23 @@ def test_bad_inputs_name_the_op_and_argument(change, error, match):
     positional = [args.pop(n) for n in ("q", "k", "v", "mask")]
     with pytest.raises(error, match=f"block_sparse_attention: .*{match}"):
         block_sparse_attention(*positional, **args)
+
+
+def test_xla_ignores_a_triton_config_and_keeps_its_own_blocks():
+    """`config` is the Triton kernels' launch configuration: the XLA path computes the
+    same numbers with or without it, its block_sizes being its own blocks (no tile
+    agreement asked), while a varlen-only option is refused there too."""
+    q, k, v, _, _ = _inputs(12, 40)
+    mask = CausalMask((40, 40))
+    config = AttentionKernelConfig(16, 64, 2, 1)
+    blocks = BlockSizes(block_q=8, block_kv=16)
+    plain = block_sparse_attention(q, k, v, mask, block_sizes=blocks, implementation="xla")
+    given = block_sparse_attention(
+        q, k, v, mask, block_sizes=blocks, config=config, implementation="xla"
+    )
+    np.testing.assert_array_equal(np.asarray(given), np.asarray(plain))
+    with pytest.raises(ValueError, match=r"block_sparse_attention: config\.forward\.tma=True"):
+        block_sparse_attention(q, k, v, mask, config=config.replace(tma=True), implementation="xla")
 
 
 def test_negative_scale_is_valid_math_and_jax_blocks_pass_the_checks():

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_bridge import block_sparse_attention
 from jax_bridge.block_sparse import tile_lists as tile_lists_module
+from jax_bridge.block_sparse import triton as block_sparse_triton
 from jax_bridge.block_sparse.masks import FULL, PARTIAL, head_groups, padded_shape
 from jax_bridge.block_sparse.tile_lists import (
     INTERVALS,
@@ -22,6 +24,7 @@ from jax_bridge.block_sparse.tile_lists import (
     tile_lists,
 )
 from pallas_tpu.splash import (
+    BlockSizes,
     CausalMask,
     ChunkedCausalMask,
     DocumentMask,
@@ -31,6 +34,11 @@ from pallas_tpu.splash import (
     PredicateMask,
     PrefixLMMask,
 )
+from tests.block_sparse.test_conformance import _inputs, check
+from tests.launches import record_launches
+from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
+from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
+from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 
 
 def _block_classes(dense: np.ndarray, block_shape) -> np.ndarray:
@@ -372,3 +380,64 @@ def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_ke
     assert not np.isfinite(bad_dv[70:76, 1]).all(axis=-1).any()
     np.testing.assert_array_equal(bad_dk[~seen], dk[~seen])
     np.testing.assert_array_equal(bad_dv[~seen], dv[~seen])
+
+
+# ----------------------------------------------------------------- launch configurations
+
+_CONFIGS = AttentionConfigs(
+    forward=AttentionKernelConfig(32, 16, 4, 3),
+    backward_dq=AttentionKernelConfig(16, 32, 2, 1),
+    backward_dkdv=None,  # the default, tiled by block_sizes below
+)
+_AGREEING_BLOCKS = BlockSizes(block_q=32, block_q_dkv=16, block_kv_dkv=16)
+
+
+def test_config_gives_each_kernel_its_tile_warps_and_stages(monkeypatch):
+    """`config` sets a kernel's whole launch (tile, warps, stages; both of its launches,
+    the plain one and the careful one); a kernel it leaves None keeps its default warps
+    and stages at block_sizes' tile; one AttentionKernelConfig reaches all three."""
+    q, k, v, _, _ = _inputs(3, 40)
+    mask = CausalMask((40, 40))
+    options = block_sparse_triton.BlockSparseOptions(
+        mask=mask, softmax_scale=1.0, implementation="triton"
+    )
+    default = block_sparse_triton._config(options, "backward_dkdv", 16, q.dtype, False)
+    launches = record_launches(monkeypatch, block_sparse_triton)
+
+    def loss(q, k, v):
+        out = block_sparse_attention(q, k, v, mask, implementation="triton", config=_CONFIGS,
+                                     block_sizes=_AGREEING_BLOCKS)  # fmt: skip
+        return jnp.sum(out)
+
+    jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    kernels = (block_sparse_forward_kernel, block_sparse_dq_kernel, block_sparse_dkdv_kernel)
+    seen = {
+        kernel: {(x.constexprs["BLOCK_M"], x.constexprs["BLOCK_N"], x.num_warps, x.num_stages)
+                 for x in launches if x.kernel is kernel}
+        for kernel in kernels
+    }  # fmt: skip
+    assert seen == {
+        block_sparse_forward_kernel: {(32, 16, 4, 3)},
+        block_sparse_dq_kernel: {(16, 32, 2, 1)},
+        block_sparse_dkdv_kernel: {(16, 16, default.num_warps, default.num_stages)},
+    }
+    launches.clear()
+    one = AttentionKernelConfig(16, 32, 2, 2)
+    jax.grad(lambda q: jnp.sum(block_sparse_attention(
+        q, k, v, mask, implementation="triton", config=one)))(q)  # fmt: skip
+    assert {(x.constexprs["BLOCK_M"], x.constexprs["BLOCK_N"], x.num_warps, x.num_stages)
+            for x in launches} == {(16, 32, 2, 2)}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config, block_sizes",
+    [(_CONFIGS, _AGREEING_BLOCKS), (AttentionKernelConfig(16, 32, 2, 2), None)],
+    ids=["per-kernel", "one-for-all"],
+)
+def test_config_gives_the_float64_numbers(config, block_sizes):
+    """Launch configurations other than the defaults (tiles unequal and across the
+    documents' edges, 1-4 warps, 1-3 stages) give the float64 oracle's out, lse and
+    gradients, with sinks, on documents of 1, 59 and 90 tokens."""
+    q, k, v, sinks, weights = _inputs(21, 150, num_q_heads=4, num_kv_heads=2, head_dim=32)
+    mask = DocumentMask(np.array([0, 1, 60, 150], np.int32), shape=(150, 150), causal=True)
+    check("triton", mask, q, k, v, sinks, weights, config=config, block_sizes=block_sizes)

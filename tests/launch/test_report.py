@@ -162,6 +162,24 @@ def test_exp2s_beside_an_mma_in_flight_are_those_between_an_hgmma_and_its_wait()
     assert (loop.mufu, loop.mufu_beside_mma) == (4, 2)
 
 
+def test_cta_barriers_are_the_loops_bar_syncs_of_every_thread():
+    """`InnerLoop.cta_barriers`: BAR.SYNC of the whole CTA in the loop body (which holds
+    its warpgroups in step); a named barrier of some warps (a thread count as second
+    operand: a warp-specialized partition's), an arrive, and a barrier outside the loop
+    do not count."""
+    sass = _listing(
+        "BAR.SYNC.DEFER_BLOCKING 0x0",  # 0x00: outside the loop
+        "BAR.SYNC.DEFER_BLOCKING 0x0",  # 0x10: loop head
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+        "BAR.SYNC 0x1, 0x100",
+        "BAR.ARV 0x2, 0x100",
+        "BAR.SYNC 0x3",
+        "@!P0 BRA 0x10",
+    )
+    loop = innermost_mma_loop(sass, num_warps=8)
+    assert (loop.start, loop.cta_barriers) == (0x10, 2)
+
+
 def test_loop_spills_are_counted_in_the_loop_only():
     """LDL / STL inside the innermost MMA loop count; those outside do not."""
     sass = """

@@ -116,6 +116,21 @@ OVERLAPPED_FORWARD_TILE = (128, 64, 8, 3)
 # 494 / 530 warp-instructions per MFLOP against 492 / 528, no spill, not serialized.
 # (The Hopper default for light causal calls, 64x128 with `tma`, spills with it: 76-280 B.)
 OVERLAPPED_DKDV_TILE = (32, 128, 8, 2)
+# The warp-specialized forward (`warp_specialize`, with `tma`), the A/B row's and the
+# tuner's candidate: a producer warpgroup and two consumers of 64 query rows over
+# 128-key steps, two stages (176 KiB). Static report, sm_90, d=128, bf16: 12 warps, no
+# spill, not serialized, no barrier of the whole CTA in the consumers' loop.
+WARP_SPECIALIZED_FORWARD_TILE = (128, 128, 4, 2)
+# The backward's kernels at one warpgroup a CTA, with `tma`, the A/B row's: dK/dV and dQ
+# at 64x64, 4 warps, two stages, two CTAs an SM (97 KiB of shared memory each). The
+# 8-warp defaults' loops take 2-6 barriers of the whole CTA a tile (Triton's pipeline:
+# before reading what its copies wrote, before refilling a stage; more with `tma`), each
+# holding their two warpgroups in step, so neither's exp2s run beside the other's MMAs;
+# two CTAs of one warpgroup are held by none, at twice the reads of the streamed tiles
+# (Q and dO for dK/dV, K and V for dQ). Static report, sm_90, bf16, d=128, causal,
+# Triton 3.6 / 3.9, warp-instructions per MFLOP: dK/dV 360 / 338 (the 64x128 default:
+# 360 / 341), dQ 351 / 374 (128x64 with `tma`: 352 / 379); no spill in the loops.
+TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 
 
 @dataclasses.dataclass(frozen=True)
