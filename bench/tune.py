@@ -98,21 +98,38 @@ def grouped_matmul_report_fn(dtype: str, compute_capability: int) -> Callable[[A
     gradient launches (gmm, gmm with transposed rhs, tgmm over token-major lhs), compiled
     one by one as they are read: pruning stops at the first kernel with a problem. The
     op's default config stands for the op without `config=` (as `tune_grouped_matmul`
-    times it): each kernel at its own default."""
+    times it): each kernel at its own default; any other config as the op launches each
+    kernel with it (`as_launched`)."""
     from jax_bridge.tuning import default_grouped_matmul_config
     from triton_kernels.catalog import grouped_matmul_variant
 
     default = default_grouped_matmul_config(GMM_PROBLEM, dtype, compute_capability)
     names = ("gmm", "gmm_transposed", "tgmm_token_major")
+    element_bytes = 4 if dtype == "float32" else 2
 
     def reports(params: Any) -> Iterator:
         config = params.to_grouped_matmul_config(default)
-        config = None if config == default else config
         for name in names:
-            variant = grouped_matmul_variant(name, compute_capability, dtype, GMM_PROBLEM, config)
+            launched = None
+            if config != default:
+                launched = as_launched(config, name, element_bytes, compute_capability)
+            variant = grouped_matmul_variant(name, compute_capability, dtype, GMM_PROBLEM, launched)
             yield _kernel_report(variant, compute_capability)
 
     return reports
+
+
+def as_launched(config: Any, name: str, element_bytes: int, compute_capability: int) -> Any:
+    """The `GroupedMatmulConfig` the op launches kernel `name` (a `GMM_KERNELS` key of
+    `triton_kernels.catalog`) with, given `config=config`: with the pipeline stages that
+    fit the GPU's shared memory where the config's do not (one config reaches gmm and
+    tgmm, whose stages hold other tiles: `GroupedMatmulConfig.within_shared_memory`, as
+    jax_bridge.grouped_matmul's launches fit it). The catalog's variant specializes tgmm
+    where the op does."""
+    from jax_bridge.launch.report import max_shared_memory_per_cta
+
+    limit = max_shared_memory_per_cta(compute_capability)
+    return config.within_shared_memory(element_bytes, name.startswith("tgmm"), limit)
 
 
 def _descriptors(cc: int | None) -> bool:
@@ -131,10 +148,13 @@ def _candidates_and_reports(op: str, args: argparse.Namespace, cc: int) -> list[
     from jax_bridge.tuning import attention_candidates, grouped_matmul_candidates
     from triton_kernels.flash_attention.config import KINDS, AttentionFeatures
 
+    descriptors = _descriptors(cc)
     if op == "grouped_matmul":
-        candidates = grouped_matmul_candidates(GMM_PROBLEM, dtype=args.dtype, compute_capability=cc)
+        candidates = grouped_matmul_candidates(
+            GMM_PROBLEM, dtype=args.dtype, compute_capability=cc, descriptors=descriptors
+        )
         return [("grouped_matmul.fwd_bwd", candidates, grouped_matmul_report_fn(args.dtype, cc))]
-    features, descriptors = AttentionFeatures(causal=True), _descriptors(cc)
+    features = AttentionFeatures(causal=True)
     return [
         (
             f"varlen_attention.{kind}",

@@ -9,7 +9,6 @@ the gmm kernel as int32 arrays, so group sizes and the group offset may be trace
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -79,20 +78,13 @@ def _default_config(make, m: int, k: int, n: int, dtype, tiling) -> GroupedMatmu
 def _within_shared_memory(
     config: GroupedMatmulConfig, element_bytes: int, transposed: bool
 ) -> GroupedMatmulConfig:
-    """`config` as given, but with as many pipeline stages as the GPU's shared memory holds
-    where it could not launch at its own: a config reaches every matmul of the op's
-    gradient, and a gmm tile reused by tgmm (or the reverse) holds other tiles a stage
-    (gmm's 128 x 64 x 256 at 4 stages is 192 KB in gmm and 320 KB in tgmm)."""
+    """`config` with the pipeline stages the GPU's shared memory holds
+    (`GroupedMatmulConfig.within_shared_memory`); as given in the interpreter."""
     capability = launch_target().compute_capability
     if capability is None:  # the interpreter: no shared memory to fit
         return config
     limit = max_shared_memory_per_cta(capability)
-    needed = config.shared_memory_bytes(element_bytes, transposed)
-    if needed <= limit:
-        return config
-    stage = config.stage_bytes(element_bytes, transposed)
-    fixed = needed - config.num_stages * stage
-    return dataclasses.replace(config, num_stages=max(1, (limit - fixed) // stage))
+    return config.within_shared_memory(element_bytes, transposed, limit)
 
 
 def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype, op: str = "grouped_matmul") -> bool:

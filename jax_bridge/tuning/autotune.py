@@ -285,9 +285,10 @@ def tune_grouped_matmul(
       with_gradient: time the forward and its gradient (gmm, transposed gmm and tgmm all
         run with the one config the op takes, tgmm with fewer stages where its shared
         memory needs them); False: the forward only.
-      candidates: default `grouped_matmul_candidates` for the shape and this GPU. The
-        op's default config (`default_grouped_matmul_config`, the first candidate) is
-        timed as the op runs without `config=`: each gradient launch then takes its own
+      candidates: default `grouped_matmul_candidates` for the shape and this GPU (with
+        its warp-specialized tiles where tensor descriptors can be launched). The op's
+        default config (`default_grouped_matmul_config`, the first candidate) is timed
+        as the op runs without `config=`: each gradient launch then takes its own
         kernel's default (tgmm's differs from gmm's on Hopper).
       prune, cache, repeats, force, timer: as `autotune`.
 
@@ -303,7 +304,10 @@ def tune_grouped_matmul(
     capability = device_compute_capability()
     if candidates is None:
         candidates = grouped_matmul_candidates(
-            (m, k, n), dtype=lhs.dtype, compute_capability=capability
+            (m, k, n),
+            dtype=lhs.dtype,
+            compute_capability=capability,
+            descriptors=tensor_descriptors_available(),
         )
 
     default = default_grouped_matmul_config((m, k, n), lhs.dtype, capability)
@@ -372,7 +376,7 @@ def tune_attention(
     head_dim, dtype = q.shape[2], q.dtype
     capability = device_compute_capability()
     features = AttentionFeatures(causal=bool(causal))
-    # The defaults untuned calls run (dK/dV may take TMA); candidates set their own `tma`.
+    # The defaults untuned calls run (dK/dV may take TMA); candidates set every field.
     descriptors = tensor_descriptors_available()
     defaults = default_attention_configs(head_dim, dtype, capability, features, descriptors)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k)

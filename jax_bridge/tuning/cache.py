@@ -4,7 +4,7 @@ File layout (`tuning.json`)::
 
     {"format": "ragged-kernels-tuning", "version": 1,
      "entries": {"<op>-<hash>": {"op": str, "device": str, "args": <stable_json of the
-                 abstract arguments>, "params": {field: int}, "time_s": float,
+                 abstract arguments>, "params": {field: int | bool}, "time_s": float,
                  "date": ISO 8601 UTC}}}
 
 Where: `$RAGGED_KERNELS_CACHE_DIR/tuning.json`, else `$XDG_CACHE_HOME/ragged-kernels/`,
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from jax_bridge.tuning.keys import cache_key, stable_json
+from jax_bridge.tuning.params import BOOL_FIELDS
 
 __all__ = ["CACHE_DIR_ENV", "TuningCache", "default_cache_path"]
 
@@ -75,7 +76,7 @@ def _entry_problem(entry: Any) -> str | None:
     if not (math.isfinite(time_s) and time_s >= 0):
         return f"entry field 'time_s' is {time_s!r}"
     for name, value in entry["params"].items():
-        if name.endswith("tma"):  # the params' one bool (`jax_bridge.tuning.params`)
+        if name in BOOL_FIELDS:
             if not isinstance(value, bool):
                 return f"params field {name!r} is not a bool"
         elif isinstance(value, bool) or not isinstance(value, int):

@@ -3,8 +3,9 @@ the candidate configs the autotuner times.
 
 The defaults are the kernels' own tables (`triton_kernels.*.config`), read, never
 copied: `default_params` converts them to `FwdParams` / `BwdParams`. The candidates are
-small grids around them; the static report prunes the ones that spill or do not fit in
-shared memory before anything is timed (`jax_bridge.tuning.autotune`).
+small grids around them, and on Hopper the kernels' off-by-default options at the tiles
+their config modules name for them; the static report prunes the ones that spill or do
+not fit in shared memory before anything is timed (`jax_bridge.tuning.autotune`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,25 @@ from triton_kernels.flash_attention.config import (
     KINDS,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
+    OVERLAPPED_DKDV_TILE,
+    OVERLAPPED_FORWARD_TILE,
+    TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_FORWARD_TILE,
     AttentionConfigs,
     AttentionFeatures,
+    AttentionKernelConfig,
     block_d,
     check_kind,
     default_attention_config,
 )
 from triton_kernels.grouped_matmul.config import (
     DEFAULT_TILING,
+    HOPPER_WARP_SPECIALIZED_GMM,
+    HOPPER_WARP_SPECIALIZED_TGMM,
     GroupedMatmulConfig,
     gmm_config,
     tgmm_config,
+    warp_specialized_gmm_config,
 )
 
 __all__ = [
@@ -260,6 +269,7 @@ def attention_candidates(
 
     `kind` "forward" gives `FwdParams`; "backward_dkdv" and "backward_dq" give
     `BwdParams` that set only that kernel's fields (the other one keeps its default).
+    Every candidate sets every field its kernel has, the options included.
     A grid of tiles, each with `select_num_warps` warps and two stage counts, the larger
     one from `select_num_stages` for the tiles a loop step streams (two
     `[rows, head_dim]` operands per stage) on `compute_capability`, by pointers; for
@@ -268,56 +278,85 @@ def attention_candidates(
     of them; the forward and dQ ran slower with them on an H100, and are not searched:
     each candidate is a compile on the device). The default is the kernels' table entry
     for `features` and `descriptors` (`default_attention_config`).
+
+    On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
+    too (`_hopper_options`): the forward's and dK/dV's `overlap_softmax` at their tiles
+    (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a
+    head_dim that is a power of two, the warp-specialized forward
+    (`WARP_SPECIALIZED_FORWARD_TILE`) and dK/dV and dQ at one warpgroup a CTA
+    (`TWO_CTA_BACKWARD_TILE`, with `tma`).
     """
     check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}")
     name = _dtype_name(dtype)
-    itemsize = jnp.dtype(name).itemsize
-    if name == "float32":
-        stationary, streamed = _ATTENTION_TILES_FLOAT32
-    else:
-        stationary, streamed = _ATTENTION_TILES_16BIT[kind]
-    limit = shared_memory_limit_for(compute_capability)
     default = default_attention_config(
         head_dim, name, compute_capability, kind, features=attention_features(features),
         descriptors=descriptors,
     )  # fmt: skip
-    configs = [
-        (default.block_m, default.block_n, default.num_warps, default.num_stages, default.tma)
-    ]
     # Descriptors carry whole rows: a head_dim that is a power of two (`block_d`'s).
-    search_tma = (
-        descriptors
-        and kind == "backward_dkdv"
-        and (compute_capability or 0) >= 90
-        and block_d(head_dim) == head_dim
-    )
+    tma_here = descriptors and (compute_capability or 0) >= 90 and block_d(head_dim) == head_dim
+    configs = [
+        default,
+        *_attention_grid(kind, head_dim, name, compute_capability, tma_here),
+        *_hopper_options(kind, name, compute_capability, tma_here),
+    ]
+    to_params = {
+        "forward": FwdParams.from_attention_config,
+        "backward_dkdv": BwdParams.from_dkdv_config,
+        "backward_dq": BwdParams.from_dq_config,
+    }[kind]
+    return _unique([to_params(config) for config in configs])
+
+
+def _attention_grid(
+    kind: str, head_dim: int, dtype_name: str, compute_capability: int | None, tma_here: bool
+) -> list[AttentionKernelConfig]:
+    """`attention_candidates`' grid of tiles, warps and stages (dK/dV's twins by
+    descriptors where `tma_here`)."""
+    if dtype_name == "float32":
+        stationary, streamed = _ATTENTION_TILES_FLOAT32
+    else:
+        stationary, streamed = _ATTENTION_TILES_16BIT[kind]
+    itemsize = jnp.dtype(dtype_name).itemsize
+    limit = shared_memory_limit_for(compute_capability)
+    configs = []
     for rows in stationary:
         for step in streamed:
             q, kv = (step, rows) if kind == "backward_dkdv" else (rows, step)
             stage_bytes = 2 * step * block_d(head_dim) * itemsize
             most = select_num_stages(stage_bytes, shared_memory_limit=limit, max_stages=3)
-            warps = select_num_warps(q, kv, head_dim, name)
-            twins = (False, True) if search_tma and kv == 128 and q >= 32 else (False,)
+            warps = select_num_warps(q, kv, head_dim, dtype_name)
+            search_tma = tma_here and kind == "backward_dkdv" and kv == 128 and q >= 32
             for stages in sorted({max(1, most - 1), most}):
-                configs += [(q, kv, warps, stages, tma) for tma in twins]
-    return [_attention_params(kind, *config) for config in _unique(configs)]
+                configs += [
+                    AttentionKernelConfig(q, kv, warps, stages, tma=tma)
+                    for tma in ((False, True) if search_tma else (False,))
+                ]
+    return configs
 
 
-def _attention_params(kind: str, q: int, kv: int, warps: int, stages: int, tma: bool):
+def _hopper_options(
+    kind: str, dtype_name: str, compute_capability: int | None, tma_here: bool
+) -> list[AttentionKernelConfig]:
+    """The configs of the options the kernels leave off by default, where they apply:
+    sm_90 and up (wgmma), 16-bit inputs (float32 runs on CUDA cores, with its own small
+    tiles); where descriptors launch (`tma_here`) also the warp-specialized forward and
+    the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the tile the
+    kernels' config module names for it (the options last); the static report prunes
+    the ones that spill at other head dims."""
+    if (compute_capability or 0) < 90 or dtype_name == "float32":
+        return []
+    two_ctas = [AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)] if tma_here else []
     if kind == "forward":
-        return FwdParams(
-            q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages, tma=tma
+        specialized = AttentionKernelConfig(
+            *WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True
         )
+        overlapped = [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)]
+        return overlapped + ([specialized] if tma_here else [])
     if kind == "backward_dkdv":
-        return BwdParams(
-            q_blocksize=q, kv_blocksize=kv, num_warps=warps, num_stages=stages, tma=tma
-        )
-    return BwdParams(
-        dq_q_blocksize=q, dq_kv_blocksize=kv, dq_num_warps=warps, dq_num_stages=stages,
-        dq_tma=tma,
-    )  # fmt: skip
+        return [*two_ctas, AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)]
+    return two_ctas  # dQ refuses both options
 
 
 def grouped_matmul_candidates(
@@ -326,11 +365,20 @@ def grouped_matmul_candidates(
     dtype: object,
     compute_capability: int | None,
     transposed: bool = False,
+    descriptors: bool = False,
 ) -> list[FwdParams]:
     """Configs of `gmm_kernel` (or `tgmm_kernel` when `transposed`) to time, the op's
     default (`default_grouped_matmul_config`) first: a grid of tilings, each completed by
     `gmm_config` / `tgmm_config` (tiles shrunk to small dimensions, warps and stages from
-    its shared-memory budget)."""
+    its shared-memory budget).
+
+    With `descriptors` (`jax_bridge.launch.target.tensor_descriptors_available`) on sm_90
+    and up, 16-bit inputs whose rows of k and n elements span multiples of 16 bytes (a
+    descriptor's stride), also the kernel's warp-specialized tiles
+    (`warp_specialized_gmm_config` at each of `HOPPER_WARP_SPECIALIZED_GMM`, or tgmm's
+    `HOPPER_WARP_SPECIALIZED_TGMM`: tgmm specializes where its lhs is token-major, the
+    weight gradient of `grouped_matmul`).
+    """
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
     make = tgmm_config if transposed else gmm_config
     step = 128 // element_bytes  # 128 bytes of each operand row per reduction step
@@ -343,4 +391,15 @@ def grouped_matmul_candidates(
         make, *shape, element_bytes=element_bytes, compute_capability=compute_capability
     )
     configs = [complete(), *(complete(tiling=t) for t in (DEFAULT_TILING, *tilings))]
+    _, k, n = shape
+    # Float32 compiles unspecialized (`GroupedMatmulConfig.warp_specialize`), and the
+    # launch refuses descriptors over rows that are not multiples of 16 bytes.
+    if (
+        descriptors
+        and (compute_capability or 0) >= 90
+        and element_bytes == 2
+        and (k * element_bytes) % 16 == (n * element_bytes) % 16 == 0
+    ):
+        tiles = (HOPPER_WARP_SPECIALIZED_TGMM,) if transposed else HOPPER_WARP_SPECIALIZED_GMM
+        configs += [warp_specialized_gmm_config(*shape, tiling) for tiling in tiles]
     return [FwdParams.from_grouped_matmul_config(config) for config in _unique(configs)]

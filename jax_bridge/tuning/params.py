@@ -1,30 +1,38 @@
 """Tunable launch parameters: `FwdParams` and `BwdParams`.
 
 A params object is a frozen (hashable) dataclass whose fields are all `int | None` but
-the `tma` ones, `bool | None` (the kernel's tiles through tensor descriptors): None means
-"the op's default decides", so a params object is a *partial* launch
-configuration that can be merged with another (`merge`: the override's set fields win)
-and stored as a small JSON dict (`to_dict` / `from_dict`). The conversions at the bottom
-turn params into the kernels' own, complete configs (`AttentionKernelConfig`,
-`GroupedMatmulConfig`), filling every unset field from a default config.
+those of `BOOL_FIELDS`, `bool | None` (the kernels' on/off options: tensor descriptors,
+warp specialization, the softmax overlap): None means "the op's default decides", so a
+params object is a *partial* launch configuration that can be merged with another
+(`merge`: the override's set fields win) and stored as a small JSON dict (`to_dict` /
+`from_dict`). The conversions at the bottom turn params into the kernels' own, complete
+configs (`AttentionKernelConfig`, `GroupedMatmulConfig`), filling every unset field from
+a default config, and back.
 
 Validation is the kernels' (`triton_kernels.config`): block sizes are powers of two
->= 16, `num_warps` one of (1, 2, 4, 8, 16), `num_stages` an int >= 1.
+>= 16, `num_warps` one of (1, 2, 4, 8, 16), `num_stages` an int >= 1; the rules that
+join fields (`warp_specialize` needs `tma` and 4 warps, excludes `overlap_softmax`) are
+checked where params become a kernel config, by that config.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Self
 
 from triton_kernels.config import NUM_WARPS, check_block
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
-__all__ = ["BwdParams", "FwdParams", "attention_configs"]
+__all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs"]
 
-_ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize")
+BOOL_FIELDS = frozenset({"tma", "dq_tma", "warp_specialize", "overlap_softmax"})
+"""The params' bool fields, by name (every other field is an int): what `_check_field`
+and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
+
+# Fields of one op only: a conversion to the other op's config refuses them.
+_ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
 _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n")
 
 
@@ -33,7 +41,7 @@ def _check_field(kind: str, name: str, value: Any) -> None:
     if value is None:
         return
     where = f"{kind}.{name}"
-    if name.endswith("tma"):
+    if name in BOOL_FIELDS:
         if not isinstance(value, bool):
             raise TypeError(f"{where} must be a bool or None, got {value!r}.")
         return
@@ -96,6 +104,21 @@ class _Params:
             raise ValueError(f"{type(self).__name__}: {stray} do not apply to {target}.")
 
 
+def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
+    """ValueError naming `where` if `config` turns on an option (a bool field) that the
+    params have no field for: converting it would drop the option silently."""
+    dropped = [
+        f.name
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) is True and f.name not in held
+    ]
+    if dropped:
+        raise ValueError(
+            f"{where}: BwdParams has no field for {dropped} of this kernel's config (the "
+            f"varlen_attention launch refuses them there), got {config}."
+        )
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class FwdParams(_Params):
     """Launch parameters of a forward kernel; every field None = the default decides.
@@ -108,6 +131,12 @@ class FwdParams(_Params):
       num_warps, num_stages: the launch's warps and software-pipeline stages.
       tma: the kernel's streamed tiles through tensor descriptors (Hopper's bulk tensor
         copies; see `AttentionKernelConfig.tma`, `GroupedMatmulConfig.tma`).
+      warp_specialize: the kernel's loop split into a producer warpgroup of copies and
+        consumer warpgroups of MMAs (needs `tma` and 4 warps; see
+        `AttentionKernelConfig.warp_specialize`, `GroupedMatmulConfig.warp_specialize`).
+      overlap_softmax: attention only: each key tile's QK^T issued before the previous
+        tile's softmax, so that both run at once (`AttentionKernelConfig.overlap_softmax`;
+        excludes `warp_specialize`).
     """
 
     q_blocksize: int | None = None
@@ -118,6 +147,8 @@ class FwdParams(_Params):
     num_warps: int | None = None
     num_stages: int | None = None
     tma: bool | None = None
+    warp_specialize: bool | None = None
+    overlap_softmax: bool | None = None
 
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
@@ -128,6 +159,8 @@ class FwdParams(_Params):
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             tma=config.tma,
+            warp_specialize=config.warp_specialize,
+            overlap_softmax=config.overlap_softmax,
         )
 
     @classmethod
@@ -140,29 +173,40 @@ class FwdParams(_Params):
             num_warps=config.num_warps,
             num_stages=config.num_stages,
             tma=config.tma,
+            warp_specialize=config.warp_specialize,
         )
 
     def to_attention_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
-        """The forward kernel's config: the set fields, the rest from `default`."""
+        """The forward kernel's config: the set fields, the rest from `default`.
+
+        Raises the config's own ValueError where the fields it ends with do not go
+        together (e.g. `warp_specialize` without `tma`), and ValueError for grouped
+        matmul fields."""
         self._refuse(_MATMUL_FIELDS, "attention")
-        return AttentionKernelConfig(
+        return dataclasses.replace(
+            default,
             block_m=self._pick("q_blocksize", default.block_m),
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
             tma=self._pick("tma", default.tma),
+            warp_specialize=self._pick("warp_specialize", default.warp_specialize),
+            overlap_softmax=self._pick("overlap_softmax", default.overlap_softmax),
         )
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
-        """A grouped matmul config: the set fields, the rest from `default`."""
+        """A grouped matmul config: the set fields, the rest from `default` (the config's
+        own ValueError where they do not go together; ValueError for attention fields)."""
         self._refuse(_ATTENTION_FIELDS, "grouped matmul")
-        return GroupedMatmulConfig(
+        return dataclasses.replace(
+            default,
             block_m=self._pick("blocksize_m", default.block_m),
             block_k=self._pick("blocksize_k", default.block_k),
             block_n=self._pick("blocksize_n", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
             tma=self._pick("tma", default.tma),
+            warp_specialize=self._pick("warp_specialize", default.warp_specialize),
         )
 
 
@@ -177,6 +221,9 @@ class BwdParams(_Params):
       dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
         keeps a query tile stationary and streams key tiles (the forward's structure).
       tma, dq_tma: the dK/dV (dQ) kernel's streamed tiles through tensor descriptors.
+      overlap_softmax: the dK/dV kernel issues each query tile's dP before P's exp2s
+        (`AttentionKernelConfig.overlap_softmax`). The dQ kernel has no such field (it
+        refuses the option), nor has either kernel `warp_specialize` (the forward's only).
     """
 
     q_blocksize: int | None = None
@@ -189,6 +236,7 @@ class BwdParams(_Params):
     dq_num_stages: int | None = None
     tma: bool | None = None
     dq_tma: bool | None = None
+    overlap_softmax: bool | None = None
 
     @classmethod
     def from_fwd_params(cls, fwd: FwdParams) -> BwdParams:
@@ -197,9 +245,10 @@ class BwdParams(_Params):
         The dQ kernel has the forward's structure (stationary query tile, streamed key
         tiles), so it takes the forward's tiles as they are; the dK/dV kernel is the
         mirror image (stationary key tile, streamed query tiles), so it takes them
-        swapped. Warps and stages carry over; unset fields stay unset. The backward holds
-        more tiles in registers than the forward, so check the result with the static
-        report (`static_report_prune`) before trusting it.
+        swapped. Warps, stages and `tma` carry over, `overlap_softmax` to dK/dV only (dQ
+        refuses it); `warp_specialize` does not (the forward's alone); unset fields stay
+        unset. The backward holds more tiles in registers than the forward, so check the
+        result with the static report (`static_report_prune`) before trusting it.
         """
         fwd._refuse(_MATMUL_FIELDS, "attention's backward")
         return cls(
@@ -213,39 +262,61 @@ class BwdParams(_Params):
             dq_num_stages=fwd.num_stages,
             tma=fwd.tma,
             dq_tma=fwd.tma,
+            overlap_softmax=fwd.overlap_softmax,
+        )
+
+    @classmethod
+    def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
+        """The dK/dV kernel's `config` as params that set its fields only; ValueError if
+        it turns on an option this kernel's fields cannot hold (`warp_specialize`)."""
+        _check_held(config, ("tma", "overlap_softmax"), "BwdParams.from_dkdv_config")
+        return cls(
+            q_blocksize=config.block_m,
+            kv_blocksize=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            tma=config.tma,
+            overlap_softmax=config.overlap_softmax,
+        )
+
+    @classmethod
+    def from_dq_config(cls, config: AttentionKernelConfig) -> BwdParams:
+        """The dQ kernel's `config` as params that set its `dq_*` fields only; ValueError
+        if it turns on an option they cannot hold (`warp_specialize`, `overlap_softmax`)."""
+        _check_held(config, ("tma",), "BwdParams.from_dq_config")
+        return cls(
+            dq_q_blocksize=config.block_m,
+            dq_kv_blocksize=config.block_n,
+            dq_num_warps=config.num_warps,
+            dq_num_stages=config.num_stages,
+            dq_tma=config.tma,
         )
 
     @classmethod
     def from_attention_configs(
         cls, dkdv: AttentionKernelConfig, dq: AttentionKernelConfig
     ) -> BwdParams:
-        """Every field of the two backward kernels' configs as params."""
-        return cls(
-            q_blocksize=dkdv.block_m,
-            kv_blocksize=dkdv.block_n,
-            num_warps=dkdv.num_warps,
-            num_stages=dkdv.num_stages,
-            dq_q_blocksize=dq.block_m,
-            dq_kv_blocksize=dq.block_n,
-            dq_num_warps=dq.num_warps,
-            dq_num_stages=dq.num_stages,
-            tma=dkdv.tma,
-            dq_tma=dq.tma,
-        )
+        """Every field of the two backward kernels' configs as params (`from_dkdv_config`
+        merged with `from_dq_config`, and their ValueErrors)."""
+        return cls.from_dkdv_config(dkdv).merge(cls.from_dq_config(dq))
 
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
-        """The dK/dV kernel's config: the set fields, the rest from `default`."""
-        return AttentionKernelConfig(
+        """The dK/dV kernel's config: the set fields, the rest from `default` (the
+        config's own ValueError where they do not go together)."""
+        return dataclasses.replace(
+            default,
             block_m=self._pick("q_blocksize", default.block_m),
             block_n=self._pick("kv_blocksize", default.block_n),
             num_warps=self._pick("num_warps", default.num_warps),
             num_stages=self._pick("num_stages", default.num_stages),
             tma=self._pick("tma", default.tma),
+            overlap_softmax=self._pick("overlap_softmax", default.overlap_softmax),
         )
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dQ kernel's config: the set `dq_*` fields, the rest from `default`."""
-        return AttentionKernelConfig(
+        return dataclasses.replace(
+            default,
             block_m=self._pick("dq_q_blocksize", default.block_m),
             block_n=self._pick("dq_kv_blocksize", default.block_n),
             num_warps=self._pick("dq_num_warps", default.num_warps),

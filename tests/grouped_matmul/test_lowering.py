@@ -24,6 +24,7 @@ from triton_kernels.catalog import (
     gmm_tma_variant,
     grouped_matmul_variant,
 )
+from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 SDS = jax.ShapeDtypeStruct
 M, K, N, GROUPS = 8192, 2048, 1408, 64  # a Mixtral-like expert layer
@@ -199,7 +200,7 @@ def test_warp_specialized_tgmm_lowers_for_an_h100_with_its_own_warps(monkeypatch
     defaults (no scratch). gmm's warp-specialized tile given to every kernel compiles in
     tgmm unspecialized (block_k 64 with block_n 256: its consumers do not compile)."""
     pytest.importorskip("jax_triton")
-    from jax_bridge import GroupedMatmulConfig, GroupedMatmulConfigs
+    from jax_bridge import GroupedMatmulConfigs
     from tests.launch.recording import record_triton_kernels
     from triton_kernels.grouped_matmul.config import (
         HOPPER_WARP_SPECIALIZED_GMM,
@@ -272,6 +273,23 @@ def test_static_report_of_warp_specialized_gmm_shows_its_partitions(kernel):
     assert report.uses_wgmma and not report.spills and not report.serialized_wgmma
     assert not report.exceeds_shared_memory
     assert report.instructions_per_mflop < _report(kernel, 90).instructions_per_mflop
+
+
+@pytest.mark.parametrize(
+    "kernel, tiling",
+    [("gmm", (64, 128, 128)), ("gmm", (128, 64, 128)), ("tgmm_token_major", (128, 64, 128)),
+     ("tgmm_token_major", (64, 128, 256))],
+)  # fmt: skip
+def test_warp_specialized_shared_memory_is_what_the_compiler_allocates(kernel, tiling):
+    """`GroupedMatmulConfig.shared_memory_bytes` of a warp-specialized kernel, which the
+    op's stage fitting trusts, against the compiled kernel's (sm_90, bf16, 3 stages):
+    within the compiler's few hundred bytes of barriers, for hand-off tiles of 64 rows
+    (gmm's block_m, tgmm's block_k: they take 128 rows' space) and of 128."""
+    config = GroupedMatmulConfig(*tiling, num_warps=4, num_stages=3, tma=True, warp_specialize=True)
+    report = variant_report(grouped_matmul_variant(kernel, 90, config=config), 90)
+    estimate = config.shared_memory_bytes(2, transposed=kernel.startswith("tgmm"))
+    assert report.num_warps == 12, report.summary()
+    assert 0 <= report.shared_memory_bytes - estimate < 1024, (report.shared_memory_bytes, estimate)
 
 
 @pytest.mark.parametrize("variant", GMM_TMA_KERNELS)

@@ -346,3 +346,17 @@ def test_tune_attention_end_to_end(pretend_gpu, cache):
     again, cached = tune_attention(q, k, v, cu, cu, causal=True, candidates=candidates)
     assert again == configs and all(r.from_cache for r in cached.values())
     assert len(cache.entries()) == 3
+
+
+def test_a_cached_winner_with_the_kernels_options_comes_back_whole():
+    # The options are bools in the cache's JSON, as the params hold them.
+    clock, built = Clock(), []
+    ws = FwdParams(blocksize_m=128, num_warps=4, tma=True, warp_specialize=True)
+    overlap = BwdParams(q_blocksize=32, kv_blocksize=128, tma=False, overlap_softmax=True)
+    for winner, loser in ((ws, A), (overlap, BwdParams(q_blocksize=16))):
+        op, costs = f"op-{type(winner).__name__}", {winner: 1 / 1024, loser: 2 / 1024}
+        first = autotune(op, fake_build(clock, costs), ARGS, [loser, winner], timer=clock)
+        assert first.best == winner and not first.from_cache
+        again = autotune(op, fake_build(clock, costs, built), ARGS, [loser, winner], timer=clock)
+        assert again.from_cache and again.best == winner
+    assert built == []

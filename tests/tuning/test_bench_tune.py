@@ -6,7 +6,7 @@ import pytest
 import jax_bridge.tuning
 from bench import tune
 from jax_bridge.tuning.cache import CACHE_DIR_ENV
-from jax_bridge.tuning.params import FwdParams
+from jax_bridge.tuning.params import BwdParams, FwdParams
 
 
 @pytest.fixture(autouse=True)
@@ -95,3 +95,86 @@ def test_tune_on_a_pretend_gpu_stores_the_winners(capsys, monkeypatch, cache_dir
     # Again: every winner comes from the cache.
     assert tune.main(["--head-dim", "16", "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.count(", cached)") == 4
+
+
+def _has_an_option(params) -> bool:
+    return bool(getattr(params, "warp_specialize", None) or params.overlap_softmax)
+
+
+def test_dry_run_compiles_the_kernels_options(capsys, monkeypatch):
+    """The candidates of the options (overlapped softmax, warp specialization) compile
+    offline for sm_90 and are listed, beside each kernel's default; those the kernels'
+    config modules report spill-free are kept (gmm's 5-stage warp-specialized tile too,
+    which as the op's one config reaches tgmm at the 3 stages its shared memory holds)."""
+    from triton_kernels.flash_attention.config import (
+        OVERLAPPED_DKDV_TILE,
+        OVERLAPPED_FORWARD_TILE,
+        WARP_SPECIALIZED_FORWARD_TILE,
+        AttentionKernelConfig,
+    )
+    from triton_kernels.grouped_matmul.config import (
+        HOPPER_WARP_SPECIALIZED_GMM,
+        warp_specialized_gmm_config,
+    )
+
+    for name in ("attention_candidates", "grouped_matmul_candidates"):
+        real = getattr(jax_bridge.tuning, name)
+        only = lambda *a, real=real, **k: [c for i, c in enumerate(real(*a, **k))
+                                           if i == 0 or _has_an_option(c)]  # fmt: skip
+        monkeypatch.setattr(jax_bridge.tuning, name, only)
+    assert tune.main(["--dry-run", "--arch", "90"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    verdicts = {line: lines[i + 1] for i, line in enumerate(lines) if "Params(" in line}
+    assert len(verdicts) == 4 + 2 + 1 + 2  # 4 defaults; the forward's, dK/dV's, gmm's
+    assert not [v for v in verdicts.values() if "static check failed" in v], verdicts
+    wide, deep = (
+        FwdParams.from_grouped_matmul_config(warp_specialized_gmm_config(*tune.GMM_PROBLEM, t))
+        for t in HOPPER_WARP_SPECIALIZED_GMM
+    )
+    kept = [
+        FwdParams.from_attention_config(
+            AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
+        ),
+        FwdParams.from_attention_config(
+            AttentionKernelConfig(*WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True)
+        ),
+        BwdParams.from_dkdv_config(
+            AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+        ),
+        wide,
+    ]
+    assert [verdicts[repr(c)] for c in kept] == ["keep"] * 4, verdicts
+    assert verdicts[repr(deep)] == "keep", verdicts
+
+
+def test_the_report_compiles_each_kernel_as_the_op_launches_it():
+    """One config reaches gmm and tgmm: the report fits its stages to the shared memory
+    as jax_bridge.grouped_matmul's launch does, and the catalog's variant specializes
+    tgmm where the launch does."""
+    from jax_bridge.grouped_matmul.triton import _within_shared_memory
+    from jax_bridge.launch.target import cuda_lowering
+    from triton_kernels.catalog import grouped_matmul_variant
+    from triton_kernels.grouped_matmul.config import (
+        HOPPER_WARP_SPECIALIZED_GMM,
+        HOPPER_WARP_SPECIALIZED_TGMM,
+        warp_specialized_gmm_config,
+    )
+
+    wide, deep = (warp_specialized_gmm_config(*tune.GMM_PROBLEM, t)
+                  for t in HOPPER_WARP_SPECIALIZED_GMM)  # fmt: skip
+    assert tune.as_launched(wide, "gmm", 2, 90) == wide
+    # At block_k 64, block_n 256 Triton cannot compile tgmm's consumers: unspecialized.
+    variant = grouped_matmul_variant("tgmm_token_major", 90, config=wide)
+    assert not variant.constexprs["WARP_SPECIALIZE"] and variant.name.endswith("_tma")
+    assert tune.as_launched(deep, "tgmm_token_major", 2, 90).num_stages < deep.num_stages
+    candidates = jax_bridge.tuning.grouped_matmul_candidates(
+        tune.GMM_PROBLEM, dtype="bfloat16", compute_capability=90, descriptors=True
+    )
+    specialized = warp_specialized_gmm_config(*tune.GMM_PROBLEM, HOPPER_WARP_SPECIALIZED_TGMM)
+    # Candidates set every field: the default they convert over does not matter.
+    configs = [specialized] + [c.to_grouped_matmul_config(specialized) for c in candidates]
+    with cuda_lowering(90):
+        for config in configs:
+            for name in ("gmm", "gmm_transposed", "tgmm_token_major"):
+                launched = _within_shared_memory(config, 2, name.startswith("tgmm"))
+                assert tune.as_launched(config, name, 2, 90) == launched, (config, name)

@@ -21,6 +21,7 @@ import pytest
 from jax_bridge.tuning import cache as cache_module
 from jax_bridge.tuning.cache import CACHE_DIR_ENV, TuningCache, default_cache_path
 from jax_bridge.tuning.keys import abstractify, cache_key
+from jax_bridge.tuning.params import BwdParams, FwdParams
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = abstractify(
@@ -70,6 +71,28 @@ def test_round_trip(isolated_cache):
 
 
 @pytest.mark.parametrize(
+    "params",
+    [
+        FwdParams(blocksize_m=128, blocksize_k=64, blocksize_n=256, num_warps=4,
+                  num_stages=2, tma=True, warp_specialize=True),
+        FwdParams(q_blocksize=128, kv_blocksize=64, num_warps=8, num_stages=3, tma=False,
+                  warp_specialize=False, overlap_softmax=True),
+        BwdParams(q_blocksize=32, kv_blocksize=128, tma=False, overlap_softmax=True,
+                  dq_tma=True),
+    ],
+    ids=["gmm_warp_specialized", "forward_overlapped", "dkdv_overlapped"],
+)  # fmt: skip
+def test_entries_with_the_option_fields_load_back(isolated_cache, params):
+    cache = TuningCache()
+    cache.put("op", "gpu-x", ARGS, params.to_dict(), 0.001)
+    document = json.loads(isolated_cache.read_text())  # JSON's true and false
+    (stored,) = document["entries"].values()
+    assert stored["params"] == params.to_dict()
+    entry = TuningCache().get("op", "gpu-x", ARGS)  # valid: no warning, not dropped
+    assert entry is not None and type(params).from_dict(entry["params"]) == params
+
+
+@pytest.mark.parametrize(
     "text, problem",
     [
         ("{not json", "not valid JSON"),
@@ -81,6 +104,12 @@ def test_round_trip(isolated_cache):
             '"device": "d", "args": null, "params": {"num_warps": "8"}, "time_s": 1.0, '
             '"date": "2024"}}}',
             "params field 'num_warps' is not an int",
+        ),
+        (
+            '{"format": "ragged-kernels-tuning", "version": 1, "entries": {"k": {"op": "x", '
+            '"device": "d", "args": null, "params": {"overlap_softmax": 1}, "time_s": 1.0, '
+            '"date": "2024"}}}',
+            "params field 'overlap_softmax' is not a bool",
         ),
         (
             '{"format": "ragged-kernels-tuning", "version": 1, "entries": {"k": {"op": "x", '
@@ -161,6 +190,11 @@ def test_one_bad_entry_costs_only_itself(isolated_cache):
 def test_put_refuses_an_invalid_entry():
     with pytest.raises(ValueError, match="params field 'num_warps' is not an int"):
         TuningCache().put("op", "dev", ARGS, {"num_warps": 8.0}, 1.0)
+    with pytest.raises(ValueError, match="params field 'num_warps' is not an int"):
+        TuningCache().put("op", "dev", ARGS, {"num_warps": True}, 1.0)
+    for name in ("tma", "dq_tma", "warp_specialize", "overlap_softmax"):
+        with pytest.raises(ValueError, match=f"params field '{name}' is not a bool"):
+            TuningCache().put("op", "dev", ARGS, {name: 1}, 1.0)
     with pytest.raises(ValueError, match="'time_s' is nan"):
         TuningCache().put("op", "dev", ARGS, PARAMS, float("nan"))
 

@@ -26,13 +26,38 @@ from jax_bridge.tuning.heuristics import (
 from jax_bridge.tuning.params import BwdParams, FwdParams
 from triton_kernels.flash_attention.config import (
     KINDS,
+    OVERLAPPED_DKDV_TILE,
+    OVERLAPPED_FORWARD_TILE,
+    TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_FORWARD_TILE,
     AttentionFeatures,
+    AttentionKernelConfig,
     block_d,
     default_attention_config,
 )
-from triton_kernels.grouped_matmul.config import gmm_config, tgmm_config
+from triton_kernels.grouped_matmul.config import (
+    HOPPER_WARP_SPECIALIZED_GMM,
+    HOPPER_WARP_SPECIALIZED_TGMM,
+    gmm_config,
+    tgmm_config,
+    warp_specialized_gmm_config,
+)
 
 DTYPES = ("float16", "bfloat16", "float32")
+# The fields each attention kernel's params set (all of them: candidates and defaults are
+# complete, the options included).
+_FIELDS = {
+    "forward": {
+        "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",
+        "overlap_softmax",
+    },
+    "backward_dkdv": {
+        "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "overlap_softmax"
+    },
+    "backward_dq": {
+        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
+    },
+}  # fmt: skip
 CAPABILITIES = (None, 80, 86, 89, 90, 100)
 KIB = 1024
 
@@ -106,13 +131,7 @@ def test_attention_defaults_are_the_tables_for_every_head_dim_dtype_and_gpu():
                     "attention", compute_capability=capability, dtype=dtype, head_dim=head_dim
                 )
                 # Complete params: every field of the attention kernels is decided.
-                assert set(fwd.to_dict()) == {
-                    "q_blocksize",
-                    "kv_blocksize",
-                    "num_warps",
-                    "num_stages",
-                    "tma",
-                }
+                assert set(fwd.to_dict()) == _FIELDS["forward"]
                 assert set(bwd.to_dict()) == {f.name for f in dataclasses.fields(BwdParams)}
                 table = default_attention_configs(head_dim, dtype, capability)
                 assert fwd == FwdParams.from_attention_config(table.forward)
@@ -195,15 +214,6 @@ def test_default_params_refuses_unknown_ops_features_and_missing_sizes():
         default_params("attention", compute_capability=90, dtype="float64", head_dim=64)
 
 
-_FIELDS = {
-    "forward": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma"},
-    "backward_dkdv": {"q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma"},
-    "backward_dq": {
-        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
-    },
-}  # fmt: skip
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("capability", [80, 86, 90])
@@ -229,8 +239,10 @@ def test_attention_candidates(kind, dtype, capability):
 def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     """With descriptors on sm_90 (bf16, d=128) dK/dV's 128-key tiles of 32 and 64 queries
     are searched by pointers and through descriptors, its default (64x128 with TMA)
-    first; the forward and dQ only by pointers (slower with TMA on an H100). Without
-    descriptors: by pointers only."""
+    first; the forward and dQ only by pointers (slower with TMA on an H100), but for the
+    warp-specialized forward and the backward's kernels at one warpgroup a CTA
+    (`TWO_CTA_BACKWARD_TILE`), which need descriptors. Without descriptors: by pointers
+    only."""
     candidates = attention_candidates(
         kind, head_dim=128, dtype="bfloat16", compute_capability=90,
         features=("causal",), descriptors=True,
@@ -240,6 +252,11 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     )
     configs = [_to_config(kind, c, default) for c in candidates]
     assert configs[0] == default
+    specialized = [c for c in configs if c.warp_specialize]
+    assert len(specialized) == (kind == "forward") and all(c.tma for c in specialized)
+    two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    assert (two_ctas in configs) is (kind != "forward")
+    configs = [c for c in configs if not c.warp_specialize and c != two_ctas]
     with_tma = {(c.block_m, c.block_n, c.num_stages) for c in configs if c.tma}
     by_pointers = {(c.block_m, c.block_n, c.num_stages) for c in configs if not c.tma}
     if kind == "backward_dkdv":
@@ -313,3 +330,93 @@ def test_tuning_sees_the_tma_default_where_descriptors_launch():
     tuned = attention_configs(FwdParams(num_stages=3), BwdParams(num_stages=3), defaults)
     assert tuned.backward_dkdv.tma and tuned.backward_dkdv.num_stages == 3
     assert not tuned.forward.tma and not tuned.backward_dq.tma
+
+
+# --- the kernels' off-by-default options: the softmax overlap, warp specialization ------
+
+
+def _with_options(kind, candidates, default):
+    """The configs of the candidates with `warp_specialize` or `overlap_softmax` on."""
+    configs = [_to_config(kind, c, default) for c in candidates]
+    return [c for c in configs if c.warp_specialize or c.overlap_softmax]
+
+
+@pytest.mark.parametrize("capability", [90, 100])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_hopper_candidates_hold_the_overlap_and_the_warp_specialized_forward(capability, dtype):
+    """sm_90 and up, 16 bits: the forward's and dK/dV's overlapped tiles (the constants of
+    the kernels' config module); with descriptors and a head_dim that is a power of two,
+    the warp-specialized forward (`WARP_SPECIALIZED_FORWARD_TILE`, tma) and dK/dV and dQ
+    at one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. They come
+    after the default and the grid."""
+    expected = {
+        "forward": [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)],
+        "backward_dkdv": [AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)],
+        "backward_dq": [],
+    }
+    specialized = AttentionKernelConfig(
+        *WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True
+    )
+    two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    for kind in KINDS:
+        for head_dim, descriptors in ((128, True), (128, False), (80, True), (64, True)):
+            args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
+            candidates = attention_candidates(kind, **args, descriptors=descriptors)
+            default = default_attention_config(
+                head_dim, dtype, capability, kind, descriptors=descriptors
+            )
+            found = _with_options(kind, candidates, default)
+            powers_of_two = head_dim == block_d(head_dim)
+            ws = [specialized] if kind == "forward" and descriptors and powers_of_two else []
+            assert found == expected[kind] + ws, (kind, head_dim, descriptors)
+            configs = [_to_config(kind, c, default) for c in candidates]
+            backward = kind != "forward" and descriptors and powers_of_two
+            assert (two_ctas in configs) is backward, (kind, head_dim, descriptors)
+            assert configs[0] == default and configs[len(configs) - len(found) :] == found
+            assert len(candidates) == len(set(candidates))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_below_sm_90_and_for_float32_no_option_is_a_candidate(kind):
+    for capability, dtype in ((80, "bfloat16"), (86, "float16"), (89, "bfloat16"),
+                              (None, "bfloat16"), (90, "float32")):  # fmt: skip
+        for head_dim in (64, 128):
+            args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
+            candidates = attention_candidates(kind, **args, descriptors=True)
+            default = default_attention_config(head_dim, dtype, capability, kind)
+            configs = [_to_config(kind, c, default) for c in candidates]
+            assert not any(c.warp_specialize or c.overlap_softmax for c in configs)
+            if capability != 90:  # no descriptors below sm_90, whatever jaxlib says
+                assert not any(c.tma for c in configs)
+                assert candidates == attention_candidates(kind, **args, descriptors=False)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["gmm", "tgmm"])
+def test_grouped_matmul_candidates_hold_the_warp_specialized_tiles_on_hopper(transposed):
+    shape = (8192, 2048, 1408)
+    tiles = (HOPPER_WARP_SPECIALIZED_TGMM,) if transposed else HOPPER_WARP_SPECIALIZED_GMM
+    expected = [
+        FwdParams.from_grouped_matmul_config(warp_specialized_gmm_config(*shape, t)) for t in tiles
+    ]
+    args = dict(dtype="bfloat16", transposed=transposed)
+    plain = grouped_matmul_candidates(shape, compute_capability=90, **args)
+    hopper = grouped_matmul_candidates(shape, compute_capability=90, descriptors=True, **args)
+    assert hopper == plain + expected
+    assert all(p.warp_specialize is True and p.tma is True for p in expected)
+    assert not any(p.warp_specialize for p in plain)
+    # Nowhere else: below sm_90, for float32, over rows that are not 16-byte multiples.
+    for capability, dtype, problem in (
+        (80, "bfloat16", shape),
+        (89, "bfloat16", shape),
+        (90, "float32", shape),
+        (90, "bfloat16", (8192, 2048, 1404)),
+        (90, "bfloat16", (8192, 2044, 1408)),
+    ):
+        candidates = grouped_matmul_candidates(
+            problem, dtype=dtype, compute_capability=capability, transposed=transposed,
+            descriptors=True,
+        )  # fmt: skip
+        assert not any(c.warp_specialize for c in candidates), (capability, dtype, problem)
+        assert candidates == grouped_matmul_candidates(
+            problem, dtype=dtype, compute_capability=capability, transposed=transposed
+        )

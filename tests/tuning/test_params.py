@@ -7,14 +7,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_bridge.tuning.params import BwdParams, FwdParams, attention_configs
-from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
-from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+from jax_bridge.tuning.params import BOOL_FIELDS, BwdParams, FwdParams, attention_configs
+from triton_kernels.flash_attention.config import (
+    OVERLAPPED_DKDV_TILE,
+    OVERLAPPED_FORWARD_TILE,
+    AttentionConfigs,
+    AttentionKernelConfig,
+)
+from triton_kernels.grouped_matmul.config import (
+    HOPPER_WARP_SPECIALIZED_GMM,
+    HOPPER_WARP_SPECIALIZED_TGMM,
+    GroupedMatmulConfig,
+    warp_specialized_gmm_config,
+)
 
 BLOCKS = st.sampled_from([None, 16, 32, 64, 128, 256])
 WARPS = st.sampled_from([None, 1, 2, 4, 8, 16])
 STAGES = st.one_of(st.none(), st.integers(1, 6))
-TMA = st.sampled_from([None, False, True])
+FLAG = st.sampled_from([None, False, True])
 
 
 def _params(cls):
@@ -24,8 +34,8 @@ def _params(cls):
             fields[field.name] = BLOCKS
         elif field.name.endswith("num_warps"):
             fields[field.name] = WARPS
-        elif field.name.endswith("tma"):
-            fields[field.name] = TMA
+        elif field.name in BOOL_FIELDS:
+            fields[field.name] = FLAG
         else:
             fields[field.name] = STAGES
     return st.builds(cls, **fields)
@@ -180,3 +190,169 @@ def test_attention_configs_names_a_swapped_or_wrong_argument():
         attention_configs(BwdParams(), FwdParams(), defaults)
     with pytest.raises(TypeError, match="attention_configs: defaults must be an AttentionConfigs"):
         attention_configs(None, None, {"forward": None})
+
+
+# --- the kernels' options: warp specialization and the softmax overlap -----------------
+
+
+def test_bool_fields_are_exactly_the_fields_typed_bool():
+    typed_bool = {
+        field.name
+        for cls in (FwdParams, BwdParams)
+        for field in dataclasses.fields(cls)
+        if field.type == "bool | None"
+    }
+    assert typed_bool == BOOL_FIELDS
+    assert {"warp_specialize", "overlap_softmax"} <= {f.name for f in dataclasses.fields(FwdParams)}
+    bwd = {f.name for f in dataclasses.fields(BwdParams)}
+    assert "overlap_softmax" in bwd and "warp_specialize" not in bwd
+
+
+@pytest.mark.parametrize(
+    "cls, field", [(FwdParams, "warp_specialize"), (FwdParams, "overlap_softmax"),
+                   (BwdParams, "overlap_softmax"), (BwdParams, "dq_tma")],
+)  # fmt: skip
+@pytest.mark.parametrize("value", [1, 0, "yes"])
+def test_option_fields_take_only_bools(cls, field, value):
+    with pytest.raises(TypeError, match=re.escape(f"{cls.__name__}.{field} must be a bool")):
+        cls(**{field: value})
+    assert getattr(cls(**{field: True}), field) is True
+
+
+# A default with every option off, unlike each config below: what the conversions give
+# back comes from the params, not from the default.
+_PLAIN_ATTENTION = AttentionKernelConfig(64, 64, num_warps=8, num_stages=1)
+_PLAIN_GMM = GroupedMatmulConfig(64, 64, 64, num_warps=8, num_stages=1)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True),
+        AttentionKernelConfig(128, 128, num_warps=4, num_stages=2, tma=True, warp_specialize=True),
+    ],
+    ids=["overlapped", "warp_specialized"],
+)
+def test_forward_options_round_trip(config):
+    params = FwdParams.from_attention_config(config)
+    stored = params.to_dict()
+    assert stored["overlap_softmax"] is config.overlap_softmax
+    assert stored["warp_specialize"] is config.warp_specialize
+    assert FwdParams.from_dict(stored).to_attention_config(_PLAIN_ATTENTION) == config
+    # Set to False, an option is off even over a default that has it on.
+    off = FwdParams(overlap_softmax=False, warp_specialize=False)
+    assert off.to_attention_config(config) == dataclasses.replace(
+        config, overlap_softmax=False, warp_specialize=False
+    )
+
+
+def test_backward_options_round_trip():
+    dkdv = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+    dq = AttentionKernelConfig(128, 64, num_warps=8, num_stages=2, tma=True)
+    params = BwdParams.from_attention_configs(dkdv, dq)
+    assert params.overlap_softmax is True and params.dq_tma is True and params.tma is False
+    again = BwdParams.from_dict(params.to_dict())
+    assert again == params
+    assert again.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
+    assert again.to_dq_config(_PLAIN_ATTENTION) == dq
+    # Each kernel's own converter sets that kernel's fields only.
+    assert BwdParams.from_dkdv_config(dkdv).merge(BwdParams.from_dq_config(dq)) == params
+    assert set(BwdParams.from_dq_config(dq).to_dict()) == {
+        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tiling", [*HOPPER_WARP_SPECIALIZED_GMM, HOPPER_WARP_SPECIALIZED_TGMM], ids=str
+)
+def test_grouped_matmul_warp_specialize_round_trips(tiling):
+    config = warp_specialized_gmm_config(8192, 2048, 1408, tiling)
+    assert config.warp_specialize and config.tma  # the constants' config, as launched
+    params = FwdParams.from_grouped_matmul_config(config)
+    assert params.to_dict()["warp_specialize"] is True and params.overlap_softmax is None
+    assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
+
+
+def _config_error(make) -> str:
+    with pytest.raises(ValueError) as info:
+        make()
+    return str(info.value)
+
+
+def test_options_a_kernel_refuses_raise_its_configs_own_error():
+    # Warp specialization needs tma and 4 warps: the default below has neither.
+    expected = _config_error(lambda: dataclasses.replace(_PLAIN_ATTENTION, warp_specialize=True))
+    assert "warp_specialize needs tma=True" in expected
+    with pytest.raises(ValueError) as info:
+        FwdParams(warp_specialize=True).to_attention_config(_PLAIN_ATTENTION)
+    assert str(info.value) == expected
+    # The overlap and warp specialization exclude each other.
+    both = dict(num_warps=4, tma=True, warp_specialize=True, overlap_softmax=True)
+    expected = _config_error(lambda: AttentionKernelConfig(64, 64, num_stages=1, **both))
+    assert "exclude each other" in expected
+    with pytest.raises(ValueError) as info:
+        FwdParams(**both).to_attention_config(_PLAIN_ATTENTION)
+    assert str(info.value) == expected
+    # dK/dV's overlap over a default the overlap excludes.
+    specialized = AttentionKernelConfig(64, 64, 4, 1, tma=True, warp_specialize=True)
+    with pytest.raises(ValueError, match="exclude each other"):
+        BwdParams(overlap_softmax=True).to_dkdv_config(specialized)
+    # Grouped matmul: the same rule, its own config's message.
+    expected = _config_error(
+        lambda: dataclasses.replace(_PLAIN_GMM, tma=True, warp_specialize=True)
+    )
+    assert expected.startswith("GroupedMatmulConfig.warp_specialize needs")
+    with pytest.raises(ValueError) as info:
+        FwdParams(tma=True, warp_specialize=True).to_grouped_matmul_config(_PLAIN_GMM)
+    assert str(info.value) == expected
+
+
+def test_the_overlap_is_attention_only():
+    with pytest.raises(ValueError, match=r"\['overlap_softmax'\] do not apply to grouped matmul"):
+        FwdParams(overlap_softmax=False).to_grouped_matmul_config(_PLAIN_GMM)
+    # warp_specialize is both ops': no refusal either way.
+    assert FwdParams(warp_specialize=False).to_grouped_matmul_config(_PLAIN_GMM) == _PLAIN_GMM
+    assert FwdParams(warp_specialize=False).to_attention_config(_PLAIN_ATTENTION) == (
+        _PLAIN_ATTENTION
+    )
+
+
+@pytest.mark.parametrize(
+    "dkdv, dq, where, dropped",
+    [
+        (AttentionKernelConfig(64, 64), AttentionKernelConfig(64, 64, overlap_softmax=True),
+         "from_dq_config", "['overlap_softmax']"),
+        (AttentionKernelConfig(64, 64), AttentionKernelConfig(64, 64, tma=True,
+         warp_specialize=True), "from_dq_config", "['warp_specialize']"),
+        (AttentionKernelConfig(64, 64, tma=True, warp_specialize=True),
+         AttentionKernelConfig(64, 64), "from_dkdv_config", "['warp_specialize']"),
+    ],
+)  # fmt: skip
+def test_backward_configs_with_options_their_params_cannot_hold_are_refused(
+    dkdv, dq, where, dropped
+):
+    with pytest.raises(ValueError, match=re.escape(f"BwdParams.{where}: BwdParams has no field "
+                                                   f"for {dropped}")):  # fmt: skip
+        BwdParams.from_attention_configs(dkdv, dq)
+
+
+def test_from_fwd_params_carries_the_overlap_to_dkdv_only():
+    fwd = FwdParams(q_blocksize=128, tma=True, num_warps=4, warp_specialize=True)
+    bwd = BwdParams.from_fwd_params(fwd)
+    assert bwd.overlap_softmax is None and bwd.tma is bwd.dq_tma is True
+    bwd = BwdParams.from_fwd_params(FwdParams(overlap_softmax=True))
+    assert bwd.to_dict() == {"overlap_softmax": True}
+
+
+def test_attention_configs_carry_the_options_to_their_kernels():
+    defaults = AttentionConfigs(_PLAIN_ATTENTION, _PLAIN_ATTENTION, _PLAIN_ATTENTION)
+    configs = attention_configs(
+        FwdParams(num_warps=4, tma=True, warp_specialize=True),
+        BwdParams(overlap_softmax=True),
+        defaults,
+    )
+    assert configs.forward == AttentionKernelConfig(
+        64, 64, num_warps=4, num_stages=1, tma=True, warp_specialize=True
+    )
+    assert configs.backward_dkdv == dataclasses.replace(_PLAIN_ATTENTION, overlap_softmax=True)
+    assert configs.backward_dq == _PLAIN_ATTENTION

@@ -8,6 +8,7 @@ None and asks here for the block sizes, warps and pipeline stages.
 from __future__ import annotations
 
 import dataclasses
+from typing import Self
 
 import triton
 
@@ -100,12 +101,28 @@ class GroupedMatmulConfig(KernelConfig):
         """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, where
         warp-specialized, of the float32 output tile its consumers hand the epilogue: gmm's
         `[block_m, block_n]`, tgmm's (`transposed`; where `tgmm_warp_specializes`)
-        `[block_k, block_n]` (the static
-        report: gmm 128 x 64 x 128 at 4 stages takes 192 KiB, 128 + 64)."""
+        `[block_k, block_n]`, a tile of fewer than 128 rows taking the space of 128 (the
+        static report under Triton 3.6 and 3.9: gmm 128 x 64 x 128 at 4 stages takes
+        192 KiB, 128 + 64; gmm 64 x 128 x 128 and tgmm 128 x 64 x 128 hand off 64 KiB,
+        not 32)."""
         pipeline = self.num_stages * self.stage_bytes(element_bytes, transposed)
         if not (tgmm_warp_specializes(self) if transposed else self.warp_specialize):
             return pipeline
-        return pipeline + 4 * (self.block_k if transposed else self.block_m) * self.block_n
+        rows = self.block_k if transposed else self.block_m
+        return pipeline + 4 * max(rows, 128) * self.block_n
+
+    def within_shared_memory(self, element_bytes: int, transposed: bool, limit: int) -> Self:
+        """This config as a kernel launches it on a GPU of `limit` bytes of shared memory
+        a CTA: as given where it fits, else with as many pipeline stages as fit (at least
+        one). A config reaches every matmul of the op's gradient, and a gmm tile reused by
+        tgmm (or the reverse) holds other tiles a stage (gmm's 128 x 64 x 256 at 4 stages
+        is 192 KiB in gmm and 320 KiB in tgmm)."""
+        needed = self.shared_memory_bytes(element_bytes, transposed)
+        if needed <= limit:
+            return self
+        stage = self.stage_bytes(element_bytes, transposed)
+        fixed = needed - self.num_stages * stage
+        return dataclasses.replace(self, num_stages=max(1, (limit - fixed) // stage))
 
     def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
         """The kernels' shape and tile constexprs for problem sizes m, k, n."""
