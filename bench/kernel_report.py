@@ -12,8 +12,10 @@ kernels of different tile shapes fairly, and it moves with every change to a ker
 Beside it, what the count cannot price: the loop's exp2s issued while an MMA is in
 flight ("exp2 by MMA") and its barriers of the whole CTA ("CTA bar"), each of which holds
 a CTA's warpgroups in step (a CTA of one warpgroup, 4 warps, is held by none). On the
-H100 the TMA kernels, with fewer instructions and more such barriers (4 a tile against 2
-under Triton 3.6), ran 3-12% slower than the same tiles by pointers.
+H100 the forward and dQ with TMA at their default tiles, with fewer instructions and more
+such barriers (4 a tile against 2 under Triton 3.6), ran slower than the same tiles by
+pointers (forward 5%, fwd+bwd 3-12%); dK/dV at 64x128 with TMA, 27% fewer instructions
+than the 32x128 by pointers it replaced, gained 8% on 4 x 4096 despite them.
 
 Flags: SPILL (a spill store inside that loop, or more than `LOOP_RELOADS_TOLERATED`
 reloads, where every iteration pays them, or more than `SPILL_OUTSIDE_LOOP_BYTES`
@@ -242,8 +244,10 @@ def main(argv: Sequence[str]) -> None:
         "attention kernels at bf16, head_dim 128, causal); exp2 by MMA: of that loop's "
         "MUFU instructions, those issued while a warpgroup MMA is in flight; CTA bar: "
         "that loop's barriers of the whole CTA, each holding its warpgroups in step (one "
-        "warpgroup's exp2s cannot run beside another's MMAs; a CTA of one warpgroup, "
-        "4 warps, is held by none, and two of them on an SM run out of step)"
+        "warpgroup's exp2s cannot run beside another's MMAs); \"n (1 WG)\": counted in a "
+        "CTA of one warpgroup (4 warps), where they hold no other warpgroup, and two such "
+        "CTAs on an SM run out of step; warp-specialized rows: the consumers' loop, whose "
+        "named barriers of some warps are not counted"
     )
     if args.json is not None:
         from bench.report import machine_description

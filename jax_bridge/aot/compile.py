@@ -3,9 +3,10 @@
 The arguments are placed on compile-only devices of the target (`targets.py`), the
 function is traced for the target's platform (so `implementation="auto"` picks its
 kernels, and Triton picks the launch configurations of its compute capability), and XLA
-with the real kernel compilers (Mosaic for TPUs; Triton and ptxas for GPUs) compiles the
-program. Nothing runs: what comes back is the compiled program and a `CompileReport` of
-what the compilers said about it.
+with the real kernel compilers (Mosaic for TPUs; Triton to PTX for GPUs, each kernel's
+shared memory checked against the target: ptxas runs on the GPU, at a kernel's first
+launch, and in `python -m bench report`) compiles the program. Nothing runs: what comes
+back is the compiled program and a `CompileReport` of what the compilers said about it.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ def block_sparse_attention(
         `AttentionKernelConfig`; None fields: the default) or one `AttentionKernelConfig`
         for all three kernels. A kernel's tile given by both `block_sizes` and `config`
         must agree. `tma`, `warp_specialize`, `overlap_softmax` and `dq_atomic` are the
-        varlen kernels' and refused. XLA ignores it; Pallas refuses it (`block_sizes`).
+        varlen kernels' and refused on every backend; XLA ignores the rest (tiles, warps,
+        stages: its blocks are `block_sizes`'); Pallas refuses a config (`block_sizes`).
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
         The Pallas kernels use the TPU's default dot precision.
       implementation: "auto" (Triton on GPUs, Pallas on TPU, XLA elsewhere), "xla",

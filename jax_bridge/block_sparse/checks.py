@@ -184,6 +184,7 @@ def check_config(
     if config is None:
         return None
     if isinstance(config, AttentionKernelConfig):
+        _refuse_varlen_options(config, "config")
         config = AttentionConfigs(forward=config, backward_dkdv=config, backward_dq=config)
     if not isinstance(config, AttentionConfigs):
         raise TypeError(
@@ -204,15 +205,20 @@ def check_config(
         kernel = getattr(config, kind)
         if kernel is None:
             continue
-        for option in _VARLEN_ONLY_OPTIONS:
-            if getattr(kernel, option):
-                raise ValueError(
-                    f"{OP}: config.{kind}.{option}=True is a varlen_attention kernel option; "
-                    "the block-sparse kernels do not take it."
-                )
+        _refuse_varlen_options(kernel, f"config.{kind}")
         if implementation == "triton":
             _check_same_tile(kind, kernel, block_sizes)
     return config
+
+
+def _refuse_varlen_options(kernel: AttentionKernelConfig, where: str) -> None:
+    options = [name for name in _VARLEN_ONLY_OPTIONS if getattr(kernel, name)]
+    if options:
+        given = ", ".join(f"{where}.{name}=True" for name in options)
+        raise ValueError(
+            f"{OP}: {given}: varlen_attention kernel options; the block-sparse kernels do "
+            "not take them."
+        )
 
 
 def _check_same_tile(kind: str, kernel: AttentionKernelConfig, block_sizes: Any) -> None:

@@ -1,6 +1,7 @@
 """What a compiled Triton kernel needs from its launch that jax_triton does not pass to
 jaxlib: global scratch (device-side tensor descriptors, Hopper's TMA) and its own warp
-count (warp-specialized loops).
+count (warp-specialized loops); and what no launch can give it: more shared memory than
+one CTA of its target has.
 
 * Global scratch. Since Triton 3.3 every compiled kernel has two hidden pointer parameters
   after its own, global scratch and profile scratch. A kernel that builds tensor
@@ -18,6 +19,10 @@ count (warp-specialized loops).
   consumers; the metadata's `num_warps`, PTX `.reqntid`). jax_triton 0.3 and 0.4 hand
   jaxlib the warps they were asked for, and a launch with fewer threads than `.reqntid`
   fails on the device.
+* Shared memory. jax_triton compiles to PTX only; Triton's own check of a kernel's shared
+  memory against the device runs when Triton loads a kernel, which jaxlib does instead,
+  so a config whose pipeline does not fit (too many stages or too large a tile) compiles
+  for a compile-only target and fails only at launch on the GPU.
 
 `pass_kernel_needs()` fills both gaps, once per process, with two wrappers around
 jax_triton's module globals (a kernel that needs neither is built exactly as before):
@@ -27,8 +32,9 @@ jax_triton's module globals (a kernel that needs neither is built exactly as bef
   kernel's name: jax_triton builds the kernel object right after compiling it);
 * its jaxlib module's `TritonKernel` gets the kernel's own warp count and (from jax_triton
   0.3, which builds the kernel from 7 arguments) its scratch, or, on a jaxlib that cannot
-  take scratch, raises `NotImplementedError` naming the kernel: an error at trace time
-  instead of a crash on the device.
+  take scratch, raises `NotImplementedError` naming the kernel; and it raises ValueError
+  naming the kernel where the kernel's shared memory exceeds its target's limit: errors
+  at trace time instead of a failed launch on the device.
 """
 
 from __future__ import annotations
@@ -112,6 +118,22 @@ def kernel_with_scratch(lib: Any, name: str, args: tuple[Any, ...], needs: Kerne
     return lib.TritonKernel(name, *args, needs.scratch_size, needs.scratch_align)
 
 
+def check_shared_memory(name: str, *, shared_bytes: int, compute_capability: int) -> None:
+    """ValueError naming kernel `name` where its `shared_bytes` of shared memory exceed what
+    one CTA of an sm_`compute_capability` GPU can have (targets of unknown limits pass)."""
+    from jax_bridge.launch.report import SM_LIMITS, max_shared_memory_per_cta
+
+    if compute_capability not in SM_LIMITS:
+        return
+    limit = max_shared_memory_per_cta(compute_capability)
+    if shared_bytes > limit:
+        raise ValueError(
+            f"Triton kernel {name!r} needs {shared_bytes} bytes of shared memory a CTA; an "
+            f"sm_{compute_capability} GPU gives one CTA at most {limit}: its launch would "
+            "fail. Fewer pipeline stages (num_stages) or smaller tiles fit."
+        )
+
+
 class _NeedsPassingLib:
     """jaxlib's `gpu_triton` module as jax_triton sees it, with a `TritonKernel` that
     passes what the kernel this thread compiled last needs."""
@@ -125,6 +147,8 @@ class _NeedsPassingLib:
     def TritonKernel(self, name: str, *args: Any) -> Any:  # jaxlib's name for it
         compiled_name, needs = getattr(_compiled, "last", (None, None))
         _compiled.last = (None, None)
+        if len(args) >= 6:
+            check_shared_memory(name, shared_bytes=args[2], compute_capability=args[5])
         if compiled_name != name or needs is None:
             return self._lib.TritonKernel(name, *args)
         # args: num_warps, num_ctas, shared memory, PTX, TTIR, compute capability, and

@@ -2,8 +2,11 @@
 
 With jax's CUDA plugin installed (no driver needed), `jax.jit(f).trace(...).lower(
 lowering_platforms=("cuda",))` runs jax_triton's real lowering: Triton compiles every
-kernel to PTX and a cubin, and the module carries one `triton_kernel_call` custom call per
-launch. There is no device to ask for its compute capability, so it is given here.
+kernel to PTX (jaxlib assembles the PTX when it first launches a kernel, on the GPU: no
+ptxas runs here), the launch layer checks the kernel's shared memory against the target
+(`kernel_needs.check_shared_memory`), and the module carries one `triton_kernel_call`
+custom call per launch. There is no device to ask for its compute capability, so it is
+given here. (`python -m bench report` runs ptxas itself: registers, spills, SASS.)
 """
 
 from __future__ import annotations

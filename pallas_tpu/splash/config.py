@@ -68,9 +68,10 @@ class BlockSizes:
 
     None means "default"; `resolve` fills every None in one place. As in JAX, a given
     `block_kv` (`block_kv_dkv`) also fills an unset `block_kv_compute`
-    (`block_kv_dkv_compute`) at construction. Every block is a multiple of 128: kv blocks
-    are the lane axis of the forward and dQ tiles, q blocks the lane axis of the dK/dV
-    tile and of the per-row lse / delta vectors.
+    (`block_kv_dkv_compute`) at construction. For the splash kernels every block is a
+    multiple of 128: kv blocks are the lane axis of the forward and dQ tiles, q blocks the
+    lane axis of the dK/dV tile and of the per-row lse / delta vectors
+    (`block_sparse_attention`'s XLA and Triton backends take other sizes: its docstring).
 
     JAX compatibility fields:
       use_fused_bwd_kernel: JAX computes dQ inside its dK/dV kernel; ours always runs

@@ -674,7 +674,7 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         (
             dict(config=AttentionKernelConfig(16, 16, tma=True), implementation="triton"),
             ValueError,
-            r"config.forward.tma=True is a varlen_attention kernel option",
+            r"config.tma=True: varlen_attention kernel options",
         ),
         (
             dict(
@@ -684,7 +684,7 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
                 implementation="triton",
             ),
             ValueError,
-            r"config.backward_dkdv.overlap_softmax=True is a varlen_attention kernel option",
+            r"config.backward_dkdv.overlap_softmax=True: varlen_attention kernel options",
         ),
         (
             dict(
@@ -719,7 +719,7 @@ def test_xla_ignores_a_triton_config_and_keeps_its_own_blocks():
         q, k, v, mask, block_sizes=blocks, config=config, implementation="xla"
     )
     np.testing.assert_array_equal(np.asarray(given), np.asarray(plain))
-    with pytest.raises(ValueError, match=r"block_sparse_attention: config\.forward\.tma=True"):
+    with pytest.raises(ValueError, match=r"block_sparse_attention: config\.tma=True"):
         block_sparse_attention(q, k, v, mask, config=config.replace(tma=True), implementation="xla")
 
 

@@ -108,6 +108,41 @@ def test_a_warp_specialized_kernel_gets_its_own_warp_count(recorded) -> None:
     assert len(call) == 9  # and its descriptors' scratch
 
 
+@triton.jit
+def _deep_matmul(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """out = a @ b, one [M, N] tile over a k loop by pointers (its pipeline's stages of
+    [M, BLOCK_K] and [BLOCK_K, N] tiles in shared memory)."""
+    rows, cols, ks = tl.arange(0, M), tl.arange(0, N), tl.arange(0, BLOCK_K)
+    acc = tl.zeros((M, N), tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr + rows[:, None] * K + (k + ks)[None, :])
+        b = tl.load(b_ptr + (k + ks)[:, None] * N + cols[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc)
+
+
+@pytest.mark.parametrize("stages, fits", [(3, True), (8, False)])
+def test_a_kernel_over_its_targets_shared_memory_is_refused_by_name(stages, fits) -> None:
+    """jax_triton compiles to PTX only, so nothing else sees that a pipeline does not fit
+    before the launch fails on the device: 128x128 tiles over 64-deep k steps hold 32 KiB
+    a stage, 3 stages fit an H100's 227 KiB a CTA, 8 do not."""
+    a = jax.ShapeDtypeStruct((128, 1024), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((1024, 128), jnp.bfloat16)
+
+    def matmul(a, b):
+        return triton_call(
+            a, b, kernel=_deep_matmul, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+            grid=1, num_warps=8, num_stages=stages, M=128, K=1024, N=128, BLOCK_K=64,
+        )  # fmt: skip
+
+    if fits:
+        assert "triton_kernel_call" in lower_for_cuda(matmul, a, b, compute_capability=90)
+        return
+    with pytest.raises(ValueError, match=r"'_deep_matmul' needs \d+ bytes of shared memory.*sm_90"):
+        lower_for_cuda(matmul, a, b, compute_capability=90)
+
+
 def test_a_thread_that_compiled_another_kernel_passes_nothing() -> None:
     """What a compile recorded belongs to that kernel's name only."""
     lib = kernel_needs._NeedsPassingLib(_Lib())

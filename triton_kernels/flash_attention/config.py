@@ -128,8 +128,9 @@ WARP_SPECIALIZED_FORWARD_TILE = (128, 128, 4, 2)
 # holding their two warpgroups in step, so neither's exp2s run beside the other's MMAs;
 # two CTAs of one warpgroup are held by none, at twice the reads of the streamed tiles
 # (Q and dO for dK/dV, K and V for dQ). Static report, sm_90, bf16, d=128, causal,
-# Triton 3.6 / 3.9, warp-instructions per MFLOP: dK/dV 360 / 338 (the 64x128 default:
-# 360 / 341), dQ 351 / 374 (128x64 with `tma`: 352 / 379); no spill in the loops.
+# Triton 3.6 / 3.9, warp-instructions per MFLOP: dK/dV 360 / 338 (the default where
+# descriptors launch, 64x128 with `tma`: 360 / 341), dQ 351 / 374 (the default, 128x64 by
+# pointers: 359 / 422; with `tma`: 352 / 379); no spill in the loops.
 TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 
 
