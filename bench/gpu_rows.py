@@ -866,18 +866,17 @@ def _wide_block_sparse_dq(spec: MaskSpec) -> Impl:
 
 def _two_ctas_block_sparse(spec: MaskSpec) -> Impl:
     """An A/B of the block-sparse kernels' CTA shape: one warpgroup a CTA, two CTAs an
-    SM (forward and dQ at 64x64, dK/dV at 32x64, 4 warps, two stages; dK/dV spills at
-    64x64 by pointers), against the defaults' two warpgroups a CTA, whose loops take 2-4
-    barriers of the whole CTA a tile (`TWO_CTA_BACKWARD_TILE`'s comment). Static report,
-    sm_90, d=128, Triton 3.6 / 3.9, warp-instructions per MFLOP: forward 690 / 736
-    against 504 / 526, dQ 417 / 437 against 370 / 432, dK/dV 538 / 549 against 502 /
-    555; no spill in the loops (28 B outside dK/dV's)."""
+    SM (`BLOCK_SPARSE_TWO_CTA_TILES`: forward and dQ at 64x64, dK/dV at 32x64, 4 warps,
+    two stages; dK/dV spills at 64x64 by pointers), against the defaults' two warpgroups
+    a CTA, whose loops take 2-4 barriers of the whole CTA a tile (`TWO_CTA_BACKWARD_TILE`'s
+    comment). Static report, sm_90, d=128, Triton 3.6 / 3.9, warp-instructions per MFLOP:
+    forward 690 / 736 against 504 / 526, dQ 417 / 437 against 370 / 432, dK/dV 538 / 549
+    against 502 / 555; no spill in the loops (dK/dV's 64 / 56 B outside its loop)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.block_sparse.config import BLOCK_SPARSE_TWO_CTA_TILES
 
-    square = AttentionKernelConfig(64, 64, 4, 2)
-    two = AttentionConfigs(
-        forward=square, backward_dq=square, backward_dkdv=AttentionKernelConfig(32, 64, 4, 2)
-    )
+    tiles = BLOCK_SPARSE_TWO_CTA_TILES
+    two = AttentionConfigs(**{kind: AttentionKernelConfig(*tile) for kind, tile in tiles.items()})
     return block_sparse_impl(spec, label="64x64 4 warps", config=two)
 
 

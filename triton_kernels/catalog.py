@@ -18,7 +18,7 @@ from typing import Any
 import triton
 
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
-from triton_kernels.block_sparse.config import block_sparse_config
+from triton_kernels.block_sparse.config import BLOCK_SPARSE_TWO_CTA_TILES, block_sparse_config
 from triton_kernels.block_sparse.forward import INTERVALS, block_sparse_forward_kernel
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
@@ -384,6 +384,12 @@ def default_variants(
         )
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
+        if compute_capability == 90 and head_dim == 128:  # the A/B row's one warpgroup a CTA
+            for kind, tile in BLOCK_SPARSE_TWO_CTA_TILES.items():
+                variant = block_sparse_variant(
+                    kind, head_dim, 90, config=AttentionKernelConfig(*tile)
+                )
+                variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
     # the weight gradient over longer groups (512 rows each): its own default tile on sm_90
     variants.append(

@@ -22,7 +22,16 @@ from triton_kernels.flash_attention.config import (
     default_attention_config,
 )
 
-__all__ = ["KINDS", "block_sparse_config"]
+__all__ = ["BLOCK_SPARSE_TWO_CTA_TILES", "KINDS", "block_sparse_config"]
+
+# The kernels at one warpgroup a CTA, two CTAs an SM, the A/B row's (bench/gpu_rows.py):
+# kind -> (block_m, block_n, num_warps, num_stages). By pointers (the block-sparse kernels
+# take no descriptors) dK/dV spills at 64x64 (260-304 B), not at 32x64.
+BLOCK_SPARSE_TWO_CTA_TILES = {
+    "forward": (64, 64, 4, 2),
+    "backward_dq": (64, 64, 4, 2),
+    "backward_dkdv": (32, 64, 4, 2),
+}
 
 # (sm_90 or sm_80 family, dtype, kind, head-dim tile, soft cap)
 #   -> (block_m, block_n, num_warps, num_stages)
