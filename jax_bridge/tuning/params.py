@@ -35,6 +35,18 @@ and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
 _ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
 _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n")
 
+# Each kernel config's fields and the params fields that hold them (config -> params):
+# the one table every conversion below reads, both ways.
+_LAUNCH = {"num_warps": "num_warps", "num_stages": "num_stages", "tma": "tma"}
+_FORWARD = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
+            "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax"}  # fmt: skip
+_MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
+           **_LAUNCH, "warp_specialize": "warp_specialize"}  # fmt: skip
+_DKDV = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
+         "overlap_softmax": "overlap_softmax"}  # fmt: skip
+_DQ = {"block_m": "dq_q_blocksize", "block_n": "dq_kv_blocksize", "num_warps": "dq_num_warps",
+       "num_stages": "dq_num_stages", "tma": "dq_tma"}  # fmt: skip
+
 
 def _check_field(kind: str, name: str, value: Any) -> None:
     """TypeError/ValueError naming `kind.name` unless `value` is None or valid for `name`."""
@@ -96,6 +108,19 @@ class _Params:
         value = getattr(self, field)
         return default if value is None else value
 
+    @classmethod
+    def _from_config(cls, config: Any, fields: Mapping[str, str]) -> Self:
+        """Params setting the `fields` (config field -> params field) of `config`."""
+        return cls(**{mine: getattr(config, theirs) for theirs, mine in fields.items()})
+
+    def _to_config(self, default: Any, fields: Mapping[str, str]) -> Any:
+        """`default` with each of `fields` (config field -> params field) these params set
+        (the config's own ValueError where the result's fields do not go together)."""
+        picked = {
+            theirs: self._pick(mine, getattr(default, theirs)) for theirs, mine in fields.items()
+        }
+        return dataclasses.replace(default, **picked)
+
     def _refuse(self, fields: tuple[str, ...], target: str) -> None:
         # A grouped-matmul tile in an attention conversion (or vice versa) is a mistake
         # that would otherwise be ignored silently.
@@ -106,7 +131,8 @@ class _Params:
 
 def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
     """ValueError naming `where` if `config` turns on an option (a bool field) that the
-    params have no field for: converting it would drop the option silently."""
+    params have no field for (`held`: the config fields they hold): converting it would
+    drop the option silently."""
     dropped = [
         f.name
         for f in dataclasses.fields(config)
@@ -153,28 +179,12 @@ class FwdParams(_Params):
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
         """Every field of the forward kernel's `config` as params."""
-        return cls(
-            q_blocksize=config.block_m,
-            kv_blocksize=config.block_n,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            tma=config.tma,
-            warp_specialize=config.warp_specialize,
-            overlap_softmax=config.overlap_softmax,
-        )
+        return cls._from_config(config, _FORWARD)
 
     @classmethod
     def from_grouped_matmul_config(cls, config: GroupedMatmulConfig) -> FwdParams:
         """Every field of a grouped matmul `config` as params."""
-        return cls(
-            blocksize_m=config.block_m,
-            blocksize_k=config.block_k,
-            blocksize_n=config.block_n,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            tma=config.tma,
-            warp_specialize=config.warp_specialize,
-        )
+        return cls._from_config(config, _MATMUL)
 
     def to_attention_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The forward kernel's config: the set fields, the rest from `default`.
@@ -183,31 +193,13 @@ class FwdParams(_Params):
         together (e.g. `warp_specialize` without `tma`), and ValueError for grouped
         matmul fields."""
         self._refuse(_MATMUL_FIELDS, "attention")
-        return dataclasses.replace(
-            default,
-            block_m=self._pick("q_blocksize", default.block_m),
-            block_n=self._pick("kv_blocksize", default.block_n),
-            num_warps=self._pick("num_warps", default.num_warps),
-            num_stages=self._pick("num_stages", default.num_stages),
-            tma=self._pick("tma", default.tma),
-            warp_specialize=self._pick("warp_specialize", default.warp_specialize),
-            overlap_softmax=self._pick("overlap_softmax", default.overlap_softmax),
-        )
+        return self._to_config(default, _FORWARD)
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
         """A grouped matmul config: the set fields, the rest from `default` (the config's
         own ValueError where they do not go together; ValueError for attention fields)."""
         self._refuse(_ATTENTION_FIELDS, "grouped matmul")
-        return dataclasses.replace(
-            default,
-            block_m=self._pick("blocksize_m", default.block_m),
-            block_k=self._pick("blocksize_k", default.block_k),
-            block_n=self._pick("blocksize_n", default.block_n),
-            num_warps=self._pick("num_warps", default.num_warps),
-            num_stages=self._pick("num_stages", default.num_stages),
-            tma=self._pick("tma", default.tma),
-            warp_specialize=self._pick("warp_specialize", default.warp_specialize),
-        )
+        return self._to_config(default, _MATMUL)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -269,28 +261,15 @@ class BwdParams(_Params):
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only; ValueError if
         it turns on an option this kernel's fields cannot hold (`warp_specialize`)."""
-        _check_held(config, ("tma", "overlap_softmax"), "BwdParams.from_dkdv_config")
-        return cls(
-            q_blocksize=config.block_m,
-            kv_blocksize=config.block_n,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            tma=config.tma,
-            overlap_softmax=config.overlap_softmax,
-        )
+        _check_held(config, _DKDV, "BwdParams.from_dkdv_config")
+        return cls._from_config(config, _DKDV)
 
     @classmethod
     def from_dq_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dQ kernel's `config` as params that set its `dq_*` fields only; ValueError
         if it turns on an option they cannot hold (`warp_specialize`, `overlap_softmax`)."""
-        _check_held(config, ("tma",), "BwdParams.from_dq_config")
-        return cls(
-            dq_q_blocksize=config.block_m,
-            dq_kv_blocksize=config.block_n,
-            dq_num_warps=config.num_warps,
-            dq_num_stages=config.num_stages,
-            dq_tma=config.tma,
-        )
+        _check_held(config, _DQ, "BwdParams.from_dq_config")
+        return cls._from_config(config, _DQ)
 
     @classmethod
     def from_attention_configs(
@@ -303,26 +282,11 @@ class BwdParams(_Params):
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dK/dV kernel's config: the set fields, the rest from `default` (the
         config's own ValueError where they do not go together)."""
-        return dataclasses.replace(
-            default,
-            block_m=self._pick("q_blocksize", default.block_m),
-            block_n=self._pick("kv_blocksize", default.block_n),
-            num_warps=self._pick("num_warps", default.num_warps),
-            num_stages=self._pick("num_stages", default.num_stages),
-            tma=self._pick("tma", default.tma),
-            overlap_softmax=self._pick("overlap_softmax", default.overlap_softmax),
-        )
+        return self._to_config(default, _DKDV)
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dQ kernel's config: the set `dq_*` fields, the rest from `default`."""
-        return dataclasses.replace(
-            default,
-            block_m=self._pick("dq_q_blocksize", default.block_m),
-            block_n=self._pick("dq_kv_blocksize", default.block_n),
-            num_warps=self._pick("dq_num_warps", default.num_warps),
-            num_stages=self._pick("dq_num_stages", default.num_stages),
-            tma=self._pick("dq_tma", default.tma),
-        )
+        return self._to_config(default, _DQ)
 
 
 def attention_configs(
