@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         "rows, the attention forward on three varlen rows (on with --dry-run)",
     )
     parser.add_argument(
+        "--warp-specialized-dkdv",
+        action="store_true",
+        help="A/B anchors of the warp-specialized dK/dV kernel on three varlen rows (on "
+        "with --dry-run)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="KEY",
         help="ours alone on the first case matching KEY, 3 calls (for ncu)",
@@ -159,6 +165,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     gpu_rows.USE_TORCH = not args.no_torch
     gpu_rows.USE_TMA = args.tma or args.dry_run
     gpu_rows.USE_WARP_SPECIALIZED = args.warp_specialized or args.dry_run
+    gpu_rows.USE_WARP_SPECIALIZED_DKDV = args.warp_specialized_dkdv or args.dry_run
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
     sizes = gpu_rows.Sizes.gpu() if on_gpu and not args.dry_run else gpu_rows.Sizes.tiny()
     quick = args.dry_run or not on_gpu

@@ -6,7 +6,8 @@
 #   tma    kernels with tensor descriptors (TMA) alone, on the device (the default dK/dV
 #          kernel at d=128 on sm_90 is one); if they pass, `bench` also times the TMA A/B
 #          anchors (`gpu-check --tma`); then the warp-specialized kernels, whose A/B rows
-#          `bench` times if they pass too (`--warp-specialized`);
+#          `bench` times if they pass too (`--warp-specialized`), and the warp-specialized
+#          dK/dV apart (`--warp-specialized-dkdv`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
 #   ncu    one Nsight Compute profile per op (ours on one attention, one grouped matmul
@@ -56,6 +57,17 @@ trap pack EXIT
 # their tracebacks:
 gpu_pytest=(env JAX_PLATFORMS="${GPU_TEST_PLATFORMS:-cuda}" "$PY" -m pytest -q --tb=short
   -p no:cacheprovider)
+# gate NAME LIMIT WORKERS MUST LABEL PYTEST_ARGS...: the tests in a process of their own
+# (log $logs/NAME.txt); true if they all passed within LIMIT seconds and one whose name
+# holds MUST ran on the device (PASSED, not skipped).
+gate() {
+  local name=$1 limit=$2 workers=$3 must=$4 label=$5
+  shift 5
+  timeout "$limit" "${gpu_pytest[@]}" -rA -n "$workers" "$@" >"$logs/$name.txt" 2>&1
+  local rc=$?
+  note "$label ($name.txt): exit $rc -- $(tail -1 "$logs/$name.txt")"
+  [ "$rc" -eq 0 ] && grep -q "^PASSED .*$must" "$logs/$name.txt"
+}
 
 note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); steps:$steps"
 if ! "$PY" -c "import jax_triton" 2>/dev/null; then
@@ -70,24 +82,21 @@ fi
 # kernel that faults on the device ends its process). Ours takes TMA for dK/dV by default
 # on an H100 whatever this step says: should it fail, read the bench rows with that in mind.
 tma_flag=""
-if [[ $steps == *" tma "* ]]; then
-  timeout 100 "${gpu_pytest[@]}" -rA -n 8 tests/launch/test_kernel_needs.py \
-    tests/attention/test_triton.py tests/grouped_matmul/test_triton.py \
-    -k "(tma or hopper) and not warp_specialized and not warp-specialized" >"$logs/tma.txt" 2>&1
-  rc=$?
-  note "TMA kernels (tma.txt): exit $rc -- $(tail -1 "$logs/tma.txt")"
-  if [ "$rc" -eq 0 ] && grep -q "^PASSED .*copies_on_a_hopper_gpu" "$logs/tma.txt"; then
-    tma_flag="--tma"
-    # Warp-specialized kernels (a producer warpgroup, two consumers: 12 warps) in a
-    # process of their own, and their A/B rows only if they ran right.
-    timeout 90 "${gpu_pytest[@]}" -rA -n 6 tests/launch/test_kernel_needs.py \
-      tests/grouped_matmul/test_triton.py tests/attention/test_triton.py \
-      -k "warp_specialized and hopper_gpu" >"$logs/warp_specialized.txt" 2>&1
-    rc=$?
-    note "warp-specialized kernels (warp_specialized.txt): exit $rc -- $(tail -1 "$logs/warp_specialized.txt")"
-    if [ "$rc" -eq 0 ] && grep -q "^PASSED .*warp_specialized_kernel_multiplies_on_a_hopper_gpu" \
-      "$logs/warp_specialized.txt"; then
-      tma_flag="--tma --warp-specialized"
+if [[ $steps == *" tma "* ]] && gate tma 100 8 copies_on_a_hopper_gpu "TMA kernels" \
+  tests/launch/test_kernel_needs.py tests/attention/test_triton.py \
+  tests/grouped_matmul/test_triton.py \
+  -k "(tma or hopper) and not warp_specialized and not warp-specialized"; then
+  tma_flag="--tma"
+  # Warp-specialized kernels (a producer warpgroup, two consumers: 12 warps), and their
+  # A/B rows only if they ran right; the warp-specialized dK/dV apart, its rows' gate.
+  if gate warp_specialized 90 6 warp_specialized_kernel_multiplies_on_a_hopper_gpu \
+    "warp-specialized kernels" tests/launch/test_kernel_needs.py \
+    tests/grouped_matmul/test_triton.py tests/attention/test_triton.py \
+    -k "warp_specialized and hopper_gpu and not dkdv"; then
+    tma_flag="$tma_flag --warp-specialized"
+    if gate warp_specialized_dkdv 60 2 warp_specialized_dkdv_gives "warp-specialized dK/dV" \
+      tests/attention/test_triton.py -k "warp_specialized_dkdv and hopper_gpu"; then
+      tma_flag="$tma_flag --warp-specialized-dkdv"
     fi
   fi
 fi

@@ -268,6 +268,11 @@ USE_TMA = False
 # layer's matmul, gmm, tgmm and the forward, all passed: a kernel whose partitions
 # deadlock would hang the run).
 USE_WARP_SPECIALIZED = False
+# True: the same three varlen rows also time the warp-specialized dK/dV
+# (`_warp_specialized_dkdv`) (`gpu-check --warp-specialized-dkdv`, which
+# bench/gpu_check.sh passes once its device test passed, apart from the others': Triton's
+# partitioning of that loop is the newest).
+USE_WARP_SPECIALIZED_DKDV = False
 
 # False: no PyTorch anchors even where it imports (`gpu-check --no-torch`: should PyTorch's
 # CUDA libraries clash with JAX's in one process).
@@ -794,6 +799,24 @@ def _warp_specialized_forward(spec: MaskSpec) -> Impl:
     return dataclasses.replace(impl, grad=False)
 
 
+def _warp_specialized_dkdv(spec: MaskSpec) -> Impl:
+    """An A/B of warp specialization on dK/dV (`warp_specialize` on its config): a
+    producer warpgroup copies Q and dO, two consumer warpgroups of 64 keys compute, at
+    `WARP_SPECIALIZED_DKDV_TILE` (64-query steps into a 128-key tile, two stages) in one
+    loop whose every tile is masked. Static report, sm_90, d=128, causal, consumer
+    warp-instructions per MFLOP (3.6 / 3.9): 534 / 527 against the default's 360 / 341
+    (unmasked loop; 64x128 at 8 warps with `tma` on causal rows, 32x128 by pointers
+    without a right bound), whose loop takes 4 / 6 barriers of the whole CTA a tile
+    against none. dK/dV is ~48% of a fwd+bwd; what the count cannot price is the two
+    consumers out of phase. fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import WARP_SPECIALIZED_DKDV_TILE
+
+    dkdv = AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True)
+    impl = varlen_impl(spec, AttentionConfigs(backward_dkdv=dkdv), "dkdv warp-specialized")
+    return dataclasses.replace(impl, forward=False)
+
+
 def _sdpa(spec: MaskSpec) -> list[Impl]:
     return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
 
@@ -820,12 +843,13 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # forward and dK/dV with their softmax overlapped; of the many documents, the
     # persistent forward at 128x128; of the row without a right bound, dK/dV's pipeline
     # four stages deep; with --warp-specialized, of the first two and the one without a
-    # right bound, the warp-specialized forward.
+    # right bound, the warp-specialized forward (and with --warp-specialized-dkdv dK/dV).
     # An anchor that changes one pass only times that pass.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
+        ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
         overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
         if not spec.causal:
             return (_deep_dkdv_pipeline(spec), *overlap, *ws)

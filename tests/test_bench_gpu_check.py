@@ -176,9 +176,9 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages,
     # dQ by atomics, the dK/dV tile before TMA, the backward and the forward of two CTAs
-    # per SM, and the forward and dK/dV with their softmax overlapped, on the
-    # many documents the persistent forward at 128x128, on the first two and the row
-    # without a right bound the warp-specialized forward, on grouped matmul gmm with TMA,
+    # per SM, and the forward and dK/dV with their softmax overlapped, on the many
+    # documents the persistent forward at 128x128, on the first two and the row without a
+    # right bound the warp-specialized forward and dK/dV, on grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
     # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
@@ -192,6 +192,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton warp-specialized 128x64x256 2 stages",
         "ours triton warp-specialized 128x64x128 5 stages",
         "ours triton varlen forward warp-specialized", "ours triton, tgmm tma",
+        "ours triton varlen dkdv warp-specialized",
         "ours triton, tgmm tma warp-specialized 64x128x256 2 stages", "memory roof (XLA)",
         "ours triton varlen forward overlapped softmax",
         "ours triton varlen dkdv overlapped softmax",

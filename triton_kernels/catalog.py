@@ -28,6 +28,8 @@ from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_DKDV_TILE,
+    WARP_SPECIALIZED_FORWARD_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
     default_attention_config,
@@ -378,6 +380,11 @@ def default_variants(
             for kind in ("backward_dkdv", "backward_dq"):
                 variant = attention_variant(kind, head_dim, 90, config=config)
                 variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
+            # and warp-specialized (Hopper's partitioning: 12 warps)
+            for kind, tile in (("forward", WARP_SPECIALIZED_FORWARD_TILE),
+                               ("backward_dkdv", WARP_SPECIALIZED_DKDV_TILE)):  # fmt: skip
+                config = AttentionKernelConfig(*tile, tma=True, warp_specialize=True)
+                variants.append(attention_variant(kind, head_dim, 90, config=config))
         # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
         variants.append(
             attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)

@@ -116,9 +116,9 @@ def varlen_attention(
       config: the Triton kernels' launch configuration: an `AttentionConfigs` (one
         `AttentionKernelConfig` per kernel, None fields keep their defaults), or one
         `AttentionKernelConfig` for all three kernels (its `warp_specialize` for the
-        forward only, `overlap_softmax` for the forward and dK/dV). None: chosen by
-        head_dim, dtype
-        and GPU. `AttentionConfigs(dq_atomic=True)` makes the backward FlashAttention-2's
+        forward only, `overlap_softmax` for the forward and dK/dV; dK/dV's own config
+        may take `warp_specialize` too). None: chosen by head_dim, dtype and GPU.
+        `AttentionConfigs(dq_atomic=True)` makes the backward FlashAttention-2's
         (dQ added by float32 atomics from the dK/dV kernel, no dQ kernel; dQ's sums then
         run in no fixed order). With implementation="pallas": a splash `BlockSizes`
         (multiples of 128; None fields default; the packed axes are padded to the

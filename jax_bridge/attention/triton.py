@@ -102,12 +102,19 @@ def _launch(
     """The launch keywords of kernel `kind` under `config`: warps, stages, name and the
     constexprs (`attention_constexprs`; dK/dV's DQ_ATOMIC from `options.config`). A
     config with `tma` is refused here unless the hardware and head_dim allow it, one with
-    `warp_specialize` unless it is the forward's, one with `overlap_softmax` for dQ."""
+    `warp_specialize` for dQ or for a dK/dV kernel that accumulates dQ, one with
+    `overlap_softmax` for dQ."""
     head_dim = q.shape[2]
-    if config.warp_specialize and kind != "forward":
+    if config.warp_specialize and kind == "backward_dq":
         raise ValueError(
-            f"varlen_attention: warp_specialize=True is for the forward kernel's config only, "
-            f"got it in the {kind} kernel's"
+            "varlen_attention: warp_specialize=True is for the forward and dK/dV kernels' "
+            "configs only, got it in the backward_dq kernel's"
+        )
+    if config.warp_specialize and kind == "backward_dkdv" and _dq_atomic(options):
+        raise ValueError(
+            "varlen_attention: warp_specialize=True in the backward_dkdv kernel's config "
+            "excludes AttentionConfigs.dq_atomic=True (Triton cannot partition a loop of "
+            "atomic adds)"
         )
     if config.overlap_softmax and kind == "backward_dq":
         raise ValueError(

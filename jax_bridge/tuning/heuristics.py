@@ -27,6 +27,7 @@ from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_DKDV_TILE,
     WARP_SPECIALIZED_FORWARD_TILE,
     AttentionConfigs,
     AttentionFeatures,
@@ -282,9 +283,9 @@ def attention_candidates(
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
     too (`_hopper_options`): the forward's and dK/dV's `overlap_softmax` at their tiles
     (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a
-    head_dim that is a power of two, the warp-specialized forward
-    (`WARP_SPECIALIZED_FORWARD_TILE`) and dK/dV and dQ at one warpgroup a CTA
-    (`TWO_CTA_BACKWARD_TILE`, with `tma`).
+    head_dim that is a power of two, the warp-specialized forward and dK/dV
+    (`WARP_SPECIALIZED_FORWARD_TILE`, `WARP_SPECIALIZED_DKDV_TILE`) and dK/dV and dQ at
+    one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, with `tma`).
     """
     check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
@@ -342,21 +343,22 @@ def _hopper_options(
     """The configs of the options the kernels leave off by default, where they apply:
     sm_90 and up (wgmma), 16-bit inputs (float32 runs on CUDA cores, with its own small
     tiles); where descriptors launch (`tma_here`) also the warp-specialized forward and
-    the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the tile the
-    kernels' config module names for it (the options last); the static report prunes
-    the ones that spill at other head dims."""
+    dK/dV and the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the
+    tile the kernels' config module names for it (the options last); the static report
+    prunes the ones that spill at other head dims."""
     if (compute_capability or 0) < 90 or dtype_name == "float32":
         return []
     two_ctas = [AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)] if tma_here else []
-    if kind == "forward":
-        specialized = AttentionKernelConfig(
-            *WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True
-        )
-        overlapped = [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)]
-        return overlapped + ([specialized] if tma_here else [])
-    if kind == "backward_dkdv":
-        return [*two_ctas, AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)]
-    return two_ctas  # dQ refuses both options
+    if kind == "backward_dq":
+        return two_ctas  # dQ refuses both options
+    overlapped, specialized = {
+        "forward": (OVERLAPPED_FORWARD_TILE, WARP_SPECIALIZED_FORWARD_TILE),
+        "backward_dkdv": (OVERLAPPED_DKDV_TILE, WARP_SPECIALIZED_DKDV_TILE),
+    }[kind]
+    options = [AttentionKernelConfig(*overlapped, overlap_softmax=True)]
+    if tma_here:
+        options.append(AttentionKernelConfig(*specialized, tma=True, warp_specialize=True))
+    return (two_ctas if kind == "backward_dkdv" else []) + options
 
 
 def grouped_matmul_candidates(

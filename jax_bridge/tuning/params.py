@@ -43,7 +43,7 @@ _FORWARD = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize"}  # fmt: skip
 _DKDV = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
-         "overlap_softmax": "overlap_softmax"}  # fmt: skip
+         "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax"}  # fmt: skip
 _DQ = {"block_m": "dq_q_blocksize", "block_n": "dq_kv_blocksize", "num_warps": "dq_num_warps",
        "num_stages": "dq_num_stages", "tma": "dq_tma"}  # fmt: skip
 
@@ -213,9 +213,11 @@ class BwdParams(_Params):
       dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
         keeps a query tile stationary and streams key tiles (the forward's structure).
       tma, dq_tma: the dK/dV (dQ) kernel's streamed tiles through tensor descriptors.
+      warp_specialize: the dK/dV kernel's query loop split into a producer warpgroup of
+        copies and consumer warpgroups (`AttentionKernelConfig.warp_specialize`).
       overlap_softmax: the dK/dV kernel issues each query tile's dP before P's exp2s
-        (`AttentionKernelConfig.overlap_softmax`). The dQ kernel has no such field (it
-        refuses the option), nor has either kernel `warp_specialize` (the forward's only).
+        (`AttentionKernelConfig.overlap_softmax`). The dQ kernel has neither option (it
+        refuses both).
     """
 
     q_blocksize: int | None = None
@@ -228,6 +230,7 @@ class BwdParams(_Params):
     dq_num_stages: int | None = None
     tma: bool | None = None
     dq_tma: bool | None = None
+    warp_specialize: bool | None = None
     overlap_softmax: bool | None = None
 
     @classmethod
@@ -238,9 +241,10 @@ class BwdParams(_Params):
         tiles), so it takes the forward's tiles as they are; the dK/dV kernel is the
         mirror image (stationary key tile, streamed query tiles), so it takes them
         swapped. Warps, stages and `tma` carry over, `overlap_softmax` to dK/dV only (dQ
-        refuses it); `warp_specialize` does not (the forward's alone); unset fields stay
-        unset. The backward holds more tiles in registers than the forward, so check the
-        result with the static report (`static_report_prune`) before trusting it.
+        refuses it); `warp_specialize` does not (dK/dV's takes its own tile,
+        `WARP_SPECIALIZED_DKDV_TILE`); unset fields stay unset. The backward holds more
+        tiles in registers than the forward, so check the result with the static report
+        (`static_report_prune`) before trusting it.
         """
         fwd._refuse(_MATMUL_FIELDS, "attention's backward")
         return cls(
@@ -259,8 +263,8 @@ class BwdParams(_Params):
 
     @classmethod
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
-        """The dK/dV kernel's `config` as params that set its fields only; ValueError if
-        it turns on an option this kernel's fields cannot hold (`warp_specialize`)."""
+        """The dK/dV kernel's `config` as params that set its fields only (every field
+        of `AttentionKernelConfig` has one)."""
         _check_held(config, _DKDV, "BwdParams.from_dkdv_config")
         return cls._from_config(config, _DKDV)
 

@@ -35,7 +35,12 @@ from triton_kernels.catalog import (
     ATTENTION_KERNELS,
     attention_variant,
 )
-from triton_kernels.flash_attention.config import _HEAVY_LIGHT, AttentionFeatures
+from triton_kernels.flash_attention.config import (
+    _HEAVY_LIGHT,
+    WARP_SPECIALIZED_DKDV_TILE,
+    WARP_SPECIALIZED_FORWARD_TILE,
+    AttentionFeatures,
+)
 
 TOTAL_Q, TOTAL_K, BATCH = 384, 256, 3
 Q_HEADS, KV_HEADS = 8, 2
@@ -368,31 +373,43 @@ def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):
     assert all(len(call) == 7 for call in others)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
-def test_warp_specialized_forward_lowers_for_an_h100_with_its_own_warps(monkeypatch, causal):
-    """A warp-specialized forward config (4 warps asked) compiles to a producer
-    warpgroup and two consumers: jaxlib is told 12 warps and the scratch of its three
-    descriptors (Q, K, V); the backward's kernels keep theirs."""
+# kind: (the kernel's name, its tile, the scratch of its descriptors: 128 B each).
+_WARP_SPECIALIZED = {
+    "forward": ("attention_forward_kernel", WARP_SPECIALIZED_FORWARD_TILE, 3 * 128),  # Q, K, V
+    "backward_dkdv": ("attention_backward_dkdv_kernel", WARP_SPECIALIZED_DKDV_TILE, 4 * 128),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, causal",
+    [("forward", True), ("forward", False), ("backward_dkdv", True)],
+    ids=["forward-causal", "forward-not-causal", "dkdv-causal"],
+)
+def test_warp_specialized_kernels_lower_for_an_h100_with_their_own_warps(monkeypatch, kind, causal):
+    """A warp-specialized forward or dK/dV config (4 warps asked) compiles to a producer
+    warpgroup and two consumers: jaxlib is told 12 warps and the scratch of its
+    descriptors (the forward's Q, K, V; dK/dV's K, V, Q, dO); the other kernels keep
+    theirs."""
     from tests.launch.recording import record_triton_kernels
 
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
-    forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
-    _lower_training_step(AttentionConfigs(forward=forward), causal=causal)
-    (call,) = recorded.of("attention_forward_kernel")
-    assert call[1] == 12 and call[7:] == (384, 128)
-    assert all(c[1] != 12 for c in recorded.calls if c[0] != "attention_forward_kernel")
+    name, tile, scratch = _WARP_SPECIALIZED[kind]
+    config = AttentionKernelConfig(*tile, tma=True, warp_specialize=True)
+    _lower_training_step(AttentionConfigs(**{kind: config}), causal=causal)
+    (call,) = recorded.of(name)
+    assert call[1] == 12 and call[7:] == (scratch, 128)
+    assert all(c[1] != 12 for c in recorded.calls if c[0] != name)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
-def test_static_report_of_the_warp_specialized_forward_shows_its_partitions(causal):
-    """sm_90, d=128: 12 warps with per-warpgroup register budgets (USETMAXREG), Q, K
-    and V by bulk tensor copies (no LDGSTS), wgmma not serialized, no spill, within the
-    shared memory limit."""
+@pytest.mark.parametrize("kind", list(_WARP_SPECIALIZED))
+def test_static_report_of_the_warp_specialized_kernels_shows_their_partitions(kind, causal):
+    """sm_90, d=128, at their A/B rows' tiles: 12 warps with per-warpgroup register
+    budgets (USETMAXREG), the tiles by bulk tensor copies (no LDGSTS), wgmma not
+    serialized, no spill (under this machine's Triton), within the shared memory limit."""
     features = AttentionFeatures(causal=causal)
-    config = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
-    report = variant_report(
-        attention_variant("forward", 128, 90, features=features, config=config), 90
-    )
+    config = AttentionKernelConfig(*_WARP_SPECIALIZED[kind][1], tma=True, warp_specialize=True)
+    report = variant_report(attention_variant(kind, 128, 90, features=features, config=config), 90)
     print(report.summary(), report.instructions_per_mflop)
     assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
     assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes

@@ -53,6 +53,7 @@ from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_DKDV_TILE,
     AttentionFeatures,
     block_d,
     default_attention_config,
@@ -283,6 +284,7 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
         ),
         AttentionConfigs(
             forward=AttentionKernelConfig(16, 16, tma=True, warp_specialize=True),
+            backward_dkdv=AttentionKernelConfig(16, 32, tma=True, warp_specialize=True),
         ),
     ],
     ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized"],
@@ -290,9 +292,10 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
 def test_config_overrides_give_the_same_numbers(config):
     """Other tilings (unequal, larger than a sequence) and tensor-descriptor loads (whose
     rows past a sequence read 0; dK/dV's span the GQA group's heads) give the reference's
-    numbers and the default configuration's, forward and backward; so does the
-    warp-specialized forward's one loop over every key tile, masked, with Q by descriptor
-    and surplus programs that return nothing but run an empty loop."""
+    numbers and the default configuration's, forward and backward; so do the
+    warp-specialized forward's one loop over every key tile and dK/dV's over every query
+    tile of the GQA group's heads, masked, with the stationary tile by descriptor and
+    surplus programs that return nothing but run an empty loop."""
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
     options = dict(causal=True, sliding_window=(13, None), return_lse=True)
@@ -362,6 +365,61 @@ def test_overlapped_softmax_gives_the_default_numbers(options, tma):
                                      strict=True):  # fmt: skip
         assert_close(got, ref, tol, name)
         assert_close(got, other, 2 * tol, f"{name} vs the loop without the overlap")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(causal=True, sliding_window=(37, None), return_lse=True),
+        dict(causal=False, sliding_window=(9, 23), return_lse=True),
+    ],
+    ids=["causal-left-window", "two-sided-window"],
+)
+def test_warp_specialized_dkdv_gives_the_float64_gradients(options):
+    """dK/dV warp-specialized: one loop over every query tile of the GQA group's heads,
+    each masked, with K and V by descriptors; a group of 3 heads (the (head, tile) steps
+    carried, not masked out of the step), documents of 0, 1 and many tokens, surplus
+    programs that run an empty loop. The oracle's gradients, and the same tile's without
+    warp specialization."""
+    lengths = [(83, 83), (1, 1), (0, 0), (21, 40), (50, 71)]
+    inputs = make_inputs(45, lengths, 3, 1, 32)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+
+    def run(dkdv):
+        config = AttentionConfigs(backward_dkdv=dkdv)
+
+        def fn(q, k, v, s):
+            return varlen_attention(q, k, v, cu_q, cu_k, implementation="triton",
+                                    config=config, **options)  # fmt: skip
+
+        return value_and_grads(fn, q, k, v, None, inputs["d_out"])
+
+    def reference(q, k, v, s):
+        return attention_reference(q, k, v, cu_q, cu_k, **options)
+
+    plain = AttentionKernelConfig(16, 32, tma=True)
+    specialized, same = run(plain.replace(warp_specialize=True)), run(plain)
+    expected = oracle_value_and_grads(reference, q, k, v, None, inputs["d_out"])
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
+    for name, got, other, ref in zip(("dq", "dk", "dv"), specialized[2], same[2], expected[2],
+                                     strict=True):  # fmt: skip
+        assert_close(got, ref, tol, name)
+        assert_close(got, other, 2 * tol, f"{name} vs the loop unspecialized")
+
+
+def test_warp_specialized_dkdv_refuses_dq_by_atomics():
+    inputs = make_inputs(46, [(20, 20)], 2, 1, 32)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    dkdv = AttentionKernelConfig(16, 32, tma=True, warp_specialize=True)
+    config = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=True)
+
+    def loss(q):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
+                               config=config)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    with pytest.raises(ValueError, match=r"warp_specialize=True in the backward_dkdv .*dq_atomic"):
+        jax.grad(loss)(q)
 
 
 def _assert_device_float64_numbers(dtype, causal: bool, config=None) -> None:
@@ -740,6 +798,15 @@ def test_warp_specialized_forward_gives_the_float64_numbers_on_a_hopper_gpu(caus
     forward = AttentionKernelConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
     config = AttentionConfigs(forward=forward)
     _assert_device_float64_numbers(jnp.bfloat16, causal, config)
+
+
+@needs_tensor_descriptors
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_warp_specialized_dkdv_gives_the_float64_numbers_on_a_hopper_gpu(causal):
+    """The A/B row's warp-specialized dK/dV (12 warps: a producer warpgroup, two
+    consumers of 64 keys; 64-query steps) against the float64 oracle."""
+    dkdv = AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True)
+    _assert_device_float64_numbers(jnp.bfloat16, causal, AttentionConfigs(backward_dkdv=dkdv))
 
 
 def test_tma_needs_a_power_of_two_head_dim_and_a_hopper_gpu():

@@ -109,6 +109,7 @@ def test_dry_run_compiles_the_kernels_options(capsys, monkeypatch):
     from triton_kernels.flash_attention.config import (
         OVERLAPPED_DKDV_TILE,
         OVERLAPPED_FORWARD_TILE,
+        WARP_SPECIALIZED_DKDV_TILE,
         WARP_SPECIALIZED_FORWARD_TILE,
         AttentionKernelConfig,
     )
@@ -125,7 +126,7 @@ def test_dry_run_compiles_the_kernels_options(capsys, monkeypatch):
     assert tune.main(["--dry-run", "--arch", "90"]) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     verdicts = {line: lines[i + 1] for i, line in enumerate(lines) if "Params(" in line}
-    assert len(verdicts) == 4 + 2 + 1 + 2  # 4 defaults; the forward's, dK/dV's, gmm's
+    assert len(verdicts) == 4 + 2 + 2 + 2  # 4 defaults; the forward's, dK/dV's, gmm's
     assert not [v for v in verdicts.values() if "static check failed" in v], verdicts
     wide, deep = (
         FwdParams.from_grouped_matmul_config(warp_specialized_gmm_config(*tune.GMM_PROBLEM, t))
@@ -141,9 +142,12 @@ def test_dry_run_compiles_the_kernels_options(capsys, monkeypatch):
         BwdParams.from_dkdv_config(
             AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
         ),
+        BwdParams.from_dkdv_config(
+            AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True)
+        ),
         wide,
     ]
-    assert [verdicts[repr(c)] for c in kept] == ["keep"] * 4, verdicts
+    assert [verdicts[repr(c)] for c in kept] == ["keep"] * 5, verdicts
     assert verdicts[repr(deep)] == "keep", verdicts
 
 

@@ -29,6 +29,7 @@ from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
+    WARP_SPECIALIZED_DKDV_TILE,
     WARP_SPECIALIZED_FORWARD_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
@@ -52,7 +53,8 @@ _FIELDS = {
         "overlap_softmax",
     },
     "backward_dkdv": {
-        "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "overlap_softmax"
+        "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",
+        "overlap_softmax",
     },
     "backward_dq": {
         "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
@@ -253,7 +255,7 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     configs = [_to_config(kind, c, default) for c in candidates]
     assert configs[0] == default
     specialized = [c for c in configs if c.warp_specialize]
-    assert len(specialized) == (kind == "forward") and all(c.tma for c in specialized)
+    assert len(specialized) == (kind != "backward_dq") and all(c.tma for c in specialized)
     two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
     assert (two_ctas in configs) is (kind != "forward")
     configs = [c for c in configs if not c.warp_specialize and c != two_ctas]
@@ -343,20 +345,23 @@ def _with_options(kind, candidates, default):
 
 @pytest.mark.parametrize("capability", [90, 100])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_hopper_candidates_hold_the_overlap_and_the_warp_specialized_forward(capability, dtype):
+def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, dtype):
     """sm_90 and up, 16 bits: the forward's and dK/dV's overlapped tiles (the constants of
     the kernels' config module); with descriptors and a head_dim that is a power of two,
-    the warp-specialized forward (`WARP_SPECIALIZED_FORWARD_TILE`, tma) and dK/dV and dQ
-    at one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. They come
-    after the default and the grid."""
+    the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
+    `WARP_SPECIALIZED_DKDV_TILE`, tma) and dK/dV and dQ at one warpgroup a CTA
+    (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. They come after the default and
+    the grid."""
     expected = {
         "forward": [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)],
         "backward_dkdv": [AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)],
         "backward_dq": [],
     }
-    specialized = AttentionKernelConfig(
-        *WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True
-    )
+    specialized = {
+        kind: [AttentionKernelConfig(*tile, tma=True, warp_specialize=True)]
+        for kind, tile in (("forward", WARP_SPECIALIZED_FORWARD_TILE),
+                           ("backward_dkdv", WARP_SPECIALIZED_DKDV_TILE))
+    }  # fmt: skip
     two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
     for kind in KINDS:
         for head_dim, descriptors in ((128, True), (128, False), (80, True), (64, True)):
@@ -367,7 +372,7 @@ def test_hopper_candidates_hold_the_overlap_and_the_warp_specialized_forward(cap
             )
             found = _with_options(kind, candidates, default)
             powers_of_two = head_dim == block_d(head_dim)
-            ws = [specialized] if kind == "forward" and descriptors and powers_of_two else []
+            ws = specialized.get(kind, []) if descriptors and powers_of_two else []
             assert found == expected[kind] + ws, (kind, head_dim, descriptors)
             configs = [_to_config(kind, c, default) for c in candidates]
             backward = kind != "forward" and descriptors and powers_of_two

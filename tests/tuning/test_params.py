@@ -11,6 +11,7 @@ from jax_bridge.tuning.params import BOOL_FIELDS, BwdParams, FwdParams, attentio
 from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
+    WARP_SPECIALIZED_DKDV_TILE,
     AttentionConfigs,
     AttentionKernelConfig,
 )
@@ -205,12 +206,13 @@ def test_bool_fields_are_exactly_the_fields_typed_bool():
     assert typed_bool == BOOL_FIELDS
     assert {"warp_specialize", "overlap_softmax"} <= {f.name for f in dataclasses.fields(FwdParams)}
     bwd = {f.name for f in dataclasses.fields(BwdParams)}
-    assert "overlap_softmax" in bwd and "warp_specialize" not in bwd
+    assert {"warp_specialize", "overlap_softmax"} <= bwd  # dK/dV's
 
 
 @pytest.mark.parametrize(
     "cls, field", [(FwdParams, "warp_specialize"), (FwdParams, "overlap_softmax"),
-                   (BwdParams, "overlap_softmax"), (BwdParams, "dq_tma")],
+                   (BwdParams, "warp_specialize"), (BwdParams, "overlap_softmax"),
+                   (BwdParams, "dq_tma")],
 )  # fmt: skip
 @pytest.mark.parametrize("value", [1, 0, "yes"])
 def test_option_fields_take_only_bools(cls, field, value):
@@ -246,11 +248,20 @@ def test_forward_options_round_trip(config):
     )
 
 
-def test_backward_options_round_trip():
-    dkdv = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+@pytest.mark.parametrize(
+    "dkdv",
+    [
+        AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True),
+        AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True),
+    ],
+    ids=["overlapped", "warp_specialized"],
+)
+def test_backward_options_round_trip(dkdv):
     dq = AttentionKernelConfig(128, 64, num_warps=8, num_stages=2, tma=True)
     params = BwdParams.from_attention_configs(dkdv, dq)
-    assert params.overlap_softmax is True and params.dq_tma is True and params.tma is False
+    assert params.dq_tma is True and params.tma is dkdv.tma
+    assert params.overlap_softmax is dkdv.overlap_softmax
+    assert params.warp_specialize is dkdv.warp_specialize
     again = BwdParams.from_dict(params.to_dict())
     assert again == params
     assert again.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
@@ -322,10 +333,9 @@ def test_the_overlap_is_attention_only():
     [
         (AttentionKernelConfig(64, 64), AttentionKernelConfig(64, 64, overlap_softmax=True),
          "from_dq_config", "['overlap_softmax']"),
-        (AttentionKernelConfig(64, 64), AttentionKernelConfig(64, 64, tma=True,
-         warp_specialize=True), "from_dq_config", "['warp_specialize']"),
         (AttentionKernelConfig(64, 64, tma=True, warp_specialize=True),
-         AttentionKernelConfig(64, 64), "from_dkdv_config", "['warp_specialize']"),
+         AttentionKernelConfig(64, 64, tma=True, warp_specialize=True), "from_dq_config",
+         "['warp_specialize']"),
     ],
 )  # fmt: skip
 def test_backward_configs_with_options_their_params_cannot_hold_are_refused(

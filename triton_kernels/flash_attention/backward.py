@@ -134,6 +134,7 @@ def _dkdv_query_tiles(
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
     OVERLAP_SOFTMAX: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
     (and, with TWO_RANGES, then [start2, end2)) of the GROUP query heads first_head,
@@ -151,7 +152,9 @@ def _dkdv_query_tiles(
     loop (APPLY_MASK) then also masks keys past len_k.
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
-    (`len_q - len_k` without a given shift).
+    (`len_q - len_k` without a given shift). WARP_SPECIALIZE (with TMA): Triton splits
+    the loop into a producer warpgroup (the Q and dO copies) and consumer warpgroups (the
+    rest, each over its share of the keys).
     """
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -171,7 +174,7 @@ def _dkdv_query_tiles(
     gap = start2 - (start + first_tiles * BLOCK_M)
     if TWO_RANGES:
         m = tl.where(first_tiles > 0, start, start2)
-    for step in range(0, num_steps):
+    for step in tl.range(0, num_steps, warp_specialize=WARP_SPECIALIZE):
         if STEP_BY_MASK:
             g = step % GROUP
             tile = step // GROUP
@@ -240,6 +243,60 @@ def _dkdv_query_tiles(
 
 
 @triton.jit
+def _stationary_keys(
+    k_ptr, v_ptr, k_start, len_k, n0, kv_head, offs_n, offs_d, key_ok, d_ok,
+    KV_STRIDE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, BY_DESCRIPTOR: tl.constexpr,
+):  # fmt: skip
+    """k, v [BLOCK_N, BLOCK_D]: this program's key tile (rows n0... of the sequence from
+    k_start, at kv head `kv_head`), rows past len_k and padded dims 0: by masked loads, or
+    (BY_DESCRIPTOR) through descriptors over the sequence's rows, for a warp-specialized
+    loop (a load by pointers feeding its dots stops Triton's partitioning)."""
+    if BY_DESCRIPTOR:
+        k_seq, v_seq = _sequence_keys(
+            k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE, HEAD_DIM, BLOCK_N, True
+        )
+        k, v = k_seq.load([n0, 0]), v_seq.load([n0, 0])
+    else:
+        kv_tile = (k_start + n0).to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+        k_ptrs = _tile_ptrs(k_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        v_ptrs = _tile_ptrs(v_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+        k = _load_rows(k_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+        v = _load_rows(v_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    return k, v
+
+
+@triton.jit
+def _query_phases(
+    n0, len_k, start, full_start, full_end, end, HAS_WINDOW_RIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """(band_start, band_end, middle_start): the masked tiles first, in one loop: the
+    band a right bound leaves on the diagonal, [start, full_start) (empty without one:
+    start == 0, full_start <= 0), and the edge, [full_end, end); then the unmasked middle,
+    [middle_start, full_end). With the two masked ranges as loops of their own around the
+    middle, Triton 3.6 compiles every causal dK/dV kernel to serialized wgmma (ptxas
+    C7515: non-wgmma instructions defining accumulator registers within a pipeline stage).
+    """
+    band_start, band_end = start, full_start
+    if not HAS_WINDOW_RIGHT:  # one masked range
+        band_start, band_end = full_end, end
+    middle_start = full_start
+    if DQ_ATOMIC:
+        # A sequence's last key tile may hold rows past len_k: zero keys, never stored,
+        # whose P = exp2(-lse_log2) is not 0 (inf where lse < -88, or < -10 once dS is in
+        # 16 bits), and dS K would carry inf * 0 into real dQ rows. Such a tile visits all
+        # its query tiles in the masked loop, which then masks its keys too.
+        past_keys = n0 + BLOCK_N > len_k
+        if HAS_WINDOW_RIGHT:
+            band_end = tl.where(past_keys, full_end, band_end)
+        else:
+            band_start = tl.where(past_keys, full_start, band_start)
+        middle_start = tl.where(past_keys, full_end, full_start)
+    return band_start, band_end, middle_start
+
+
+@triton.jit
 def _dkdv_tile(
     q_ptr,
     k_ptr,
@@ -277,11 +334,19 @@ def _dkdv_tile(
     seq,
     kv_head,
     OVERLAP_SOFTMAX: tl.constexpr = False,
+    live=True,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
-    """dk, dv of tile-list row `chunk` (sequence `seq`), for kv head `kv_head`."""
+    """dk, dv of tile-list row `chunk` (sequence `seq`), for kv head `kv_head`; a program
+    that is not `live` (WARP_SPECIALIZE's surplus programs, seq 0) visits no query tile
+    and stores nothing. WARP_SPECIALIZE: one warp-specialized loop over every query tile,
+    masked, K and V by descriptors (`forward._forward_keys` says why one loop)."""
     tile_index, q_start, len_q, k_start, len_k = _chunk_bounds(
         chunk_indices_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, chunk, seq
     )
+    if WARP_SPECIALIZE:
+        tile_index = tl.where(live, tile_index, 0)
+        len_k = tl.where(live, len_k, 0)
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     Q_STRIDE: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
@@ -293,11 +358,10 @@ def _dkdv_tile(
     key_ok = keys < len_k
     d_ok = offs_d < HEAD_DIM
     ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
-    kv_tile = (k_start + n0).to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    k_ptrs = _tile_ptrs(k_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    v_ptrs = _tile_ptrs(v_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    k = _load_rows(k_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
-    v = _load_rows(v_ptrs, key_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    k, v = _stationary_keys(
+        k_ptr, v_ptr, k_start, len_k, n0, kv_head, offs_n, offs_d, key_ok, d_ok,
+        KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, WARP_SPECIALIZE,
+    )  # fmt: skip
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -324,46 +388,34 @@ def _dkdv_tile(
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
     dq_seq = dq_accum_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
-    # The masked tiles first, in one loop: the band a right bound leaves on the diagonal,
-    # [start, full_start) (empty without one: start == 0, full_start <= 0), and the
-    # edge, [full_end, end); then the unmasked middle. With the two masked ranges as loops
-    # of their own around the middle, Triton 3.6 compiles every causal dK/dV kernel to
-    # serialized wgmma (ptxas C7515: non-wgmma instructions defining accumulator
-    # registers within a pipeline stage).
-    band_start, band_end = start, full_start
-    if not HAS_WINDOW_RIGHT:  # one masked range
-        band_start, band_end = full_end, end
-    middle_start = full_start
-    if DQ_ATOMIC:
-        # A sequence's last key tile may hold rows past len_k: zero keys, never stored,
-        # whose P = exp2(-lse_log2) is not 0 (inf where lse < -88, or < -10 once dS is in
-        # 16 bits), and dS K would carry inf * 0 into real dQ rows. Such a tile visits all
-        # its query tiles in the masked loop, which then masks its keys too.
-        past_keys = n0 + BLOCK_N > len_k
-        if HAS_WINDOW_RIGHT:
-            band_end = tl.where(past_keys, full_end, band_end)
-        else:
-            band_start = tl.where(past_keys, full_start, band_start)
-        middle_start = tl.where(past_keys, full_end, full_start)
+    if WARP_SPECIALIZE:  # every tile masked, in the band's loop; no middle
+        band_start, band_end, middle_start = start, tl.where(live, end, start), end
+    else:
+        band_start, band_end, middle_start = _query_phases(
+            n0, len_k, start, full_start, full_end, end, HAS_WINDOW_RIGHT, BLOCK_N, DQ_ATOMIC
+        )
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
         alibi_slopes_ptr, first_head, total_q, band_start, band_end, full_end, end, keys,
         shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
-        HAS_WINDOW_RIGHT, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
+        HAS_WINDOW_RIGHT and not WARP_SPECIALIZE, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
+        WARP_SPECIALIZE,
     )  # fmt: skip
-    dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
-        alibi_slopes_ptr, first_head, total_q, middle_start, full_end, full_end, full_end, keys,
-        shift, len_q, len_k, window_left, window_right, qk_scale_log2, scale_over_cap, cap_log2,
-        Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, False,
-        HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, False, TMA,
-        DQ_ATOMIC, OVERLAP_SOFTMAX,
-    )  # fmt: skip
+    if not WARP_SPECIALIZE:
+        dk, dv = _dkdv_query_tiles(
+            dk, dv, k, v, q_seq, do_seq, lse_log2_seq_ptr, delta_seq_ptr, dq_seq,
+            alibi_slopes_ptr, first_head, total_q, middle_start, full_end, full_end, full_end,
+            keys, shift, len_q, len_k, window_left, window_right, qk_scale_log2,
+            scale_over_cap, cap_log2, Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D,
+            ROWS_ALIGNED, False, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+            INPUT_PRECISION, False, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
+        )  # fmt: skip
 
     # Keys past len_k and padded dims are never stored.
     mask = key_ok[:, None] & d_ok[None, :]
+    kv_tile = (k_start + n0).to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
     dk_ptrs = _tile_ptrs(dk_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     dv_ptrs = _tile_ptrs(dv_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     tl.store(dk_ptrs, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=mask)
@@ -407,6 +459,7 @@ def attention_backward_dkdv_kernel(
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
     OVERLAP_SOFTMAX: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
 
@@ -421,8 +474,12 @@ def attention_backward_dkdv_kernel(
     kernel then: FlashAttention-2's backward; the order of the float32 sums varies from
     run to run); without it dq_accum_ptr is never touched (a placeholder).
     OVERLAP_SOFTMAX: each query tile's dP = V dO^T is issued before P's exp2s, which run
-    beside its wgmma (`steps._dkdv_products`' DP_FIRST). Other arguments (shift_ptr
-    included) as the forward kernel.
+    beside its wgmma (`steps._dkdv_products`' DP_FIRST). WARP_SPECIALIZE (with TMA, not
+    PERSISTENT, not DQ_ATOMIC): Triton splits the query loop into a producer warpgroup
+    that copies Q and dO and consumer warpgroups of BLOCK_N / 2 keys each (on Hopper,
+    launched with 4 warps: 12; the launch passes the count), FlashAttention-3's split, in
+    one loop whose every tile is masked; its surplus programs run an empty loop instead of
+    returning. Other arguments (shift_ptr included) as the forward kernel.
     """
     kv_head = tl.program_id(1)
     chunk = tl.program_id(0)
@@ -441,9 +498,13 @@ def attention_backward_dkdv_kernel(
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
-    else:  # one row a program; surplus programs of the static bound exit at once
+    else:  # one row a program; surplus programs of the static bound exit at once (or,
+        # warp-specialized, run an empty loop)
         seq = tl.load(chunk_indices_ptr + 2 * chunk)
-        if seq < 0:
+        live = seq >= 0
+        if WARP_SPECIALIZE:
+            seq = tl.maximum(seq, 0)
+        elif not live:
             return
         _dkdv_tile(
             q_ptr, k_ptr, v_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, cu_seqlens_q_ptr,
@@ -451,7 +512,7 @@ def attention_backward_dkdv_kernel(
             logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
             NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
             HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC, chunk,
-            seq, kv_head, OVERLAP_SOFTMAX,
+            seq, kv_head, OVERLAP_SOFTMAX, live, WARP_SPECIALIZE,
         )  # fmt: skip
 
 

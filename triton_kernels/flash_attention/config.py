@@ -51,15 +51,18 @@ class AttentionKernelConfig(KernelConfig):
         power of two. The default tables take it for Hopper's dK/dV only
         (`_HOPPER_DKDV_TMA`): on an H100 all three at their default tiles ran slower with
         it (forward 5%, fwd+bwd 3-12%).
-      warp_specialize: the forward's key loop warp-specialized (needs `tma` and 4 warps;
-        a config for every kernel gives it to the forward only, one for a backward kernel
-        is refused): Triton gives the Q, K and V copies to a
-        producer warpgroup and the rest to two consumer warpgroups of `block_m / 2` rows
-        (on Hopper the kernel runs 12 warps), FlashAttention-3's split, but in one loop
-        whose every tile is masked (`forward._forward_keys` says why). Persistent
-        launches (past 64 sequences), float32 inputs and 16-row tiles compile
-        unspecialized (12 warps in the report: specialized). Off by default: not yet
-        timed on a GPU (an A/B row of `python -m bench gpu-check --warp-specialized`).
+      warp_specialize: the forward's key loop, or dK/dV's query loop, warp-specialized
+        (needs `tma` and 4 warps; a config for every kernel gives it to the forward only,
+        dQ's own is refused, and so is dK/dV's with `AttentionConfigs.dq_atomic`): Triton
+        gives the streamed tiles' copies to a producer warpgroup and the rest to two
+        consumer warpgroups of half the stationary tile's rows each (`block_m / 2`
+        queries in the forward, `block_n / 2` keys in dK/dV; on Hopper the kernel runs 12
+        warps), FlashAttention-3's split, but in one loop whose every tile is masked
+        (`forward._forward_keys` says why). Persistent launches (past 64 sequences),
+        float32 inputs and 16-row tiles compile unspecialized (12 warps in the report:
+        specialized); dK/dV at a 128-query step fails in Triton 3.6's partitioning. Off
+        by default: not yet timed on a GPU (A/B rows of `python -m bench gpu-check
+        --warp-specialized`).
       overlap_softmax: the kernel issues a wgmma its exp2s do not need before them, so
         that it runs beside them (FlashAttention-3's intra-warpgroup overlap). The
         forward: each unmasked key tile's QK^T before the previous tile's softmax
@@ -121,6 +124,16 @@ OVERLAPPED_DKDV_TILE = (32, 128, 8, 2)
 # 128-key steps, two stages (176 KiB). Static report, sm_90, d=128, bf16: 12 warps, no
 # spill, not serialized, no barrier of the whole CTA in the consumers' loop.
 WARP_SPECIALIZED_FORWARD_TILE = (128, 128, 4, 2)
+# dK/dV warp-specialized, the A/B row's and the tuner's candidate: a producer warpgroup
+# copying Q and dO, two consumers of 64 keys each over 64-query steps, two stages (144
+# KiB). Static report, sm_90, d=128, bf16, causal, Triton 3.6 / 3.9: 12 warps, the
+# consumers' loop 534 / 527 warp-instructions per MFLOP (every tile masked) against
+# 360 / 341 for the default's unmasked loop (64x128, 8 warps, `tma`; its masked loop
+# 657), no barrier of the whole CTA in it (the default's: 4 / 6 a tile), not serialized;
+# under 3.6 12 B spilled and 64 B reloaded (one reload a step; the default: 20 / 24 B),
+# nothing under 3.9. Three stages spill more under 3.6; 32-query steps spill nothing but
+# run 620.
+WARP_SPECIALIZED_DKDV_TILE = (64, 128, 4, 2)
 # The backward's kernels at one warpgroup a CTA, with `tma`, the A/B row's: dK/dV and dQ
 # at 64x64, 4 warps, two stages, two CTAs an SM (97 KiB of shared memory each). The
 # 8-warp defaults' loops take 2-6 barriers of the whole CTA a tile (Triton's pipeline:

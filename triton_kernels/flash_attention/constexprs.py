@@ -98,14 +98,15 @@ def attention_constexprs(
         constexprs["RAW_SCORE_MAX"] = raw_score_max(
             softmax_scale, soft_cap=features.soft_cap, alibi=features.alibi
         )
-        # the persistent walk is a loop around the key loop: not partitioned
-        constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
         constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
     elif kind == "backward_dq":
         constexprs["HAS_D_LSE"] = has_d_lse
     else:
         constexprs["DQ_ATOMIC"] = dq_atomic
         constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
+    if kind != "backward_dq":
+        # the persistent walk is a loop around the tile loop: not partitioned
+        constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
     return constexprs
 
 
