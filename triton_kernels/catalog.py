@@ -36,6 +36,7 @@ from triton_kernels.flash_attention.config import (
 )
 from triton_kernels.flash_attention.constexprs import (
     attention_constexprs,
+    attention_num_warps,
     block_sparse_constexprs,
     finds_bad_rows_in_kernel,
 )
@@ -188,7 +189,7 @@ def attention_variant(
         kernel=kernel,
         signature=attention_signature(kernel, dtype_name),
         constexprs=constexprs,
-        num_warps=config.num_warps,
+        num_warps=attention_num_warps(config, persistent),
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} {features.describe()} "
         f"{config.block_m}x{config.block_n}" + _loading_tags(config)[1],

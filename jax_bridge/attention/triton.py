@@ -50,7 +50,7 @@ from triton_kernels.flash_attention.config import (
     default_attention_config,
     row_stats_config,
 )
-from triton_kernels.flash_attention.constexprs import attention_constexprs
+from triton_kernels.flash_attention.constexprs import attention_constexprs, attention_num_warps
 from triton_kernels.flash_attention.forward import attention_forward_kernel
 
 HEAD_DIMS = (MIN_HEAD_DIM, MAX_HEAD_DIM)
@@ -136,7 +136,7 @@ def _launch(
         has_d_lse=has_d_lse, dq_atomic=_dq_atomic(options),
     )  # fmt: skip
     return dict(
-        num_warps=config.num_warps,
+        num_warps=attention_num_warps(config, persistent),
         num_stages=config.num_stages,
         name=_KERNEL_NAMES[kind],
         **constexprs,

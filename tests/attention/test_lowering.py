@@ -401,6 +401,32 @@ def test_warp_specialized_kernels_lower_for_an_h100_with_their_own_warps(monkeyp
     assert all(c[1] != 12 for c in recorded.calls if c[0] != name)
 
 
+def test_warp_specialized_configs_in_a_persistent_launch_take_eight_warps(monkeypatch):
+    """Past 60 sequences the kernels walk their tile lists, a loop Triton does not
+    partition: the forward and dK/dV run their warp-specialized configs unspecialized,
+    at 8 warps (at the 4 they name, their accumulators would spill kilobytes)."""
+    from tests.launch.recording import record_triton_kernels
+
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    batch = 70
+    q, k, v, _, _ = _shapes(jnp.bfloat16, 128, ())
+    cu = S((batch + 1,), jnp.int32)
+    configs = AttentionConfigs(**{
+        kind: AttentionKernelConfig(*tile, tma=True, warp_specialize=True)
+        for kind, (_, tile, _) in _WARP_SPECIALIZED.items()
+    })  # fmt: skip
+
+    def loss(q, k, v, cu_q, cu_k):
+        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
+                               config=configs)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, compute_capability=90)
+    for name, _, _ in _WARP_SPECIALIZED.values():
+        (call,) = recorded.of(name)
+        assert call[1] == 8, name
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
 @pytest.mark.parametrize("kind", list(_WARP_SPECIALIZED))
 def test_static_report_of_the_warp_specialized_kernels_shows_their_partitions(kind, causal):

@@ -58,11 +58,11 @@ class AttentionKernelConfig(KernelConfig):
         consumer warpgroups of half the stationary tile's rows each (`block_m / 2`
         queries in the forward, `block_n / 2` keys in dK/dV; on Hopper the kernel runs 12
         warps), FlashAttention-3's split, but in one loop whose every tile is masked
-        (`forward._forward_keys` says why). Persistent launches (past 64 sequences),
-        float32 inputs and 16-row tiles compile unspecialized (12 warps in the report:
-        specialized); dK/dV at a 128-query step fails in Triton 3.6's partitioning. Off
-        by default: not yet timed on a GPU (A/B rows of `python -m bench gpu-check
-        --warp-specialized`).
+        (`forward._forward_keys` says why). Persistent launches (past 64 sequences: at
+        8 warps, `attention_num_warps`), float32 inputs and 16-row tiles compile
+        unspecialized (12 warps in the report: specialized); dK/dV at a 128-query step
+        fails in Triton 3.6's partitioning. Off by default: not yet timed on a GPU (A/B
+        rows of `python -m bench gpu-check --warp-specialized`).
       overlap_softmax: the kernel issues a wgmma its exp2s do not need before them, so
         that it runs beside them (FlashAttention-3's intra-warpgroup overlap). The
         forward: each unmasked key tile's QK^T before the previous tile's softmax

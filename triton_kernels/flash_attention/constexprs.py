@@ -21,6 +21,7 @@ from triton_kernels.flash_attention.config import (
 
 __all__ = [
     "attention_constexprs",
+    "attention_num_warps",
     "block_sparse_constexprs",
     "finds_bad_rows_in_kernel",
     "raw_score_max",
@@ -108,6 +109,16 @@ def attention_constexprs(
         # the persistent walk is a loop around the tile loop: not partitioned
         constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
     return constexprs
+
+
+def attention_num_warps(config: AttentionKernelConfig, persistent: bool) -> int:
+    """The warps a varlen attention launch of `config` asks for: its own, but 8 for a
+    warp-specialized config in a persistent launch. There the loop compiles unspecialized
+    (`attention_constexprs`), and at the 4 warps a warp-specialized config names its
+    stationary tile's accumulators spill (sm_90, d=128, Triton 3.6, the A/B rows' tiles:
+    1712 B stored a thread by the forward, 2468 by dK/dV); at 8 they are the default
+    tiles' launches (128x128 forward, 64x128 dK/dV with `tma`)."""
+    return 8 if config.warp_specialize and persistent else config.num_warps
 
 
 def block_sparse_constexprs(
