@@ -160,7 +160,7 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     """Forward programs per head of `flash_attention` with segment ids (documents of
     random lengths in every row): the real query tiles, the grid of the old bound
     `cdiv(total, BLOCK) + sequences`, the tile list's rows (`chunk_bound`), and the
-    programs the bridge launches (persistent past 64 sequences)."""
+    programs the bridge launches (persistent past 60 sequences)."""
     import numpy as np
 
     from jax_bridge.attention import schedule

@@ -155,7 +155,9 @@ def _topology(target: CompileTarget, topology: str):
     except Exception as e:
         raise RuntimeError(
             f"compile target {target.name!r} needs jax's CUDA plugin for compile-only GPUs "
-            f"({e}); install the `test` extra: pip install 'jax[cuda12-local]'"
+            f"({e}): on a machine without a GPU, start Python with JAX_PLATFORMS=cpu (jax "
+            "then does not load the plugin's CUDA runtime, which fails there); without the "
+            "plugin, install the `test` extra: pip install 'jax[cuda12-local]'"
         ) from e
 
 

@@ -34,7 +34,12 @@ from jax_bridge.core.validation import (
 )
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
-from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
+from triton_kernels.flash_attention.config import (
+    KINDS,
+    AttentionConfigs,
+    AttentionKernelConfig,
+    block_d,
+)
 
 __all__ = ["AttentionOptions", "varlen_attention"]
 
@@ -172,7 +177,7 @@ def varlen_attention(
     options = AttentionOptions(
         implementation=impl,
         precision=canonicalize_precision(precision, _OP),
-        config=_check_config(config, impl),
+        config=_check_config(config, impl, head_dim=head_dim),
         spec=spec,
     )
     refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
@@ -254,18 +259,22 @@ def _window_side(side: Any, window: Any, op: str = _OP) -> int | None:
 
 
 def _check_config(
-    config: Any, implementation: str, op: str = _OP
+    config: Any, implementation: str, op: str = _OP, head_dim: int | None = None
 ) -> AttentionConfigs | BlockSizes | None:
-    """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both."""
+    """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both.
+    With `head_dim`, a Triton config's kernels with `tma` are checked against it here,
+    not when a gradient is first traced (a descriptor's tile is a whole row)."""
     if implementation == "pallas" and isinstance(config, (BlockSizes, type(None))):
-        return config
-    if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):
         return config
     if implementation != "pallas" and isinstance(config, AttentionKernelConfig):
         # One config for every kernel: warp specialization is the forward's alone, the
         # softmax overlap the forward's and dK/dV's.
         dkdv = config.replace(warp_specialize=False)
-        return AttentionConfigs(config, dkdv, dkdv.replace(overlap_softmax=False))
+        config = AttentionConfigs(config, dkdv, dkdv.replace(overlap_softmax=False))
+    if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):
+        if implementation == "triton" and config is not None and head_dim is not None:
+            _check_tma_head_dim(config, head_dim, op)
+        return config
     expected = (
         "a splash BlockSizes"
         if implementation == "pallas"
@@ -275,6 +284,18 @@ def _check_config(
         f"{op}: config for implementation={implementation!r} must be {expected} or None, "
         f"got {type(config).__name__}."
     )
+
+
+def _check_tma_head_dim(configs: AttentionConfigs, head_dim: int, op: str) -> None:
+    """ValueError naming the kernel if a config with `tma` meets a head_dim that is not a
+    power of two (a descriptor's tile is the whole row)."""
+    for kind in KINDS:
+        config = getattr(configs, kind)
+        if config is not None and config.tma and block_d(head_dim) != head_dim:
+            raise ValueError(
+                f"{op}: config tma=True ({kind}) needs a head_dim that is a power of two (a "
+                f"descriptor's tile is the whole row), got {head_dim}"
+            )
 
 
 def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:

@@ -19,7 +19,7 @@ From segment ids to sequences (per batch row, all vectorised, static sizes):
 Cost of the empty sequences: the tile lists are `chunk_bound(total, BLOCK,
 num_sequences)` rows, which counts at most `total` non-empty sequences rather than the
 `batch * (2 * q_seq + 1)` slots. The Triton kernels walk such a list with
-`cdiv(total, BLOCK) + 64` persistent programs (past 64 sequences), so their launch does
+`cdiv(total, BLOCK) + 64` persistent programs (past 60 sequences), so their launch does
 not grow with the empty slots; the XLA implementation's chunk scan still steps over
 every row (an empty row costs a few scalar ops). Without segment ids each row is exactly
 one sequence.

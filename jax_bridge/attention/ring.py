@@ -493,7 +493,7 @@ def ring_attention(
     # checks would quote per-shard shapes, and a wrong-rank segment_ids would fail in
     # the resharding before them).
     impl, _, _ = _check_arguments(q, k, v, segment_ids, sinks, sequence_layout, implementation)
-    _check_config(config, impl, op=_OP)
+    _check_config(config, impl, op=_OP, head_dim=q.shape[-1])
     _check_global(q, k, v, segment_ids, ring_size, sequence_layout)
     if isinstance(sliding_window, list):  # static options key the cache: hashable
         sliding_window = tuple(sliding_window)
@@ -599,7 +599,7 @@ def _plan(
     masked = AttentionOptions(
         implementation=impl,
         precision=canonicalize_precision(precision, _OP),
-        config=_check_config(config, impl, op=_OP),
+        config=_check_config(config, impl, op=_OP, head_dim=q.shape[3]),
         spec=spec,
     )
     full_spec = dataclasses.replace(spec, causal=False, window_left=None, window_right=None)

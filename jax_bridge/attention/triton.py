@@ -101,34 +101,12 @@ def _launch(
 ) -> dict:
     """The launch keywords of kernel `kind` under `config`: warps, stages, name and the
     constexprs (`attention_constexprs`; dK/dV's DQ_ATOMIC from `options.config`). A
-    config with `tma` is refused here unless the hardware and head_dim allow it, one with
-    `warp_specialize` for dQ or for a dK/dV kernel that accumulates dQ, one with
-    `overlap_softmax` for dQ."""
+    config with `tma` is refused here unless the hardware allows it (the options each
+    kernel can take, and a head_dim descriptors can load, were checked where the configs
+    were built: `AttentionConfigs`, `api._check_config`)."""
     head_dim = q.shape[2]
-    if config.warp_specialize and kind == "backward_dq":
-        raise ValueError(
-            "varlen_attention: warp_specialize=True is for the forward and dK/dV kernels' "
-            "configs only, got it in the backward_dq kernel's"
-        )
-    if config.warp_specialize and kind == "backward_dkdv" and _dq_atomic(options):
-        raise ValueError(
-            "varlen_attention: warp_specialize=True in the backward_dkdv kernel's config "
-            "excludes AttentionConfigs.dq_atomic=True (Triton cannot partition a loop of "
-            "atomic adds)"
-        )
-    if config.overlap_softmax and kind == "backward_dq":
-        raise ValueError(
-            "varlen_attention: overlap_softmax=True is for the forward and dK/dV kernels' "
-            "configs only (the dQ kernel's exp2s already run beside its dP), got it in the "
-            "backward_dq kernel's"
-        )
     if config.tma:
         require_tensor_descriptors("varlen_attention")
-        if block_d(head_dim) != head_dim:
-            raise ValueError(
-                f"varlen_attention: config tma=True needs a head_dim that is a power of two "
-                f"(a descriptor's tile is the whole row), got {head_dim}"
-            )
     constexprs = attention_constexprs(
         kind, config, features, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
         head_dim=head_dim, softmax_scale=options.spec.softmax_scale,
@@ -222,7 +200,7 @@ def forward(
       rows with nothing allowed and no sink).
 
     The tile list has `chunk_bound(total_q, block_m, B + 4)` rows, launched as one program
-    a row or, past 64 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
+    a row or, past 60 sequences, as `cdiv(total_q, block_m) + 64` persistent programs
     (`schedule.persistent`): never sized by the longest sequence, nor by the empty ones.
     """
     total_q, num_q_heads, _ = q.shape

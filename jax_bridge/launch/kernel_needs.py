@@ -113,7 +113,9 @@ def kernel_with_scratch(lib: Any, name: str, args: tuple[Any, ...], needs: Kerne
             f"Triton kernel {name!r} needs {needs.scratch_size} bytes of global scratch per "
             "program (device-side tensor descriptors, tl.make_tensor_descriptor), which "
             f"jaxlib {'.'.join(map(str, jaxlib_version()))} cannot allocate for a Triton "
-            f"call: it needs jaxlib >= {'.'.join(map(str, FIRST_JAXLIB_WITH_SCRATCH))}"
+            f"call: it needs jaxlib >= {'.'.join(map(str, FIRST_JAXLIB_WITH_SCRATCH))} "
+            "(an op's config with tma=True or warp_specialize=True asks for them; without "
+            "those options the kernels load by pointers)"
         )
     return lib.TritonKernel(name, *args, needs.scratch_size, needs.scratch_align)
 

@@ -28,6 +28,11 @@ def lower_for_cuda(
 ) -> str:
     """Lowers `jax.jit(fn)(*args, **kwargs)` for cuda and returns the StableHLO text.
 
+    `fn` is traced on this host: an op's `implementation="auto"` resolves for the host's
+    backend (XLA on a CPU host), so pass `implementation="triton"` to lower its Triton
+    kernels (`compile_for` traces for its target's devices instead, where "auto" picks
+    them).
+
     Args:
       fn: the function to lower.
       *args, **kwargs: its arguments: arrays or `jax.ShapeDtypeStruct`s.

@@ -253,6 +253,49 @@ def test_configs_validation_names_the_kernel():
     assert configs.backward_dkdv is None and configs.backward_dq is None
 
 
+_SPECIALIZED = AttentionKernelConfig(64, 128, tma=True, warp_specialize=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(backward_dq=_SPECIALIZED), r"warp_specialize=True is for the forward.*backward_dq"),
+        (
+            dict(backward_dq=AttentionKernelConfig(16, 16, overlap_softmax=True)),
+            r"overlap_softmax=True is for the forward.*backward_dq",
+        ),
+        (
+            dict(backward_dkdv=_SPECIALIZED, dq_atomic=True),
+            r"warp_specialize=True in the backward_dkdv .*excludes dq_atomic=True",
+        ),
+        (
+            dict(backward_dkdv=_SPECIALIZED.replace(block_m=128)),
+            r"warp_specialize=True in the backward_dkdv .*needs block_m <= 64.*got block_m=128",
+        ),
+    ],
+    ids=["ws-dq", "overlap-dq", "ws-dkdv-dq-atomic", "ws-dkdv-128-queries"],
+)
+def test_configs_refuse_options_their_kernels_cannot_run(kwargs, message):
+    """Where the configs are built, not when a gradient is first traced; each of those
+    options on the kernel that can run it is taken."""
+    with pytest.raises(ValueError, match=rf"^AttentionConfigs: {message}"):
+        AttentionConfigs(**kwargs)
+    AttentionConfigs(forward=_SPECIALIZED, backward_dkdv=_SPECIALIZED.replace(block_m=32))
+    AttentionConfigs(backward_dkdv=AttentionKernelConfig(16, 16, overlap_softmax=True))
+
+
+def test_a_forward_call_refuses_a_tma_config_its_head_dim_cannot_take():
+    """Checked at the call, for every kernel's config: a forward-only call with a dK/dV
+    config the gradient could not run fails there, naming the kernel."""
+    inputs = make_inputs(5, [(20, 20)], 2, 1, 48)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    config = AttentionConfigs(backward_dkdv=AttentionKernelConfig(16, 16, tma=True))
+    with pytest.raises(ValueError, match=r"config tma=True \(backward_dkdv\).*power of two.*48"):
+        varlen_attention(q, k, v, cu_q, cu_k, implementation="triton", config=config)
+    # XLA ignores the config.
+    varlen_attention(q, k, v, cu_q, cu_k, implementation="xla", config=config)
+
+
 @pytest.mark.parametrize(
     "args",
     [(64, "float64", 90, "forward"), (512, "float16", 90, "forward"), (64, "float16", 90, "bwd")],
@@ -405,21 +448,6 @@ def test_warp_specialized_dkdv_gives_the_float64_gradients(options):
                                      strict=True):  # fmt: skip
         assert_close(got, ref, tol, name)
         assert_close(got, other, 2 * tol, f"{name} vs the loop unspecialized")
-
-
-def test_warp_specialized_dkdv_refuses_dq_by_atomics():
-    inputs = make_inputs(46, [(20, 20)], 2, 1, 32)
-    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
-    dkdv = AttentionKernelConfig(16, 32, tma=True, warp_specialize=True)
-    config = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=True)
-
-    def loss(q):
-        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
-                               config=config)  # fmt: skip
-        return out.astype(jnp.float32).sum()
-
-    with pytest.raises(ValueError, match=r"warp_specialize=True in the backward_dkdv .*dq_atomic"):
-        jax.grad(loss)(q)
 
 
 def _assert_device_float64_numbers(dtype, causal: bool, config=None) -> None:
@@ -750,21 +778,18 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
 
 
 @pytest.mark.parametrize(
-    "option, constexpr, config, dkdv",
+    "constexpr, config, dkdv",
     [
-        ("warp_specialize", "WARP_SPECIALIZE",
-         AttentionKernelConfig(16, 16, tma=True, warp_specialize=True), False),
-        ("overlap_softmax", "OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True),
-         True),
+        ("WARP_SPECIALIZE", AttentionKernelConfig(16, 16, tma=True, warp_specialize=True), False),
+        ("OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True), True),
     ],
     ids=["warp_specialize", "overlap_softmax"],
 )  # fmt: skip
-def test_kernel_options_reach_only_the_kernels_that_take_them(
-    monkeypatch, option, constexpr, config, dkdv
-):
+def test_kernel_options_reach_only_the_kernels_that_take_them(monkeypatch, constexpr, config, dkdv):
     """One config for every kernel gives warp specialization to the forward alone, the
     softmax overlap to the forward and dK/dV (the gradient runs, its other kernels
-    without it); the dQ kernel's own config with either is refused, naming the kernel."""
+    without it; the dQ kernel's own config with either is refused where it is built,
+    `test_configs_refuse_options_their_kernels_cannot_run`)."""
     inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
@@ -773,8 +798,6 @@ def test_kernel_options_reach_only_the_kernels_that_take_them(
                                config=config)  # fmt: skip
         return out.astype(jnp.float32).sum()
 
-    with pytest.raises(ValueError, match=rf"{option}=True is for the forward.*backward_dq"):
-        jax.grad(loss)(q, AttentionConfigs(backward_dq=config))
     launches = record_launches(monkeypatch, attention_triton)
     jax.grad(loss)(q, config)
     specialized = {

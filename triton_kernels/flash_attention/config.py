@@ -52,17 +52,19 @@ class AttentionKernelConfig(KernelConfig):
         (`_HOPPER_DKDV_TMA`): on an H100 all three at their default tiles ran slower with
         it (forward 5%, fwd+bwd 3-12%).
       warp_specialize: the forward's key loop, or dK/dV's query loop, warp-specialized
-        (needs `tma` and 4 warps; a config for every kernel gives it to the forward only,
-        dQ's own is refused, and so is dK/dV's with `AttentionConfigs.dq_atomic`): Triton
-        gives the streamed tiles' copies to a producer warpgroup and the rest to two
-        consumer warpgroups of half the stationary tile's rows each (`block_m / 2`
-        queries in the forward, `block_n / 2` keys in dK/dV; on Hopper the kernel runs 12
-        warps), FlashAttention-3's split, but in one loop whose every tile is masked
-        (`forward._forward_keys` says why). Persistent launches (past 64 sequences: at
-        8 warps, `attention_num_warps`), float32 inputs and 16-row tiles compile
-        unspecialized (12 warps in the report: specialized); dK/dV at a 128-query step
-        fails in Triton 3.6's partitioning. Off by default: not yet timed on a GPU (A/B
-        rows of `python -m bench gpu-check --warp-specialized`).
+        (needs `tma` and 4 warps; a config for every kernel gives it to the forward only;
+        `AttentionConfigs` refuses it for dQ, and for dK/dV with `dq_atomic` or a
+        `block_m` over 64): Triton gives the streamed tiles' copies to a producer
+        warpgroup and the rest to two consumer warpgroups of half the stationary tile's
+        rows each (`block_m / 2` queries in the forward, `block_n / 2` keys in dK/dV; on
+        Hopper the kernel runs 12 warps), FlashAttention-3's split, but in one loop whose
+        every tile is masked (`forward._forward_keys` says why). An A/B option for 16-bit
+        inputs on Hopper, off by default: not yet timed on a GPU (`python -m bench
+        gpu-check --warp-specialized`, `--warp-specialized-dkdv`). Where Triton does not
+        partition the loop, the kernel runs it unspecialized: a persistent launch (past
+        60 sequences) at 8 warps (`attention_num_warps`), float32 inputs and 16-row tiles
+        at the 4 warps asked (float32 tiles this large spill whatever the warps: its
+        defaults are 32x16 and 16x32).
       overlap_softmax: the kernel issues a wgmma its exp2s do not need before them, so
         that it runs beside them (FlashAttention-3's intra-warpgroup overlap). The
         forward: each unmasked key tile's QK^T before the previous tile's softmax
@@ -98,7 +100,7 @@ class AttentionKernelConfig(KernelConfig):
         if self.overlap_softmax and self.warp_specialize:
             raise ValueError(
                 "AttentionKernelConfig: overlap_softmax and warp_specialize exclude each "
-                "other (the warp-specialized forward runs one loop over every key tile)."
+                "other (a warp-specialized kernel runs one loop over every tile, masked)."
             )
 
 
@@ -134,6 +136,9 @@ WARP_SPECIALIZED_FORWARD_TILE = (128, 128, 4, 2)
 # nothing under 3.9. Three stages spill more under 3.6; 32-query steps spill nothing but
 # run 620.
 WARP_SPECIALIZED_DKDV_TILE = (64, 128, 4, 2)
+# dK/dV's longest warp-specialized query step: at 128 (with 64- or 128-key tiles) Triton
+# 3.6's and 3.9's partitioning passes fail (sm_90); 16 to 64 compile.
+MAX_WARP_SPECIALIZED_DKDV_ROWS = 64
 # The backward's kernels at one warpgroup a CTA, with `tma`, the A/B row's: dK/dV and dQ
 # at 64x64, 4 warps, two stages, two CTAs an SM (97 KiB of shared memory each). The
 # 8-warp defaults' loops take 2-6 barriers of the whole CTA a tile (Triton's pipeline:
@@ -204,6 +209,11 @@ class AttentionConfigs:
     pair's seven products fewer, for the atomics' traffic, a float32 dQ buffer and a pass
     that writes the row statistics; `backward_dq` is then unused. The float32 sums of dQ
     then run in an order that varies between runs (dK and dV stay deterministic).
+
+    Refused here, where the configs are built rather than when a gradient is first traced:
+    `warp_specialize` and `overlap_softmax` in `backward_dq` (its exp2s already run beside
+    its dP), and a warp-specialized `backward_dkdv` with `dq_atomic` (Triton cannot
+    partition the atomic adds) or with a `block_m` over `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
     """
 
     forward: AttentionKernelConfig | None = None
@@ -222,6 +232,30 @@ class AttentionConfigs:
         if not isinstance(self.dq_atomic, bool):
             raise TypeError(
                 f"AttentionConfigs.dq_atomic must be a bool, got {type(self.dq_atomic).__name__}"
+            )
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """ValueError naming the kernel for an option its kernel cannot run (class doc)."""
+        dq, dkdv = self.backward_dq, self.backward_dkdv
+        for option in ("warp_specialize", "overlap_softmax"):
+            if dq is not None and getattr(dq, option):
+                raise ValueError(
+                    f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
+                    f"configs only, got it in the backward_dq kernel's"
+                )
+        if dkdv is None or not dkdv.warp_specialize:
+            return
+        if self.dq_atomic:
+            raise ValueError(
+                "AttentionConfigs: warp_specialize=True in the backward_dkdv kernel's config "
+                "excludes dq_atomic=True (Triton cannot partition a loop of atomic adds)"
+            )
+        if dkdv.block_m > MAX_WARP_SPECIALIZED_DKDV_ROWS:
+            raise ValueError(
+                f"AttentionConfigs: warp_specialize=True in the backward_dkdv kernel's config "
+                f"needs block_m <= {MAX_WARP_SPECIALIZED_DKDV_ROWS} (Triton's partitioning "
+                f"fails on longer query steps), got block_m={dkdv.block_m}"
             )
 
 
@@ -295,7 +329,7 @@ _AMPERE_16BIT_LIGHT: _Table = {
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
-# Persistent launches (past 64 sequences: packed batches of many documents) take the
+# Persistent launches (past 60 sequences: packed batches of many documents) take the
 # light dQ and dK/dV tiles too, spill-free under Triton 3.6 and 3.9
 # (sm_90 and sm_80, causal or not, 1, 3 or 7 query heads per kv head; 4 B under 3.6
 # with 3 or 7), warp-instructions per MFLOP 3.6 / 3.9: dQ d=128 496 -> 360 / 600 -> 422,
