@@ -36,14 +36,16 @@ _ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
 _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n")
 
 # Each kernel config's fields and the params fields that hold them (config -> params):
-# the one table every conversion below reads, both ways.
+# the one table every conversion below reads, both ways. The forward (`FwdParams`) and
+# dK/dV (`BwdParams`' unprefixed fields) hold every field of `AttentionKernelConfig`
+# under the same names; dQ holds no option but `tma`.
 _LAUNCH = {"num_warps": "num_warps", "num_stages": "num_stages", "tma": "tma"}
-_FORWARD = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
-            "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax"}  # fmt: skip
+_ATTENTION_KERNEL = {
+    "block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
+    "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
+}  # fmt: skip
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize"}  # fmt: skip
-_DKDV = {"block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
-         "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax"}  # fmt: skip
 _DQ = {"block_m": "dq_q_blocksize", "block_n": "dq_kv_blocksize", "num_warps": "dq_num_warps",
        "num_stages": "dq_num_stages", "tma": "dq_tma"}  # fmt: skip
 
@@ -131,8 +133,8 @@ class _Params:
 
 def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
     """ValueError naming `where` if `config` turns on an option (a bool field) that the
-    params have no field for (`held`: the config fields they hold): converting it would
-    drop the option silently."""
+    params have no field for (`held`: the config fields they hold; only dQ's lack some):
+    converting it would drop the option silently."""
     dropped = [
         f.name
         for f in dataclasses.fields(config)
@@ -140,8 +142,8 @@ def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str
     ]
     if dropped:
         raise ValueError(
-            f"{where}: BwdParams has no field for {dropped} of this kernel's config (the "
-            f"varlen_attention launch refuses them there), got {config}."
+            f"{where}: BwdParams has no field for {dropped} of this kernel's config "
+            f"(AttentionConfigs refuses them there), got {config}."
         )
 
 
@@ -179,7 +181,7 @@ class FwdParams(_Params):
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
         """Every field of the forward kernel's `config` as params."""
-        return cls._from_config(config, _FORWARD)
+        return cls._from_config(config, _ATTENTION_KERNEL)
 
     @classmethod
     def from_grouped_matmul_config(cls, config: GroupedMatmulConfig) -> FwdParams:
@@ -193,7 +195,7 @@ class FwdParams(_Params):
         together (e.g. `warp_specialize` without `tma`), and ValueError for grouped
         matmul fields."""
         self._refuse(_MATMUL_FIELDS, "attention")
-        return self._to_config(default, _FORWARD)
+        return self._to_config(default, _ATTENTION_KERNEL)
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
         """A grouped matmul config: the set fields, the rest from `default` (the config's
@@ -265,8 +267,7 @@ class BwdParams(_Params):
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only (every field
         of `AttentionKernelConfig` has one)."""
-        _check_held(config, _DKDV, "BwdParams.from_dkdv_config")
-        return cls._from_config(config, _DKDV)
+        return cls._from_config(config, _ATTENTION_KERNEL)
 
     @classmethod
     def from_dq_config(cls, config: AttentionKernelConfig) -> BwdParams:
@@ -286,7 +287,7 @@ class BwdParams(_Params):
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dK/dV kernel's config: the set fields, the rest from `default` (the
         config's own ValueError where they do not go together)."""
-        return self._to_config(default, _DKDV)
+        return self._to_config(default, _ATTENTION_KERNEL)
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dQ kernel's config: the set `dq_*` fields, the rest from `default`."""
