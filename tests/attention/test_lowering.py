@@ -332,10 +332,12 @@ def test_static_report_of_the_dq_atomic_dkdv(compute_capability, head_dim, featu
         assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
 
 
-def _lower_training_step(config: AttentionConfigs, causal: bool) -> None:
+def _lower_training_step(config: AttentionConfigs, causal: bool, batch: int = BATCH) -> None:
     """Lowers for an H100 (sm_90) the gradient of a bf16 varlen attention call at `config`
-    (d=128, GQA): every kernel of forward + backward compiles and reaches jaxlib."""
-    q, k, v, cu_q, cu_k = _shapes(jnp.bfloat16, 128, ())
+    (d=128, GQA, `batch` sequences): every kernel of forward + backward compiles and
+    reaches jaxlib."""
+    q, k, v, _, _ = _shapes(jnp.bfloat16, 128, ())
+    cu_q = cu_k = S((batch + 1,), jnp.int32)
 
     def loss(q, k, v, cu_q, cu_k):
         out = varlen_attention(q, k, v, cu_q, cu_k, causal=causal, implementation="triton",
@@ -411,20 +413,11 @@ def test_warp_specialized_configs_in_a_persistent_launch_take_eight_warps(monkey
     from tests.launch.recording import record_triton_kernels
 
     recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
-    batch = 70
-    q, k, v, _, _ = _shapes(jnp.bfloat16, 128, ())
-    cu = S((batch + 1,), jnp.int32)
     configs = AttentionConfigs(**{
         kind: AttentionKernelConfig(*tile, tma=True, warp_specialize=True)
         for kind, (_, tile, _) in _WARP_SPECIALIZED.items()
     })  # fmt: skip
-
-    def loss(q, k, v, cu_q, cu_k):
-        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation="triton",
-                               config=configs)  # fmt: skip
-        return out.astype(jnp.float32).sum()
-
-    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, compute_capability=90)
+    _lower_training_step(configs, causal=True, batch=70)
     for name, _, _ in _WARP_SPECIALIZED.values():
         (call,) = recorded.of(name)
         assert call[1] == 8, name
