@@ -781,6 +781,25 @@ def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, deep, "dkdv 4 stages")
 
 
+def _flex_dkdv_config(spec: MaskSpec) -> Impl:
+    """An A/B of dK/dV at FlexAttention's H100 config for head_dim 128 (PyTorch's
+    defaults: 64 queries a step into a 128-key tile, 8 warps, three stages, by pointers)
+    against the default (the same tile at two stages with `tma` on causal rows; 32x128 by
+    pointers without a right bound). On the H100 Flex's backward ran ~1.35x ours at 4 x
+    4096 (ours with dK/dV at 64x128 and `tma`), though its loops are longer: Flex's
+    kernels, instantiated by hand from its template for that row and compiled for sm_90
+    under Triton 3.6, run 491 (dK/dV) and 434 (dQ) warp-instructions per MFLOP against
+    our 360 and 359, and its dK/dV spills 128 B a thread. Ours at this config: 419 / 398
+    (3.6 / 3.9) causal, one reload an iteration under 3.6 (76 / 84 B stored / loaded a
+    thread in all), ten under 3.9. What the count cannot price is the depth: a step's
+    copies issued two steps ahead instead of one. fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    flex = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 128, 8, 3))
+    impl = varlen_impl(spec, flex, "dkdv 64x128 3 stages")
+    return dataclasses.replace(impl, forward=False)
+
+
 def _warp_specialized_forward(spec: MaskSpec) -> Impl:
     """An A/B of Triton's Hopper warp specialization on the forward
     (`AttentionKernelConfig.warp_specialize`): a producer warpgroup copies Q, K and V, two
@@ -837,7 +856,9 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{many}x{t // many} causal", MaskSpec((t // many,) * many), heads),
     ]
 
-    # A/B anchors of the first two (causal) rows: three pipeline stages, dQ by atomics,
+    # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
+    # dQ at Flex's tiles; dK/dV at Flex's config, also on the row without a right bound),
+    # dQ by atomics,
     # and with --tma the dK/dV default before TMA and the backward at one warpgroup a CTA;
     # of those and the row without a right bound, a forward of two CTAs per SM and the
     # forward and dK/dV with their softmax overlapped; of the many documents, the
@@ -851,12 +872,13 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
         ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
         overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
+        depth = (_flex_dkdv_config(spec),)
         if not spec.causal:
-            return (_deep_dkdv_pipeline(spec), *overlap, *ws)
+            return (_deep_dkdv_pipeline(spec), *depth, *overlap, *ws)
         if i >= 2:
             return ()
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec)) if USE_TMA else ()
-        return (_three_stage_tiles(spec), _dq_atomic_backward(spec), *overlap, *tma, *ws)
+        return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [
         _attention_case("attention", "varlen_attention", key, spec, h, sizes, varlen_impl(spec),

@@ -7,10 +7,10 @@
 On a GPU: times the candidate configs of each op on a representative problem (attention:
 8 causal documents of 1024 tokens, 16 query and 4 key/value heads; grouped matmul: the
 Mixtral-like 8192 x 2048 x 1408 over 64 experts, forward and gradient), after pruning
-every candidate whose offline-compiled kernel spills registers or exceeds shared memory,
-and stores each winner in the tuning cache (printed; `--cache` or
-`RAGGED_KERNELS_CACHE_DIR` moves it). Winners already cached are reported, not re-timed,
-unless `--force`.
+every candidate whose offline-compiled kernel spills registers in its inner loop, has
+its warpgroup MMAs serialized or exceeds shared memory (`static_report_prune`), and
+stores each winner in the tuning cache (printed; `--cache` or `RAGGED_KERNELS_CACHE_DIR`
+moves it). Winners already cached are reported, not re-timed, unless `--force`.
 
 Without a GPU there is nothing to time (the XLA backend has no launch parameters and
 Triton's CPU interpreter says nothing about a GPU): it says so and exits 0. `--dry-run`

@@ -5,6 +5,7 @@ end to end through Triton's interpreter (a GPU stands in only for the platform c
 Every test uses a cache under tmp_path (the autouse fixture), never the user's home.
 """
 
+import dataclasses
 import functools
 import types
 
@@ -18,7 +19,7 @@ from jax_bridge.attention.api import varlen_attention
 from jax_bridge.attention.reference import attention_reference
 from jax_bridge.grouped_matmul.api import grouped_matmul
 from jax_bridge.grouped_matmul.reference import grouped_matmul_reference
-from jax_bridge.launch.report import KernelReport
+from jax_bridge.launch.report import InnerLoop, KernelReport
 from jax_bridge.tuning.autotune import (
     autotune,
     static_report_prune,
@@ -262,6 +263,24 @@ def test_static_report_prune():
     )
     strict = static_report_prune(lambda report: report, shared_memory_limit=64 * 1024)
     assert "over the 65536 B" in strict(_report())
+    # With an inner tensor-core loop, spills outside it are kept (a program pays them
+    # once); spill stores in it, more than one reload an iteration, or serialized MMAs
+    # are pruned.
+    loop = InnerLoop(start=0, end=512, instructions=400, mma_flops=2**22)
+    outside = _report(inner_loop=loop, spill_store_bytes=120, spill_load_bytes=140)
+    assert prune(outside) is None
+    one_reload = dataclasses.replace(loop, spill_instructions=1)
+    assert prune(_report(inner_loop=one_reload, spill_load_bytes=24)) is None
+    stores = dataclasses.replace(loop, spill_instructions=3, spill_stores=1)
+    assert prune(_report(inner_loop=stores, spill_store_bytes=8, spill_load_bytes=8)) == (
+        "gmm_kernel spills in its inner loop (3 local-memory accesses an iteration, 1 of "
+        "them stores)"
+    )
+    reloads = dataclasses.replace(loop, spill_instructions=2)
+    assert "spills in its inner loop" in prune(_report(inner_loop=reloads, spill_load_bytes=8))
+    assert prune(_report(inner_loop=loop, serialized_wgmma=True)) == (
+        "gmm_kernel has its warpgroup MMAs serialized by ptxas"
+    )
     # Several kernels per candidate: the first problem is the reason.
     several = static_report_prune(lambda reports: reports)
     assert several([_report(), _report(kernel="tgmm_kernel", spill_load_bytes=8)]).startswith(
