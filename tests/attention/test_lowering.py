@@ -428,7 +428,9 @@ def test_warp_specialized_configs_in_a_persistent_launch_take_eight_warps(monkey
 def test_static_report_of_the_warp_specialized_kernels_shows_their_partitions(kind, causal):
     """sm_90, d=128, at their A/B rows' tiles: 12 warps with per-warpgroup register
     budgets (USETMAXREG), the tiles by bulk tensor copies (no LDGSTS), wgmma not
-    serialized, no spill (under this machine's Triton), within the shared memory limit."""
+    serialized, within the shared memory limit; no spill but dK/dV's outside its loop, as
+    for every dK/dV kernel (under Triton 3.6, causal: 12 / 64 B stored / loaded, one reload
+    an iteration; not causal 28 / 36 B; none under 3.9)."""
     features = AttentionFeatures(causal=causal)
     config = AttentionKernelConfig(*_WARP_SPECIALIZED[kind][1], tma=True, warp_specialize=True)
     report = variant_report(attention_variant(kind, 128, 90, features=features, config=config), 90)
@@ -436,7 +438,8 @@ def test_static_report_of_the_warp_specialized_kernels_shows_their_partitions(ki
     assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
     assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
     assert report.uses_wgmma and not report.serialized_wgmma
-    assert not report.spills and not report.exceeds_shared_memory, report.summary()
+    assert not report.exceeds_shared_memory, report.summary()
+    assert_spills_expected(report, (90, 128, kind, features, None))
 
 
 @pytest.mark.parametrize(
