@@ -433,9 +433,13 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
             layout.block_shape,
         )
         o = o.transpose(0, 1, 4, 2, 3, 5).reshape(batch, layout.padded[0], -1, o.shape[-1])
-        index = slice(None) if heads is None else heads
-        out = out.at[:, :, index].set(o)
-        lse = lse.at[:, index].set(_rows_back(l))
+        # Every head at once: the group's result is the whole output. (Set through
+        # `.at[:, :, :]`, it was a scatter of an empty index array, a zero-size constant
+        # that jaxlib 0.11.2's CPU compiler segfaults on inside `shard_map`.)
+        if heads is None:
+            out, lse = o, _rows_back(l)
+        else:
+            out, lse = out.at[:, :, heads].set(o), lse.at[:, heads].set(_rows_back(l))
     return out[:, : layout.q_len].astype(q.dtype), lse[:, :, : layout.q_len]
 
 

@@ -1,0 +1,52 @@
+"""What is specific to the XLA backend of block-sparse attention (its numbers are the
+conformance suite's)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_bridge import block_sparse_attention
+from pallas_tpu.splash import CausalMask, DocumentMask
+
+
+def _zero_size_values(jaxpr) -> list[str]:
+    """Every constant or value of `jaxpr` (nested jaxprs included) with no element."""
+    found = [
+        str(var.aval)
+        for var in (*jaxpr.constvars, *jaxpr.invars)
+        if 0 in getattr(var.aval, "shape", ())
+    ]
+    for eqn in jaxpr.eqns:
+        found += [
+            f"{eqn.primitive}: {var.aval}"
+            for var in (*eqn.invars, *eqn.outvars)
+            if 0 in getattr(var.aval, "shape", ())
+        ]
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                found += _zero_size_values(inner)
+    return found
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["static", "traced-documents"])
+def test_a_call_over_every_head_holds_no_zero_size_array(traced):
+    """Nothing without elements in the forward and backward programs when one mask
+    covers every head: an empty index array (a scatter of `.at[:, :, :]`) is a
+    zero-size constant, on which jaxlib 0.11.2's CPU compiler segfaults inside
+    `shard_map` (Shardy's canonicalizer)."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((1, 48, 4, 32)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((1, 48, 2, 32)), jnp.float32) for _ in "kv")
+    cu = np.array([0, 20, 20, 45], np.int32)
+
+    def loss(q, k, v, cu):
+        mask = DocumentMask(cu, shape=(48, 48), window=(17, 0)) if traced else CausalMask((48, 48))
+        return jnp.sum(block_sparse_attention(q, k, v, mask, implementation="xla") ** 2)
+
+    closed = jax.make_jaxpr(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v, jnp.asarray(cu))
+    consts = [str(np.shape(c)) for c in closed.consts if np.size(c) == 0]
+    assert not consts and not _zero_size_values(closed.jaxpr)
