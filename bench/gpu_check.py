@@ -4,6 +4,7 @@
                               [--no-torch]
     python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
     python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
+    python -m bench gpu-check --verdicts FILE     # A/B anchors vs the default, issue 27's bars
 
 Runs every case of bench/gpu_rows.py through bench/runner.py (back-to-back timing, one
 sync per repeat; fwd+bwd returns the output with the gradients; every anchor checked
@@ -74,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="summarise an ncu --print-summary per-kernel text file",
+    )
+    parser.add_argument(
+        "--verdicts",
+        type=Path,
+        metavar="FILE",
+        help="from a --json file: each A/B anchor against the default, and issue 27's bars "
+        "(bench/verdicts.py)",
     )
     return parser
 
@@ -189,6 +197,12 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     if args.ncu_summary is not None:
         print(summarise_ncu(parse_ncu_summary(args.ncu_summary.read_text()), our_kernel_names()))
+        return 0
+    if args.verdicts is not None:
+        from bench.report import read_json
+        from bench.verdicts import format_verdicts
+
+        print(format_verdicts(read_json(args.verdicts)))
         return 0
     start = time.perf_counter()
     rows = run(args)

@@ -9,7 +9,8 @@
 #          `bench` times if they pass too (`--warp-specialized`), and the warp-specialized
 #          dK/dV apart (`--warp-specialized-dkdv`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
-#          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there);
+#          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there),
+#          and its verdicts in summary.txt (`gpu-check --verdicts`: A/B anchors, issue 27's bars);
 #   ncu    one Nsight Compute profile per op (ours on one attention, one grouped matmul
 #          and one block-sparse row): time per kernel, ours against the XLA work around them; then the
 #          attention kernels' occupancy, stall and memory sections (16 x 1024, ~1 min)
@@ -108,6 +109,12 @@ if [[ $steps == *" bench "* ]]; then
     $tma_flag ${GPU_CHECK_ARGS:-} >"$logs/gpu_check.txt" 2>&1
   rc=$?
   note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
+  # Each A/B anchor against the default and issue 27's bars, into the summary itself.
+  if [ -s "$json" ]; then
+    "$PY" -m bench gpu-check --verdicts "$json" >"$logs/verdicts.txt" 2>&1
+    note "verdicts (verdicts.txt, below): exit $?"
+    cat "$logs/verdicts.txt" >>"$summary"
+  fi
   if [ "$rc" -gt 1 ] && [ "$rc" -ne 124 ]; then
     # A crash, not a failed check or the time limit: again without PyTorch in the process.
     timeout 120 "$PY" -m bench gpu-check --no-torch --budget-s 90 \

@@ -218,6 +218,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         assert row["ok"] is (None if row["baseline"] in unchecked else True)
     out = capsys.readouterr().out
     assert "dq" in out and "dlhs" in out and "MISMATCH" not in out
+    # The verdicts of the file just written: every A/B anchor has one.
+    assert gpu_check.main(["--verdicts", str(path)]) == 0
+    verdicts = capsys.readouterr().out
+    assert "ours triton varlen dkdv 64x128 3 stages: " in verdicts
+    assert "grouped matmul >= 0.9x torch._grouped_mm: 0 of 0 rows" in verdicts  # no torch here
 
 
 def test_ncu_summary_splits_our_kernels_from_the_rest():

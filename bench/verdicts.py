@@ -1,0 +1,118 @@
+"""What a device run's rows say, read from its JSON: `python -m bench gpu-check --verdicts FILE`.
+
+Two views of the rows `gpu-check --json` wrote (bench/results/):
+
+* the A/B anchors (ours in another configuration, named "ours ...", checked against the
+  default): for each, on every row and pass it ran, the default's time over its own, so
+  above 1 it is faster and the default should move; and one verdict per anchor;
+* issue 27's bars ("Done when"): ours against FlexAttention on every attention row, against
+  JAX's cuDNN on the varlen rows of equal documents, against `torch._grouped_mm` on the
+  grouped matmul rows, each as ours' speed over the anchor's (as `BenchRow.ratio`).
+
+The session after a device run settles defaults and the issue's note from these lines
+instead of reading the whole table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from bench.report import BenchRow
+
+CLEAR_MARGIN = 0.03
+"""An A/B anchor wins (or loses) a row when it is this much faster (slower) than the
+default: back-to-back repeats on the H100 spread by ~1-2% (bench/results/)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bar:
+    """One of the issue's minimums: ours over `anchor` at least `minimum` on the rows
+    `applies` accepts."""
+
+    name: str
+    anchor: str
+    minimum: float
+    applies: Callable[[BenchRow], bool]
+
+
+def _equal_documents(row: BenchRow) -> bool:
+    # Varlen rows named "<documents>x<length> ..." hold documents of one length.
+    return row.section == "attention" and re.match(r"\d+x\d+ ", row.shape) is not None
+
+
+BARS = (
+    Bar("attention >= 1.0x FlexAttention", "torch flex_attention", 1.0,
+        lambda row: row.section in ("attention", "block_sparse")),
+    Bar("varlen, equal documents >= 0.75x JAX's cuDNN", "jax cudnn attention", 0.75,
+        _equal_documents),
+    Bar("grouped matmul >= 0.9x torch._grouped_mm", "torch _grouped_mm", 0.9,
+        lambda row: row.section == "grouped_matmul"),
+)  # fmt: skip
+
+
+def _label(row: BenchRow) -> str:
+    """'16x1024 causal h16 d128 bf16, forward': the row's shape and pass."""
+    return f"{row.shape}, {row.op.rsplit(' ', 1)[-1]}"
+
+
+def _is_ab(row: BenchRow) -> bool:
+    # Ours in another configuration does the same work, so it is checked against ours;
+    # ours on other work (gmm on one group: a roof) is not, and is no A/B.
+    return row.baseline.startswith("ours ") and row.ok is not None and row.ratio is not None
+
+
+def ab_verdict(speedups: Sequence[float], margin: float = CLEAR_MARGIN) -> str:
+    """One word for an A/B anchor over its rows, from the default's time over its own on
+    each: 'faster' (every row by more than `margin`), 'slower' (every row), 'mixed' (some
+    of each) or 'even'."""
+    faster = sum(s > 1 + margin for s in speedups)
+    slower = sum(s < 1 - margin for s in speedups)
+    if faster and not slower:
+        return "faster" if faster == len(speedups) else "faster or even"
+    if slower and not faster:
+        return "slower" if slower == len(speedups) else "slower or even"
+    return "mixed" if faster else "even"
+
+
+def format_ab(rows: Sequence[BenchRow]) -> str:
+    """Each A/B anchor: its speed over the default's on every row it ran, and its verdict."""
+    by_anchor: dict[str, list[BenchRow]] = defaultdict(list)
+    for row in rows:
+        if _is_ab(row):
+            by_anchor[row.baseline].append(row)
+    if not by_anchor:
+        return "no A/B anchor in these rows"
+    lines = []
+    for anchor, found in by_anchor.items():
+        # ratio = anchor's time / ours: the anchor's speed over the default's is 1 / ratio.
+        speedups = [1 / row.ratio for row in found]
+        lines.append(f"{anchor}: {ab_verdict(speedups)}")
+        pairs = zip(found, speedups, strict=True)
+        lines += [f"  {speedup:5.2f}x  {_label(row)}" for row, speedup in pairs]
+    return "\n".join(lines)
+
+
+def format_bars(rows: Sequence[BenchRow], bars: Sequence[Bar] = BARS) -> str:
+    """Each bar: every row it applies to, ours over the anchor, 'ok' or 'BELOW'."""
+    lines = []
+    for bar in bars:
+        found = [r for r in rows if r.baseline == bar.anchor and r.ratio and bar.applies(r)]
+        met = sum(r.ratio >= bar.minimum for r in found)
+        lines.append(f"{bar.name}: {met} of {len(found)} rows")
+        lines += [
+            f"  {r.ratio:5.2f}x {'ok   ' if r.ratio >= bar.minimum else 'BELOW'} {_label(r)}"
+            for r in found
+        ]
+    return "\n".join(lines)
+
+
+def format_verdicts(rows: Sequence[BenchRow]) -> str:
+    """Both views, as `gpu-check --verdicts` prints them."""
+    return (
+        f"## A/B anchors (the default's time / the anchor's: above 1 the anchor is faster)\n"
+        f"{format_ab(rows)}\n\n## Issue 27's bars (ours' speed / the anchor's)\n"
+        f"{format_bars(rows)}"
+    )
