@@ -857,10 +857,9 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     ]
 
     # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
-    # dQ at Flex's tiles; dK/dV at Flex's config, also on the row without a right bound),
-    # dQ by atomics,
-    # and with --tma the dK/dV default before TMA and the backward at one warpgroup a CTA;
-    # of those and the row without a right bound, a forward of two CTAs per SM and the
+    # dQ at Flex's tiles), dQ by atomics, and with --tma the dK/dV default before TMA and
+    # the backward at one warpgroup a CTA; of those and the row without a right bound,
+    # dK/dV at Flex's config (three stages), a forward of two CTAs per SM and the
     # forward and dK/dV with their softmax overlapped; of the many documents, the
     # persistent forward at 128x128; of the row without a right bound, dK/dV's pipeline
     # four stages deep; with --warp-specialized, of the first two and the one without a
