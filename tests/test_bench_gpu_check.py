@@ -175,10 +175,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages
-    # (dK/dV at Flex's config also on the row without a right bound), dQ by atomics, the
-    # dK/dV tile before TMA, the backward and the forward of two CTAs per SM, and the
-    # forward and dK/dV with their softmax overlapped, on the many
-    # documents the persistent forward at 128x128, on the first two and the row without a
+    # (dK/dV at Flex's config and the forward at 128x128 three stages deep also on the
+    # row without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward
+    # and the forward of two CTAs per SM, and the forward and dK/dV with their softmax
+    # overlapped, on the many documents the persistent forward at 128x128, on the first
+    # two and the row without a
     # right bound the warp-specialized forward and dK/dV, on grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
@@ -188,6 +189,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
+        "ours triton varlen forward 128x128 3 stages",
         "ours triton tiling 128x128x128",
         "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
         "ours triton varlen dq by atomics", "ours triton, one group",
@@ -204,7 +206,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     for kernel, label in (
         ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
         ("backward 64x64", "fwd+bwd"), ("block-sparse forward 128x64", "forward"),
-        ("dkdv 64x128 3 stages", "fwd+bwd"),
+        ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
     ):  # fmt: skip
         rows = [r for r in found if kernel in r["baseline"]]
         assert rows and all(r["op"].endswith(label) for r in rows)
