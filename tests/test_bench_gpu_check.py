@@ -179,8 +179,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     # row without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward
     # and the forward of two CTAs per SM, and the forward and dK/dV with their softmax
     # overlapped, on the many documents the persistent forward at 128x128, on the first
-    # two and the row without a
-    # right bound the warp-specialized forward and dK/dV, on grouped matmul gmm with TMA,
+    # two and the row without a right bound the warp-specialized forward and dK/dV, on
+    # grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
     # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
