@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu$(comma)test,test)
 comma := ,
 
-.PHONY: bench test test-all lint gpu-check gpu-tests gpu-check-dry
+.PHONY: bench test test-all test-device-stack lint gpu-check gpu-tests gpu-check-dry
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
@@ -33,6 +33,11 @@ test: $(STAMP)
 # the property tests again under the `thorough` hypothesis profile (more examples).
 test-all: test
 	HYPOTHESIS_PROFILE=thorough $(PYTEST) -m "slow or hypothesis"
+
+# The quick suite again on the GPU machine's software (Python 3.12, jax 0.11.2, Triton 3.6,
+# jax-triton 0.3.1) in .venv-device, on the CPU; skipped where no Python 3.12 is found.
+test-device-stack:
+	bash .ci/device_stack.sh
 
 # On a GPU machine: the TMA and warp-specialized kernels' tests, the bench rows against their
 # anchors and the Nsight profiles, 8-9 minutes (bench/gpu_check.sh, which says how to split

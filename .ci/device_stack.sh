@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The quick suite on the lent GPU machine's software, on this CPU: Python 3.12, jax 0.11.2
+# with its CUDA 13 plugin (compile-only here), Triton 3.6.0 and the jax-triton 0.3.1 wheel
+# the device check carries. GPU time is rare; a break on that stack (jaxlib 0.11.2's CPU
+# compiler segfaulted on a zero-size constant inside shard_map, 2026-11-28) should show
+# here first, not in a device call. `make test-device-stack`; skipped (exit 0, said so)
+# where no Python 3.12 is found. DEVICE_PYTHON names one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv-device
+
+find_python() {
+  local candidate
+  for candidate in "${DEVICE_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    [ -n "$candidate" ] || continue
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! python=$(find_python); then
+  echo "device stack: no Python 3.12 here (DEVICE_PYTHON=...): skipped"
+  exit 0
+fi
+if [ ! -f "$venv/.installed-stamp" ] || [ pyproject.toml -nt "$venv/.installed-stamp" ]; then
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  # The device's versions, pinned; the rest as the test extra has them.
+  "$venv/bin/python" -m pip install --quiet "jax[cuda13-local]==0.11.2" "jax[tpu]==0.11.2" \
+    "triton==3.6.0" bench/wheels/jax_triton-0.3.1-py3-none-any.whl "numpy>=1.26" \
+    "pytest>=8" "hypothesis>=6.100" "pytest-xdist>=3" "flatbuffers>=23" "tqdm>=4.60" \
+    "matplotlib>=3.8" "flax>=0.10" "optax>=0.2"
+  "$venv/bin/python" -m pip install --quiet --no-deps -e .
+  touch "$venv/.installed-stamp"
+fi
+"$venv/bin/python" -c 'import jax, triton, jax_triton
+print(f"device stack: jax {jax.__version__}, Triton {triton.__version__}, "
+      f"jax-triton {jax_triton.__version__}")'
+"$venv/bin/python" -m pytest -n auto -q -m "not slow" -p no:cacheprovider
