@@ -24,7 +24,9 @@ from bench.report import BenchRow
 
 CLEAR_MARGIN = 0.03
 """An A/B anchor wins (or loses) a row when it is this much faster (slower) than the
-default: back-to-back repeats on the H100 spread by ~1-2% (bench/results/)."""
+default: on the H100 the median row's repeats spread by 2% (max - min over the median,
+bench/results/gpu-check-20261127T0213Z.json; rows timed cold, before the runner's warm-up
+repeats, far more)."""
 
 
 @dataclasses.dataclass(frozen=True)
