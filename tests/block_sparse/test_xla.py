@@ -4,6 +4,7 @@ conformance suite's)."""
 from __future__ import annotations
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from pallas_tpu.splash import CausalMask, DocumentMask
 
 
 def _zero_size_values(jaxpr) -> list[str]:
-    """Every constant or value of `jaxpr` (nested jaxprs included) with no element."""
+    """Every value of `jaxpr` with no element: its constants and inputs, and every operand
+    and result of its equations, nested jaxprs (loops, branches, jit, custom_vjp) included."""
     found = [
         str(var.aval)
         for var in (*jaxpr.constvars, *jaxpr.invars)
@@ -25,10 +27,8 @@ def _zero_size_values(jaxpr) -> list[str]:
             for var in (*eqn.invars, *eqn.outvars)
             if 0 in getattr(var.aval, "shape", ())
         ]
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                found += _zero_size_values(inner)
+        for inner in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _zero_size_values(inner)
     return found
 
 
