@@ -786,13 +786,15 @@ def _flex_dkdv_config(spec: MaskSpec) -> Impl:
     defaults: 64 queries a step into a 128-key tile, 8 warps, three stages, by pointers)
     against the default (the same tile at two stages with `tma` on causal rows; 32x128 by
     pointers without a right bound). On the H100 Flex's backward ran ~1.35x ours at 4 x
-    4096 (ours with dK/dV at 64x128 and `tma`), though its loops are longer: Flex's
-    kernels, instantiated by hand from its template for that row and compiled for sm_90
-    under Triton 3.6, run 491 (dK/dV) and 434 (dQ) warp-instructions per MFLOP against
-    our 360 and 359, and its dK/dV spills 128 B a thread. Ours at this config: 419 / 398
-    (3.6 / 3.9) causal, one reload an iteration under 3.6 (76 / 84 B stored / loaded a
-    thread in all), ten under 3.9. What the count cannot price is the depth: a step's
-    copies issued two steps ahead instead of one. fwd+bwd only."""
+    4096 (ours with dK/dV at 64x128 and `tma`), but ptxas had serialized that dK/dV's
+    warpgroup MMAs (C7515, fixed since; compiled from the run's commit under Triton 3.6:
+    554 warp-instructions per MFLOP and serialized). Flex's kernels, instantiated by hand
+    from its template for that row and compiled for sm_90 under Triton 3.6, run 491
+    (dK/dV) and 434 (dQ) against our 360 and 359 now, and its dK/dV spills 128 B a
+    thread. Ours at this config: 419 / 398 (3.6 / 3.9) causal, one reload an iteration
+    under 3.6 (76 / 84 B stored / loaded a thread in all), ten under 3.9. The row tells
+    whether the depth Flex has (a step's copies issued two steps ahead instead of one)
+    gains more than those instructions cost. fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     flex = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 128, 8, 3))

@@ -15,11 +15,13 @@ a CTA's warpgroups in step (a CTA of one warpgroup, 4 warps, is held by none). O
 H100 the forward and dQ with TMA at their default tiles, with fewer instructions and more
 such barriers (4 a tile against 2 under Triton 3.6), ran slower than the same tiles by
 pointers (forward 5%, fwd+bwd 3-12%); dK/dV at 64x128 with TMA, 27% fewer instructions
-than the 32x128 by pointers it replaced, gained 8% on 4 x 4096 despite them. And it ranks
-FlexAttention's backward (also Triton) below ours: its kernels, instantiated by hand for
-4 x 4096 causal at its H100 config (three stages), run 491 (dK/dV) and 434 (dQ) against
-our 360 and 359 under Triton 3.6, yet its backward ran ~1.35x ours there. Depth of the
-pipeline is one thing the count cannot see (`bench/gpu_rows.py` times it as A/B rows).
+than the 32x128 by pointers it replaced, gained 8% on 4 x 4096 despite them (both had
+their wgmma serialized under 3.6 then: SERIAL). FlexAttention's backward (also Triton),
+~1.35x ours on 4 x 4096 causal in that run, is no counter-example: its kernels,
+instantiated by hand at its H100 config (three stages), run 491 (dK/dV) and 434 (dQ)
+under Triton 3.6 and are not serialized, while our dK/dV of that run was (554, SERIAL;
+now 360, not serialized, untimed). Depth of the pipeline is one thing the count cannot
+see (`bench/gpu_rows.py` times it as A/B rows).
 
 Flags: SPILL (a spill store inside that loop, or more than `LOOP_RELOADS_TOLERATED`
 reloads, where every iteration pays them, or more than `SPILL_OUTSIDE_LOOP_BYTES`

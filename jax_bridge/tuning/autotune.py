@@ -229,10 +229,10 @@ def static_report_prune(
     any spill in a kernel without such a loop (where the report cannot tell); warpgroup
     MMAs that ptxas serialized; more shared memory than a program may use. Spills outside
     the loop are kept: a program pays them once, beside hundreds of instructions an
-    iteration. On an H100 FlexAttention's backward ran ~1.35x ours (4 x 4096, causal)
-    with its dK/dV at 64x128, 8 warps and three stages, a config that spills 76-140 B a
-    thread under Triton 3.6 in our kernel and in Flex's own; our dK/dV default spills
-    20 / 24 B there too.
+    iteration. FlexAttention's dK/dV config on an H100 (64x128, 8 warps, three stages),
+    whose backward ran ~1.35x ours there, spills 76-140 B a thread under Triton 3.6 in
+    our kernel and in Flex's own, one reload an iteration; our dK/dV default spills
+    20 / 24 B outside its loop there.
 
     Args:
       report_fn: candidate -> the `KernelReport` of the kernel it launches, or an
