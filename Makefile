@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu$(comma)test,test)
 comma := ,
 
-.PHONY: bench test test-all test-device-stack lint gpu-check gpu-tests gpu-check-dry
+.PHONY: bench test test-all test-device-stack lint gpu-check gpu-tests gpu-check-dry gpu-preflight
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
@@ -53,6 +53,13 @@ gpu-tests:
 
 gpu-check-dry: $(STAMP)
 	$(VENV)/bin/python -m bench gpu-check --dry-run
+
+# Every GPU row (ours and our A/B anchors) compiled for an H100 here, not run
+# (bench/preflight.py, ~3 minutes): on the device's software where .venv-device exists
+# (make test-device-stack builds it, and runs this after its tests).
+PREFLIGHT_VENV := $(if $(wildcard .venv-device/bin/python),.venv-device,$(VENV))
+gpu-preflight: $(STAMP)
+	JAX_PLATFORMS=cpu $(PREFLIGHT_VENV)/bin/python -m bench gpu-check --compile-for h100
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

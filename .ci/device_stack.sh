@@ -40,3 +40,5 @@ fi
 print(f"device stack: jax {jax.__version__}, Triton {triton.__version__}, "
       f"jax-triton {jax_triton.__version__}")'
 "$venv/bin/python" -m pytest -n auto -q -m "not slow" -p no:cacheprovider
+# What a device call would run, compiled for an H100 at the GPU's sizes (bench/preflight.py).
+JAX_PLATFORMS=cpu "$venv/bin/python" -m bench gpu-check --compile-for h100

@@ -5,6 +5,7 @@
     python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
     python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
     python -m bench gpu-check --verdicts FILE     # A/B anchors vs the default, issue 27's bars
+    python -m bench gpu-check --compile-for h100 [--rows KEY ...]  # compiled here, not run
 
 Runs every case of bench/gpu_rows.py through bench/runner.py (back-to-back timing, one
 sync per repeat; fwd+bwd returns the output with the gradients; every anchor checked
@@ -12,7 +13,10 @@ against ours) and prints one table; `--json` writes the rows with the machine, v
 and commit (bench/results/ keeps the files the README's figures come from). `--dry-run`
 runs the same rows at toy sizes on whatever JAX has (on a CPU: Triton's interpreter, XLA's
 attention standing in for cuDNN, no PyTorch), one call each: the check that the code runs.
-bench/gpu_check.sh is the whole device check: this, one ncu profile and the GPU tests.
+`--compile-for TARGET` compiles, on a host without that GPU, ours and our A/B anchors of
+every row at the GPU's sizes (bench/preflight.py): what a device call would run, checked
+before one. bench/gpu_check.sh is the whole device check: this, one ncu profile and the
+GPU tests.
 """
 
 from __future__ import annotations
@@ -82,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="from a --json file: each A/B anchor against the default, and issue 27's bars "
         "(bench/verdicts.py)",
+    )
+    parser.add_argument(
+        "--compile-for",
+        metavar="TARGET",
+        help="compile ours and our A/B anchors of every row (at the GPU's sizes, every "
+        "A/B flag on; the Hopper ones fail elsewhere) for TARGET (e.g. h100) on this host, "
+        "without running them (bench/preflight.py); exit 1 if one fails or holds a while "
+        "loop",
     )
     return parser
 
@@ -192,9 +204,27 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
     return run_cases(chosen, timing, budget_s=args.budget_s, on_rows=save)
 
 
+def compile_rows(args: argparse.Namespace) -> int:
+    """`--compile-for`: 0 if every program compiled (or is unavailable on this jaxlib
+    only) without a host loop, else 1; with --dry-run at the toy sizes."""
+    from bench import gpu_rows, preflight
+
+    gpu_rows.USE_TMA = gpu_rows.USE_WARP_SPECIALIZED = gpu_rows.USE_WARP_SPECIALIZED_DKDV = True
+    gpu_rows.USE_TORCH = False
+    sizes = gpu_rows.Sizes.tiny() if args.dry_run else gpu_rows.Sizes.gpu()
+    chosen = _select(gpu_rows.cases(sizes), args.rows)
+    print(f"gpu-check --compile-for {args.compile_for}: {len(chosen)} cases")
+    compiled = preflight.compile_cases(chosen, args.compile_for)
+    text, ok = preflight.summary(compiled, args.compile_for)
+    print(text)
+    return 0 if ok else 1
+
+
 def main(argv: Sequence[str]) -> int:
     """Runs the check; 1 if a row's check failed, else 0."""
     args = _parser().parse_args(argv)
+    if args.compile_for is not None:
+        return compile_rows(args)
     if args.ncu_summary is not None:
         print(summarise_ncu(parse_ncu_summary(args.ncu_summary.read_text()), our_kernel_names()))
         return 0

@@ -655,11 +655,12 @@ def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
     (`default_attention_config`); the anchor is the tile before, 32x128 by pointers. (On
     the H100 that day, with the forward and dQ on TMA too: 4 x 4096 fwd+bwd 3.46 ms
     against 3.74, 16 x 1024 1.35 against 1.33; TMA at the default tiles alone made the
-    forward 5% and fwd+bwd 3-12% slower.)"""
+    forward 5% and fwd+bwd 3-12% slower.) fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     before = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 2))
-    return (varlen_impl(spec, before, "dkdv 32x128 by pointers"),)
+    impl = varlen_impl(spec, before, "dkdv 32x128 by pointers")
+    return (dataclasses.replace(impl, forward=False),)
 
 
 def _two_ctas_backward(spec: MaskSpec) -> Impl:
@@ -763,22 +764,24 @@ def _dq_atomic_backward(spec: MaskSpec) -> Impl:
     dO V^T (7 products). Static report, sm_90, d=128, causal, Triton 3.6: 612
     warp-instructions per MFLOP x 5 products against 360 x 4 (dK/dV, TMA) + 417 x 3 (dQ);
     what the instruction counts do not price is the atomics' traffic (16 KB a step:
-    about 2 GB a 4 x 4096 backward). Its forward is the default's."""
+    about 2 GB a 4 x 4096 backward). Its forward is the default's: fwd+bwd only."""
     from jax_bridge import AttentionConfigs
 
-    return varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics")
+    impl = varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics")
+    return dataclasses.replace(impl, forward=False)
 
 
 def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
     """An A/B of the dK/dV kernel's pipeline depth, where it runs by pointers at 32x128
     (calls without a right bound): four stages instead of two, spill-free under Triton 3.6
     and 3.9 (128 KB of shared memory; 515 / 546 warp-instructions per MFLOP against 492 /
-    528). FlexAttention's dK/dV takes three stages on an H100 and ran ~1.4x our tensor
-    throughput there; the static report cannot price a pipeline's depth."""
+    528). FlexAttention's dK/dV takes three stages on an H100 (its backward ran ~1.4x our
+    tensor throughput there, against our dK/dV with its wgmma serialized, since fixed);
+    the static report cannot price a pipeline's depth. fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     deep = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 4))
-    return varlen_impl(spec, deep, "dkdv 4 stages")
+    return dataclasses.replace(varlen_impl(spec, deep, "dkdv 4 stages"), forward=False)
 
 
 def _flex_dkdv_config(spec: MaskSpec) -> Impl:

@@ -1,0 +1,114 @@
+"""`python -m bench gpu-check --compile-for TARGET` (bench/preflight.py): the GPU rows
+compiled for an H100 on this host, here at toy sizes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench import gpu_check, gpu_rows, preflight, runner
+from jax_bridge.launch import kernel_needs
+
+
+@pytest.fixture
+def restored_flags(monkeypatch):
+    """--compile-for turns every A/B flag on and PyTorch off: undone after the test."""
+    for flag in ("USE_TMA", "USE_WARP_SPECIALIZED", "USE_WARP_SPECIALIZED_DKDV", "USE_TORCH"):
+        monkeypatch.setattr(gpu_rows, flag, getattr(gpu_rows, flag))
+
+
+def _case(impl: runner.Impl, anchors: tuple[runner.Impl, ...] = ()) -> runner.Case:
+    inputs = {"x": np.random.default_rng(0).standard_normal(8).astype(np.float32)}
+    return runner.Case("s", "op", "key", "shape", "matmul", 1.0, lambda: inputs, impl, anchors,
+                       0.1, 1)  # fmt: skip
+
+
+def _impl(name: str, fn, framework: str = "jax", prepare=None) -> runner.Impl:
+    prepare = prepare or (lambda host: ((jnp.asarray(host["x"]),), jnp.asarray(host["x"])))
+    return runner.Impl(name, fn, prepare, None, framework=framework)
+
+
+def test_ours_and_only_our_jax_anchors_are_compiled():
+    ours = _impl("ours triton", jnp.sin)
+    anchors = (
+        _impl("jax cudnn attention", jnp.cos),
+        _impl("ours triton tma", jnp.tanh),
+        _impl("ours in torch", jnp.exp, framework="torch"),
+    )
+    assert [i.name for i in preflight.ours_to_compile(_case(ours, anchors))] == [
+        "ours triton",
+        "ours triton tma",
+    ]
+
+
+def test_each_pass_compiles_for_the_h100(capsys):
+    """A jitted sin compiles for both passes: no kernel of ours, no loop, no error."""
+    rows = preflight.compile_cases([_case(_impl("ours", jnp.sin))], "h100")
+    assert [(r.label, r.error, r.loops, r.kernels) for r in rows] == [
+        ("forward", None, 0, 0),
+        ("fwd+bwd", None, 0, 0),
+    ]
+    text, ok = preflight.summary(rows, "h100")
+    assert ok and text == "compiled for h100: 2 of 2 programs"
+    assert "forward  ours" in capsys.readouterr().out
+
+
+def test_a_failure_and_a_host_loop_fail_the_check():
+    def refuse(host):
+        raise ValueError("op: head_dim must be at most 256")
+
+    def looped(x):  # a trip count read from the data: a while loop XLA keeps
+        return jax.lax.while_loop(lambda c: c[1] < x[0] * 4, lambda c: (c[0] * 2, c[1] + 1),
+                                  (x, 0.0))[0]  # fmt: skip
+
+    broken = _case(_impl("ours broken", jnp.sin, prepare=refuse))
+    loop = _case(_impl("ours looping", looped))
+    rows = preflight.compile_cases([broken, loop], "h100")
+    assert rows[0].error == "ValueError: op: head_dim must be at most 256"
+    assert rows[2].error is None and rows[2].loops >= 1
+    text, ok = preflight.summary(rows, "h100")
+    assert not ok
+    assert "FAILED key / ours broken / forward: ValueError: op: head_dim" in text
+    assert "LOOPS  key / ours looping / forward" in text
+
+
+def test_compile_for_compiles_a_varlen_row_with_its_anchors(restored_flags, capsys):
+    """Ours and every A/B anchor of ours on the first varlen row (toy sizes), compiled by
+    Triton for sm_90 through the bridge. A jaxlib without the descriptors' scratch refuses
+    the tensor-descriptor anchors, by name: unavailable here, not failed."""
+    status = gpu_check.main(["--compile-for", "h100", "--dry-run", "--rows", "16x4 causal"])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  forward") or
+             line.startswith("  fwd+bwd")]  # fmt: skip
+    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
+    expected = sum(
+        impl.forward + impl.grad for impl in preflight.ours_to_compile(case)
+    )  # each pass an impl times
+    assert len(lines) == expected > 10
+    assert status == 0 and not any(" FAILED " in line for line in lines), lines
+    # On a jaxlib that cannot pass the descriptors' scratch the tensor-descriptor anchors
+    # are refused by name, and said to be unavailable here (the device's jaxlib takes them).
+    refused = [line for line in lines if " UNAVAILABLE " in line]
+    assert all("global scratch" in line for line in refused)
+    old_jaxlib = kernel_needs.jaxlib_version() < kernel_needs.FIRST_JAXLIB_WITH_SCRATCH
+    assert bool(refused) == old_jaxlib
+    compiled = [line for line in lines if " UNAVAILABLE " not in line]
+    assert all(" 0 while loops" in line for line in compiled)
+    # the forward: the schedule kernel and the forward kernel; fwd+bwd adds dQ and dK/dV
+    assert all(" 2 kernel launches" in line for line in compiled if "  forward" in line)
+
+
+@pytest.mark.parametrize("version, unavailable", [((0, 10, 2), True), ((0, 11, 2), False)])
+def test_only_a_jaxlib_without_the_scratch_makes_a_refusal_unavailable(
+    monkeypatch, version, unavailable
+):
+    monkeypatch.setattr(kernel_needs, "jaxlib_version", lambda: version)
+
+    def refuse(host):
+        raise NotImplementedError("Triton kernel 'k' needs 256 bytes of global scratch")
+
+    rows = preflight.compile_cases([_case(_impl("ours tma", jnp.sin, prepare=refuse))], "h100")
+    assert [(r.unavailable, r.failed) for r in rows] == [(unavailable, not unavailable)] * 2
+    assert preflight.summary(rows, "h100")[1] == unavailable
