@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jax_core
 
 from jax_bridge import varlen_attention
 from jax_bridge.attention.reference import dense_attention
@@ -31,6 +30,7 @@ from tests.attention.helpers import (
     attention_tolerance,
     make_inputs,
 )
+from tests.jaxprs import all_eqns
 
 LENGTHS = [(37, 37), (0, 4), (1, 1), (90, 60), (5, 0), (0, 0), (64, 100), (3, 9)]
 
@@ -82,14 +82,7 @@ def test_block_sizes_match_reference(blocks):
 
 def _all_shapes(jaxpr):
     """Shapes of every value a jaxpr computes, nested jaxprs (loops, jit, vjp) included."""
-    for eqn in jaxpr.eqns:
-        for var in eqn.outvars:
-            yield getattr(var.aval, "shape", ())
-        for param in eqn.params.values():
-            for inner in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(inner, "jaxpr", inner)  # ClosedJaxpr -> Jaxpr
-                if isinstance(inner, jax_core.Jaxpr):
-                    yield from _all_shapes(inner)
+    return [getattr(var.aval, "shape", ()) for eqn in all_eqns(jaxpr) for var in eqn.outvars]
 
 
 def test_memory_is_linear_in_tokens():

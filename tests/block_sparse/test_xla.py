@@ -4,32 +4,31 @@ conformance suite's)."""
 from __future__ import annotations
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jax_bridge import block_sparse_attention
 from pallas_tpu.splash import CausalMask, DocumentMask
+from tests.jaxprs import all_eqns, all_jaxprs
 
 
 def _zero_size_values(jaxpr) -> list[str]:
     """Every value of `jaxpr` with no element: its constants and inputs, and every operand
     and result of its equations, nested jaxprs (loops, branches, jit, custom_vjp) included."""
+    empty = lambda var: 0 in getattr(var.aval, "shape", ())
     found = [
         str(var.aval)
-        for var in (*jaxpr.constvars, *jaxpr.invars)
-        if 0 in getattr(var.aval, "shape", ())
+        for inner in all_jaxprs(jaxpr)
+        for var in (*inner.constvars, *inner.invars)
+        if empty(var)
     ]
-    for eqn in jaxpr.eqns:
-        found += [
-            f"{eqn.primitive}: {var.aval}"
-            for var in (*eqn.invars, *eqn.outvars)
-            if 0 in getattr(var.aval, "shape", ())
-        ]
-        for inner in jax.extend.core.jaxprs_in_params(eqn.params):
-            found += _zero_size_values(inner)
-    return found
+    return found + [
+        f"{eqn.primitive}: {var.aval}"
+        for eqn in all_eqns(jaxpr)
+        for var in (*eqn.invars, *eqn.outvars)
+        if empty(var)
+    ]
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["static", "traced-documents"])

@@ -11,6 +11,7 @@ from jax_bridge.core.precision import (
     canonicalize_precision,
     triton_input_precision,
 )
+from tests.jaxprs import dot_precisions
 
 P = jax.lax.Precision
 
@@ -62,26 +63,9 @@ def test_options_are_hashable_and_compare_by_value():
         OpOptions("xla")  # keyword-only: subclasses add fields freely
 
 
-def _jaxprs_in_params(params):
-    import jax.extend.core as jex_core  # jax >= 0.9 moved it here from jax.core
-
-    find = getattr(jex_core, "jaxprs_in_params", None) or jax.core.jaxprs_in_params
-    return find(params)
-
-
 def _dot_precisions(fn, *args) -> list:
     """The precision of every dot_general in fn's jaxpr (sub-jaxprs included)."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                found.append(eqn.params["precision"])
-            for sub in _jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return found
+    return dot_precisions(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
 def test_the_references_multiply_exactly_on_every_platform():

@@ -25,6 +25,7 @@ from pallas_tpu.splash.config import BlockSizes, KernelOptions, SegmentIds
 from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha, make_splash_mqa
 from pallas_tpu.splash.mask_info import ElementMask, MaskInfo
 from tests.attention.helpers import assert_close
+from tests.jaxprs import all_eqns, dot_precisions
 from tests.splash.helpers import (
     assert_grads,
     assert_out_and_lse,
@@ -375,17 +376,6 @@ def test_factory_with_project_masks():
     assert_grads(grads, oracle, tol)
 
 
-def _dot_precisions(jaxpr) -> list:
-    """The `precision` of every dot_general in `jaxpr` and the jaxprs nested in it."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn.params["precision"])
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found += _dot_precisions(sub)
-    return found
-
-
 @pytest.mark.parametrize("interpret", [True, None], ids=["interpret", "follow_platform"])
 def test_interpreted_kernels_multiply_exactly_on_any_host(interpret):
     """Interpreted on a GPU, XLA would take the kernels' float32 dots in TF32 at default
@@ -397,20 +387,13 @@ def test_interpreted_kernels_multiply_exactly_on_any_host(interpret):
     q, k, v = _inputs(15, 2, 2, 256, 256)
     loss = lambda q, k, v: kernel(q, k, v).sum()
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
-    pallas_calls = [e for e in _all_eqns(jaxpr) if e.primitive.name == "pallas_call"]
+    pallas_calls = [e for e in all_eqns(jaxpr) if e.primitive.name == "pallas_call"]
     interpreted = [e for e in pallas_calls if e.params["interpret"]]
-    precisions = [p for e in interpreted for p in _dot_precisions(e.params["jaxpr"])]
+    precisions = [p for e in interpreted for p in dot_precisions(e.params["jaxpr"])]
     # forward, dQ, dK/dV; following the platform, each once more in its TPU branch.
     assert len(interpreted) == 3 and len(pallas_calls) == 3 * (1 if interpret else 2)
     highest = jax.lax.Precision.HIGHEST
     assert all(p == (highest, highest) for p in precisions), precisions
-
-
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from _all_eqns(sub)
 
 
 def test_kernel_is_a_pytree_under_jit():
