@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warp-specialized-dkdv",
         action="store_true",
-        help="A/B anchors of the warp-specialized dK/dV kernel on three varlen rows (on "
+        help="A/B anchors of the warp-specialized dK/dV kernel on two varlen rows (on "
         "with --dry-run)",
     )
     parser.add_argument(
@@ -214,8 +214,11 @@ def compile_rows(args: argparse.Namespace) -> int:
     sizes = gpu_rows.Sizes.tiny() if args.dry_run else gpu_rows.Sizes.gpu()
     chosen = _select(gpu_rows.cases(sizes), args.rows)
     print(f"gpu-check --compile-for {args.compile_for}: {len(chosen)} cases")
-    compiled = preflight.compile_cases(chosen, args.compile_for)
-    text, ok = preflight.summary(compiled, args.compile_for)
+    builds = preflight.KernelBuilds()
+    compiled = preflight.compile_cases(chosen, args.compile_for, builds)
+    print(f"\nthe {len(builds.kernels)} distinct kernels, assembled by ptxas:")
+    kernels = preflight.check_kernels(builds, compiled)
+    text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
     return 0 if ok else 1
 

@@ -268,7 +268,7 @@ USE_TMA = False
 # layer's matmul, gmm, tgmm and the forward, all passed: a kernel whose partitions
 # deadlock would hang the run).
 USE_WARP_SPECIALIZED = False
-# True: the same three varlen rows also time the warp-specialized dK/dV
+# True: the first two of those varlen rows also time the warp-specialized dK/dV
 # (`_warp_specialized_dkdv`) (`gpu-check --warp-specialized-dkdv`, which
 # bench/gpu_check.sh passes once its device test passed, apart from the others': Triton's
 # partitioning of that loop is the newest).
@@ -787,17 +787,18 @@ def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
 def _flex_dkdv_config(spec: MaskSpec) -> Impl:
     """An A/B of dK/dV at FlexAttention's H100 config for head_dim 128 (PyTorch's
     defaults: 64 queries a step into a 128-key tile, 8 warps, three stages, by pointers)
-    against the default (the same tile at two stages with `tma` on causal rows; 32x128 by
-    pointers without a right bound). On the H100 Flex's backward ran ~1.35x ours at 4 x
-    4096 (ours with dK/dV at 64x128 and `tma`), but ptxas had serialized that dK/dV's
-    warpgroup MMAs (C7515, fixed since; compiled from the run's commit under Triton 3.6:
-    554 warp-instructions per MFLOP and serialized). Flex's kernels, instantiated by hand
-    from its template for that row and compiled for sm_90 under Triton 3.6, run 491
-    (dK/dV) and 434 (dQ) against our 360 and 359 now, and its dK/dV spills 128 B a
-    thread. Ours at this config: 419 / 398 (3.6 / 3.9) causal, one reload an iteration
-    under 3.6 (76 / 84 B stored / loaded a thread in all), ten under 3.9. The row tells
-    whether the depth Flex has (a step's copies issued two steps ahead instead of one)
-    gains more than those instructions cost. fwd+bwd only."""
+    against the default (the same tile at two stages with `tma`), on causal rows: without
+    a right bound its loop spills (192 B a thread stored at 4 x 4096, Triton 3.6). On the
+    H100 Flex's backward ran ~1.35x ours at 4 x 4096 (ours with dK/dV at 64x128 and
+    `tma`), but ptxas had serialized that dK/dV's warpgroup MMAs (C7515, fixed since;
+    compiled from the run's commit under Triton 3.6: 554 warp-instructions per MFLOP and
+    serialized). Flex's kernels, instantiated by hand from its template for that row and
+    compiled for sm_90 under Triton 3.6, run 491 (dK/dV) and 434 (dQ) against our 360
+    and 359 now, and its dK/dV spills 128 B a thread. Ours at this config: 419 / 398
+    (3.6 / 3.9) causal, one reload an iteration under 3.6 (76 / 84 B stored / loaded a
+    thread in all), ten under 3.9. The row tells whether the depth Flex has (a step's
+    copies issued two steps ahead instead of one) gains more than those instructions
+    cost. fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     flex = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 128, 8, 3))
@@ -844,7 +845,8 @@ def _warp_specialized_dkdv(spec: MaskSpec) -> Impl:
     (unmasked loop; 64x128 at 8 warps with `tma` on causal rows, 32x128 by pointers
     without a right bound), whose loop takes 4 / 6 barriers of the whole CTA a tile
     against none. dK/dV is ~48% of a fwd+bwd; what the count cannot price is the two
-    consumers out of phase. fwd+bwd only."""
+    consumers out of phase. Causal rows only: at 4 x 4096 not causal its loop spills (524
+    B a thread stored, Triton 3.6: `gpu-check --compile-for h100`). fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import WARP_SPECIALIZED_DKDV_TILE
 
@@ -874,26 +876,28 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     ]
 
     # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
-    # dQ at Flex's tiles), dQ by atomics, and with --tma the dK/dV default before TMA and
-    # the backward at one warpgroup a CTA; of those and the row without a right bound,
-    # dK/dV at Flex's config and the forward at its default tile, each at three stages,
-    # a forward of two CTAs per SM and the
-    # forward and dK/dV with their softmax overlapped; of the many documents, the
-    # persistent forward at 128x128; of the row without a right bound, dK/dV's pipeline
-    # four stages deep; with --warp-specialized, of the first two and the one without a
-    # right bound, the warp-specialized forward (and with --warp-specialized-dkdv dK/dV).
-    # An anchor that changes one pass only times that pass.
+    # dQ at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
+    # default before TMA and the backward at one warpgroup a CTA; of those and the row
+    # without a right bound, the forward at its default tile three stages deep, a forward
+    # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
+    # many documents, the persistent forward at 128x128; of the row without a right bound,
+    # dK/dV's pipeline four stages deep; with --warp-specialized, of the first two and the
+    # one without a right bound, the warp-specialized forward (and with
+    # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass
+    # only times that pass. Not on the row without a right bound: dK/dV at Flex's config
+    # and warp-specialized, whose loops spill there (192 and 524 B a thread stored, as
+    # `gpu-check --compile-for h100` reads them under Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_wide_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
-        ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
         overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
-        depth = (_flex_dkdv_config(spec), _deep_forward(spec))
         if not spec.causal:
-            return (_deep_dkdv_pipeline(spec), *depth, *overlap, *ws)
+            return (_deep_dkdv_pipeline(spec), _deep_forward(spec), *overlap, *ws)
         if i >= 2:
             return ()
+        ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
+        depth = (_flex_dkdv_config(spec), _deep_forward(spec))
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec)) if USE_TMA else ()
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 

@@ -12,7 +12,13 @@ anchors (cuDNN, XLA's matmuls, PyTorch) are not ours to check and are left out.
 
 One line per (case, implementation, pass): our kernel launches in the program, its
 `while` loops (each a host round trip a call on a GPU: `tests/aot/test_no_host_loops.py`),
-XLA's temporary memory and the compile time; or the error. A kernel with device-side
+XLA's temporary memory and the compile time; or the error. Then one line per distinct
+kernel those programs launch, from the PTX jax-triton hands jaxlib, assembled here by
+ptxas (`jax_bridge.launch.report.ptx_kernel_report`): registers, spills (SPILL where its
+innermost tensor-core loop pays them), shared memory, its loop's warp-instructions per
+MFLOP, and SERIAL where ptxas serialized its warpgroup MMAs, which fails the check (the
+H100 runs of 2026-11-27 timed serialized dK/dV and tgmm kernels that no catalog row
+had flagged in time). A kernel with device-side
 tensor descriptors refused by a jaxlib that cannot pass their scratch (before
 `kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is unavailable here, not failed: the device's
 jaxlib takes it. `make test-device-stack` runs this on the device's software (Triton 3.6,
@@ -21,10 +27,12 @@ jax 0.11.2); `make gpu-preflight` on whichever of the two venvs is there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from bench.runner import Case, Impl, _jax_callable
 
@@ -45,6 +53,7 @@ class CompiledRow:
     temp_bytes: int = 0
     error: str | None = None
     unavailable: bool = False  # refused for this jaxlib's sake only (see the docstring)
+    kernel_keys: tuple[str, ...] = ()  # `KernelBuilds` keys of the kernels it launches
 
     @property
     def failed(self) -> bool:
@@ -58,6 +67,47 @@ class CompiledRow:
             f"{head} {self.kernels} kernel launches, {self.loops} while loops, "
             f"temp {self.temp_bytes / 2**20:7.1f} MiB, {self.seconds:5.1f} s"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltKernel:
+    """A Triton kernel as jax-triton hands it to jaxlib."""
+
+    name: str
+    num_warps: int
+    shared_memory_bytes: int
+    ptx: str
+    compute_capability: int
+
+
+class KernelBuilds:
+    """The kernels jax-triton builds while it is `recording()`, by the hash of their PTX."""
+
+    def __init__(self):
+        self.kernels: dict[str, BuiltKernel] = {}
+        self.order: list[str] = []  # keys in build order, repeats included
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Records every jaxlib `TritonKernel` built inside, with an empty jax-triton
+        kernel cache (a kernel built before would not be built, nor recorded, again)."""
+        from jax._src.lib import gpu_triton
+        from jax_triton import triton_lib
+
+        real, cache = gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE
+
+        def record(name, num_warps, num_ctas, shared, ptx, ttir, capability, *rest):
+            key = hashlib.sha256(ptx if isinstance(ptx, bytes) else ptx.encode()).hexdigest()
+            text = ptx.decode() if isinstance(ptx, bytes) else ptx
+            self.kernels.setdefault(key, BuiltKernel(name, num_warps, shared, text, capability))
+            self.order.append(key)
+            return real(name, num_warps, num_ctas, shared, ptx, ttir, capability, *rest)
+
+        gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE = record, {}
+        try:
+            yield
+        finally:
+            gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE = real, cache
 
 
 def ours_to_compile(case: Case) -> list[Impl]:
@@ -77,17 +127,24 @@ def _needs_newer_jaxlib(error: Exception) -> bool:
     )
 
 
-def compile_impl(case: Case, impl: Impl, host, grad: bool, target: str) -> CompiledRow:
+def compile_impl(
+    case: Case, impl: Impl, host, grad: bool, target: str, builds: KernelBuilds | None = None
+) -> CompiledRow:
     """Compiles the runner's callable of `impl` (its forward, or forward + backward where
-    `grad`) on the case's inputs for `target`."""
+    `grad`) on the case's inputs for `target`, recording its kernels in `builds`."""
     from jax_bridge import compile_for
 
     label = "fwd+bwd" if grad else "forward"
+    builds = builds or KernelBuilds()
+    first = len(builds.order)
     start = time.perf_counter()
     try:
         args, d_out = impl.prepare(host)
         call_args = (*args, d_out) if grad else tuple(args)
-        program = compile_for(_jax_callable(impl, case.num_diff, grad), *call_args, target=target)
+        with builds.recording():
+            program = compile_for(
+                _jax_callable(impl, case.num_diff, grad), *call_args, target=target
+            )
     except Exception as error:  # any failure is what this check exists to report
         first = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
         return CompiledRow(
@@ -99,12 +156,16 @@ def compile_impl(case: Case, impl: Impl, host, grad: bool, target: str) -> Compi
         kernels=len(program.report.kernels),
         loops=len(_WHILE.findall(program.as_text())),
         temp_bytes=program.report.temp_bytes,
+        kernel_keys=tuple(dict.fromkeys(builds.order[first:])),
     )  # fmt: skip
 
 
-def compile_cases(cases: Sequence[Case], target: str) -> list[CompiledRow]:
-    """`compile_impl` over every case, ours and our A/B anchors, each pass they time;
-    prints a line as each compiles."""
+def compile_cases(
+    cases: Sequence[Case], target: str, builds: KernelBuilds | None = None
+) -> list[CompiledRow]:
+    """`compile_impl` over every case, ours and our A/B anchors, each pass they time,
+    their kernels recorded in `builds`; prints a line as each compiles."""
+    builds = builds if builds is not None else KernelBuilds()
     rows = []
     for case in cases:
         print(f"{case.op} {case.shape}:", flush=True)
@@ -113,15 +174,74 @@ def compile_cases(cases: Sequence[Case], target: str) -> list[CompiledRow]:
             for grad in (False, True):
                 if not (impl.grad if grad else impl.forward):
                     continue
-                row = compile_impl(case, impl, host, grad, target)
+                row = compile_impl(case, impl, host, grad, target, builds)
                 print(row.line(), flush=True)
                 rows.append(row)
     return rows
 
 
-def summary(rows: Sequence[CompiledRow], target: str) -> tuple[str, bool]:
+@dataclasses.dataclass(frozen=True)
+class KernelCheck:
+    """What ptxas made of one built kernel (`report`), or why it could not say (`error`),
+    and the programs that launch it."""
+
+    kernel: BuiltKernel
+    users: tuple[CompiledRow, ...]
+    report: object = None  # a jax_bridge.launch.report.KernelReport
+    error: str | None = None
+
+    @property
+    def serialized(self) -> bool:
+        return self.report is not None and self.report.serialized_wgmma
+
+    def line(self) -> str:
+        k, n = self.kernel, len(self.users)
+        used = (
+            f"in {n} program{'s' if n > 1 else ''}, first {self.users[0].case} / "
+            f"{self.users[0].impl}"
+            if n
+            else "in no program that compiled"
+        )
+        head = f"  {k.name:36s} {k.num_warps:2d} warps {k.shared_memory_bytes / 1024:6.1f} KiB"
+        if self.error is not None:
+            return f"{head} ptxas FAILED {self.error} {used}"
+        r = self.report
+        per = r.instructions_per_mflop
+        flags = [f for f, on in (("SERIAL", r.serialized_wgmma), ("SPILL", r.loop_spills)) if on]
+        return (
+            f"{head} {r.registers:3d} regs, spills {r.spill_store_bytes}/{r.spill_load_bytes} B"
+            + (f", {per:5.0f} per MFLOP" if per is not None else "")
+            + (f" {' '.join(flags)}" if flags else "")
+            + f" {used}"
+        )
+
+
+def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[KernelCheck]:
+    """Every kernel in `builds` assembled by ptxas and read (`ptx_kernel_report`), with
+    the rows that launch it; prints a line as each is read."""
+    from jax_bridge.launch.report import ptx_kernel_report
+
+    checks = []
+    for key, kernel in builds.kernels.items():
+        users = tuple(r for r in rows if key in r.kernel_keys)
+        try:
+            report = ptx_kernel_report(
+                kernel.name, kernel.ptx, compute_capability=kernel.compute_capability,
+                num_warps=kernel.num_warps, shared_memory_bytes=kernel.shared_memory_bytes,
+            )  # fmt: skip
+            check = KernelCheck(kernel, users, report=report)
+        except Exception as error:  # ptxas refusing the PTX is what this exists to show
+            check = KernelCheck(kernel, users, error=f"{type(error).__name__}: {error}"[:200])
+        print(check.line(), flush=True)
+        checks.append(check)
+    return checks
+
+
+def summary(
+    rows: Sequence[CompiledRow], target: str, kernels: Sequence[KernelCheck] = ()
+) -> tuple[str, bool]:
     """(the closing lines, whether every row compiled, or is unavailable on this jaxlib
-    only, without a host loop)."""
+    only, without a host loop, and every kernel assembled without serialized MMAs)."""
     failed = [r for r in rows if r.failed]
     unavailable = [r for r in rows if r.unavailable]
     looped = [r for r in rows if r.error is None and r.loops]
@@ -133,4 +253,12 @@ def summary(rows: Sequence[CompiledRow], target: str) -> tuple[str, bool]:
     ]
     lines += [f"  FAILED {r.case} / {r.impl} / {r.label}: {r.error}" for r in failed]
     lines += [f"  LOOPS  {r.case} / {r.impl} / {r.label}: {r.loops}" for r in looped]
-    return "\n".join(lines), not failed and not looped
+    bad = [k for k in kernels if k.serialized or k.error is not None]
+    if kernels:
+        spilling = sum(k.report is not None and k.report.loop_spills for k in kernels)
+        lines.append(
+            f"{len(kernels)} distinct kernels: {len(bad)} serialized or refused by ptxas, "
+            f"{spilling} spilling in their loop"
+        )
+    lines += [f"  {'SERIAL' if k.serialized else 'PTXAS'} {k.line().strip()}" for k in bad]
+    return "\n".join(lines), not failed and not looped and not bad

@@ -175,11 +175,11 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages
-    # (dK/dV at Flex's config and the forward at 128x128 three stages deep also on the
+    # and dK/dV at Flex's config (the forward at 128x128 three stages deep also on the
     # row without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward
     # and the forward of two CTAs per SM, and the forward and dK/dV with their softmax
     # overlapped, on the many documents the persistent forward at 128x128, on the first
-    # two and the row without a right bound the warp-specialized forward and dK/dV, on
+    # two the warp-specialized forward and dK/dV (the forward also without a bound), on
     # grouped matmul gmm with TMA,
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight

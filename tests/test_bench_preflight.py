@@ -112,3 +112,43 @@ def test_only_a_jaxlib_without_the_scratch_makes_a_refusal_unavailable(
     rows = preflight.compile_cases([_case(_impl("ours tma", jnp.sin, prepare=refuse))], "h100")
     assert [(r.unavailable, r.failed) for r in rows] == [(unavailable, not unavailable)] * 2
     assert preflight.summary(rows, "h100")[1] == unavailable
+
+
+def test_the_kernels_a_row_launches_are_recorded_and_read_by_ptxas(restored_flags):
+    """The default varlen row (toy sizes) builds the schedule, forward, dQ and dK/dV
+    kernels; each is assembled by ptxas and read, none serialized, and the recording
+    leaves jaxlib's TritonKernel and jax-triton's kernel cache as they were."""
+    from jax._src.lib import gpu_triton
+    from jax_triton import triton_lib
+
+    real, cache = gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE
+    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
+    builds = preflight.KernelBuilds()
+    rows = [preflight.compile_impl(case, case.ours, case.inputs(), True, "h100", builds)]
+    assert gpu_triton.TritonKernel is real and triton_lib._COMPILED_KERNEL_CACHE is cache
+    names = {builds.kernels[key].name for key in rows[0].kernel_keys}
+    assert names == {
+        "attention_schedule_kernel", "attention_forward_kernel",
+        "attention_backward_dq_kernel", "attention_backward_dkdv_kernel",
+    }  # fmt: skip
+    checks = preflight.check_kernels(builds, rows)
+    assert len(checks) == len(builds.kernels) and all(c.users == tuple(rows) for c in checks)
+    assert not any(c.serialized or c.error for c in checks)
+    attention = [c for c in checks if "backward" in c.kernel.name or "forward" in c.kernel.name]
+    assert all(c.report.uses_wgmma and c.report.inner_loop is not None for c in attention)
+    assert preflight.summary(rows, "h100", checks)[1]
+
+
+def test_a_serialized_kernel_fails_the_check():
+    """ptxas serializing a kernel's warpgroup MMAs (its C7515 notice) fails the check and
+    names the kernel."""
+    from jax_bridge.launch.report import KernelReport
+
+    report = KernelReport("k", 90, 8, 2, 255, 0, 0, 0, 1024, True, True, {},
+                          serialized_wgmma=True)  # fmt: skip
+    kernel = preflight.BuiltKernel("attention_backward_dkdv_kernel", 8, 1024, "", 90)
+    row = preflight.CompiledRow("4x4096 causal", "ours", "fwd+bwd", 1.0, kernel_keys=("a",))
+    check = preflight.KernelCheck(kernel, (row,), report=report)
+    text, ok = preflight.summary([row], "h100", [check])
+    assert not ok and "SERIAL attention_backward_dkdv_kernel" in text and " SERIAL in " in text
+    assert "first 4x4096 causal / ours" in text

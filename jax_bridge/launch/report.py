@@ -266,9 +266,10 @@ def _ptxas_arch(compute_capability: int) -> str:
     return f"sm_{compute_capability}{suffix}"
 
 
-def _ptxas_statistics(ptx: str, compute_capability: int) -> dict[str, int]:
+def _ptxas(ptx: str, compute_capability: int) -> tuple[dict[str, Any], bytes]:
+    """(`ptxas_log_statistics` of its log, the cubin) of `ptx` assembled by Triton's ptxas."""
     with tempfile.TemporaryDirectory() as tmp:
-        ptx_path = os.path.join(tmp, "kernel.ptx")
+        ptx_path, cubin_path = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         with open(ptx_path, "w") as f:
             f.write(ptx)
         result = subprocess.run(
@@ -278,13 +279,15 @@ def _ptxas_statistics(ptx: str, compute_capability: int) -> dict[str, int]:
                 f"-arch={_ptxas_arch(compute_capability)}",
                 ptx_path,
                 "-o",
-                os.path.join(tmp, "kernel.cubin"),
+                cubin_path,
             ],
             capture_output=True,
             text=True,
             check=True,
         )
-    return ptxas_log_statistics(result.stdout + result.stderr)
+        with open(cubin_path, "rb") as f:
+            cubin = f.read()
+    return ptxas_log_statistics(result.stdout + result.stderr), cubin
 
 
 def ptxas_log_statistics(log: str) -> dict[str, Any]:
@@ -361,18 +364,40 @@ def static_kernel_report(
             target=GPUTarget("cuda", compute_capability, 32),
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
-    statistics = _ptxas_statistics(compiled.asm["ptx"], compute_capability)
-    sass = _sass(compiled.asm["cubin"])
-    opcodes = _sass_opcodes(sass)
+    statistics, _ = _ptxas(compiled.asm["ptx"], compute_capability)
     # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
-    num_warps = int(compiled.metadata.num_warps)
+    return _kernel_report(
+        kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
+        compute_capability, int(compiled.metadata.num_warps), num_stages,
+        int(compiled.metadata.shared),
+    )  # fmt: skip
+
+
+def ptx_kernel_report(
+    kernel: str, ptx: str, *, compute_capability: int, num_warps: int, shared_memory_bytes: int
+) -> KernelReport:
+    """`static_kernel_report` of a kernel already lowered to PTX, as jax-triton hands it to
+    jaxlib (which assembles it on the device): assembled here by Triton's ptxas.
+    `num_stages` is reported as 0: the PTX does not say."""
+    statistics, cubin = _ptxas(ptx, compute_capability)
+    return _kernel_report(
+        kernel, ptx, cubin, statistics, compute_capability, num_warps, 0, shared_memory_bytes
+    )
+
+
+def _kernel_report(
+    kernel: str, ptx: str, cubin: bytes, statistics: Mapping[str, Any], compute_capability: int,
+    num_warps: int, num_stages: int, shared_memory_bytes: int,
+) -> KernelReport:  # fmt: skip
+    sass = _sass(cubin)
+    opcodes = _sass_opcodes(sass)
     return KernelReport(
-        kernel=kernel.__name__,
+        kernel=kernel,
         compute_capability=compute_capability,
         num_warps=num_warps,
         num_stages=num_stages,
-        shared_memory_bytes=int(compiled.metadata.shared),
-        uses_wgmma="wgmma" in compiled.asm["ptx"] or opcodes["HGMMA"] > 0,
+        shared_memory_bytes=shared_memory_bytes,
+        uses_wgmma="wgmma" in ptx or opcodes["HGMMA"] > 0,
         # Blackwell's tcgen05 MMAs (UTCHMMA, ...) carry no shape in the opcode: they count
         # as tensor-core use, but no loop FLOPs (no throughput proxy on sm_100).
         uses_mma=any(op in ("HMMA", "HGMMA") or _TCGEN05_MMA.match(op) for op in opcodes),
