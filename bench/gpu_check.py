@@ -5,7 +5,8 @@
     python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
     python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
     python -m bench gpu-check --verdicts FILE     # A/B anchors vs the default, issue 27's bars
-    python -m bench gpu-check --compile-for h100 [--rows KEY ...]  # compiled here, not run
+    python -m bench gpu-check --compile-for h100 [--rows KEY ...] [--json PATH]  # not run
+    python -m bench gpu-check --verdicts FILE --static PATH  # beside what ptxas made of them
 
 Runs every case of bench/gpu_rows.py through bench/runner.py (back-to-back timing, one
 sync per repeat; fwd+bwd returns the output with the gradients; every anchor checked
@@ -15,13 +16,15 @@ runs the same rows at toy sizes on whatever JAX has (on a CPU: Triton's interpre
 attention standing in for cuDNN, no PyTorch), one call each: the check that the code runs.
 `--compile-for TARGET` compiles, on a host without that GPU, ours and our A/B anchors of
 every row at the GPU's sizes (bench/preflight.py): what a device call would run, checked
-before one. bench/gpu_check.sh is the whole device check: this, one ncu profile and the
-GPU tests.
+before one; its `--json` is what `--verdicts FILE --static PATH` sets beside each A/B row
+(the kernels the anchor changes, as ptxas made them). bench/gpu_check.sh is the whole
+device check: this, one ncu profile and the GPU tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -86,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="from a --json file: each A/B anchor against the default, and issue 27's bars "
         "(bench/verdicts.py)",
+    )
+    parser.add_argument(
+        "--static",
+        type=Path,
+        metavar="PATH",
+        help="with --verdicts: a --compile-for --json file of the same commit; each A/B row "
+        "then names the kernels its anchor changes, with what ptxas made of them",
     )
     parser.add_argument(
         "--compile-for",
@@ -220,6 +230,12 @@ def compile_rows(args: argparse.Namespace) -> int:
     kernels = preflight.check_kernels(builds, compiled)
     text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
+    if args.json is not None:
+        document = preflight.static_document(compiled, kernels, args.compile_for)
+        document["machine"] = machine_description({"mode": "compile-for", "rows": args.rows})
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0 if ok else 1
 
 
@@ -235,7 +251,8 @@ def main(argv: Sequence[str]) -> int:
         from bench.report import read_json
         from bench.verdicts import format_verdicts
 
-        print(format_verdicts(read_json(args.verdicts)))
+        static = json.loads(args.static.read_text()) if args.static else None
+        print(format_verdicts(read_json(args.verdicts), static))
         return 0
     start = time.perf_counter()
     rows = run(args)

@@ -48,6 +48,7 @@ class CompiledRow:
     impl: str
     label: str
     seconds: float
+    shape: str = ""  # the case's shape, as the device run's rows name it
     kernels: int = 0
     loops: int = 0
     temp_bytes: int = 0
@@ -148,11 +149,11 @@ def compile_impl(
     except Exception as error:  # any failure is what this check exists to report
         first = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
         return CompiledRow(
-            case.key, impl.name, label, time.perf_counter() - start,
+            case.key, impl.name, label, time.perf_counter() - start, case.shape,
             error=f"{type(error).__name__}: {first}", unavailable=_needs_newer_jaxlib(error),
         )  # fmt: skip
     return CompiledRow(
-        case.key, impl.name, label, time.perf_counter() - start,
+        case.key, impl.name, label, time.perf_counter() - start, case.shape,
         kernels=len(program.report.kernels),
         loops=len(_WHILE.findall(program.as_text())),
         temp_bytes=program.report.temp_bytes,
@@ -183,8 +184,9 @@ def compile_cases(
 @dataclasses.dataclass(frozen=True)
 class KernelCheck:
     """What ptxas made of one built kernel (`report`), or why it could not say (`error`),
-    and the programs that launch it."""
+    and the programs that launch it; `key`: its `KernelBuilds` key."""
 
+    key: str
     kernel: BuiltKernel
     users: tuple[CompiledRow, ...]
     report: object = None  # a jax_bridge.launch.report.KernelReport
@@ -229,9 +231,10 @@ def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[Ker
                 kernel.name, kernel.ptx, compute_capability=kernel.compute_capability,
                 num_warps=kernel.num_warps, shared_memory_bytes=kernel.shared_memory_bytes,
             )  # fmt: skip
-            check = KernelCheck(kernel, users, report=report)
+            check = KernelCheck(key, kernel, users, report=report)
         except Exception as error:  # ptxas refusing the PTX is what this exists to show
-            check = KernelCheck(kernel, users, error=f"{type(error).__name__}: {error}"[:200])
+            error_text = f"{type(error).__name__}: {error}"[:200]
+            check = KernelCheck(key, kernel, users, error=error_text)
         print(check.line(), flush=True)
         checks.append(check)
     return checks
@@ -262,3 +265,40 @@ def summary(
         )
     lines += [f"  {'SERIAL' if k.serialized else 'PTXAS'} {k.line().strip()}" for k in bad]
     return "\n".join(lines), not failed and not looped and not bad
+
+
+def static_document(
+    rows: Sequence[CompiledRow], checks: Sequence[KernelCheck], target: str
+) -> dict:
+    """The check as JSON data: every program (shape, pass, implementation, its kernels'
+    keys, or its error) and every kernel ptxas read, by key; `bench/verdicts.py` sets the
+    kernels beside a device run's A/B rows (`gpu-check --verdicts FILE --static FILE`)."""
+    kernels = {}
+    for check in checks:
+        r = check.report
+        kernels[check.key] = {
+            "name": check.kernel.name,
+            "num_warps": check.kernel.num_warps,
+            "shared_memory_bytes": check.kernel.shared_memory_bytes,
+            "error": check.error,
+            **(
+                {
+                    "registers": r.registers,
+                    "spill_store_bytes": r.spill_store_bytes,
+                    "spill_load_bytes": r.spill_load_bytes,
+                    "per_mflop": r.instructions_per_mflop,
+                    "serialized": r.serialized_wgmma,
+                    "loop_spills": r.loop_spills,
+                }
+                if r is not None
+                else {}
+            ),
+        }
+    programs = [
+        {
+            "case": r.case, "shape": r.shape, "pass": r.label, "impl": r.impl,
+            "kernels": list(r.kernel_keys), "loops": r.loops, "error": r.error,
+        }
+        for r in rows
+    ]  # fmt: skip
+    return {"target": target, "programs": programs, "kernels": kernels}

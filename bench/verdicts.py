@@ -10,7 +10,10 @@ Two views of the rows `gpu-check --json` wrote (bench/results/):
   grouped matmul rows, each as ours' speed over the anchor's (as `BenchRow.ratio`).
 
 The session after a device run settles defaults and the issue's note from these lines
-instead of reading the whole table.
+instead of reading the whole table. Given the static check of the same commit
+(`gpu-check --compile-for h100 --json`, bench/preflight.py), each A/B row also names the
+kernels its anchor changes with what ptxas made of them, anchor against default: the
+static proxy beside the device's answer, the data that calibrates it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from bench.report import BenchRow
 
@@ -79,8 +83,62 @@ def ab_verdict(speedups: Sequence[float], margin: float = CLEAR_MARGIN) -> str:
     return "mixed" if faster else "even"
 
 
-def format_ab(rows: Sequence[BenchRow]) -> str:
-    """Each A/B anchor: its speed over the default's on every row it ran, and its verdict."""
+def _short(kernel: str) -> str:
+    """'attention_backward_dkdv_kernel' -> 'dkdv'."""
+    for part in ("attention_", "block_sparse_", "backward_", "_kernel"):
+        kernel = kernel.replace(part, "")
+    return kernel
+
+
+def _kernel_text(kernel: Mapping[str, Any]) -> str:
+    if kernel.get("error"):
+        return "ptxas failed"
+    per = kernel.get("per_mflop")
+    flags = [f for f in ("serialized", "loop_spills") if kernel.get(f)]
+    return (
+        (f"{per:.0f}/MFLOP" if per is not None else "no MMA loop")
+        + f" {kernel['spill_store_bytes']} B spilled"
+        + "".join(f" {f.upper()}" for f in flags)
+    )
+
+
+def static_difference(row: BenchRow, static: Mapping[str, Any]) -> str:
+    """The kernels the A/B row's anchor launches differently from the default, each as
+    'name: anchor's | default's' (its loop's warp-instructions per MFLOP, bytes spilled a
+    thread, SERIALIZED / LOOP_SPILLS), from a `preflight.static_document`; '' where the
+    document has not both programs."""
+    label = row.op.rsplit(" ", 1)[-1]
+    programs = {
+        p["impl"]: p["kernels"]
+        for p in static["programs"]
+        if p["shape"] == row.shape and p["pass"] == label and not p["error"]
+    }
+    if row.backend not in programs or row.baseline not in programs:
+        return ""
+    kernels = static["kernels"]
+
+    def by_name(keys: Sequence[str]) -> dict[str, list[str]]:
+        named: dict[str, list[str]] = defaultdict(list)
+        for key in keys:
+            named[kernels[key]["name"]].append(key)
+        return named
+
+    ours, anchor = by_name(programs[row.backend]), by_name(programs[row.baseline])
+    parts = []
+    for name in dict.fromkeys([*anchor, *ours]):
+        pairs = list(zip(anchor.get(name, []), ours.get(name, []), strict=False))
+        changed = [(a, o) for a, o in pairs if a != o]
+        extra = len(anchor.get(name, [])) - len(ours.get(name, []))
+        parts += [f"{_short(name)}: {_kernel_text(kernels[a])} | {_kernel_text(kernels[o])}"
+                  for a, o in changed]  # fmt: skip
+        if extra:
+            parts.append(f"{'+' if extra > 0 else '-'}{abs(extra)} {_short(name)}")
+    return "; ".join(parts) if parts else "same kernels"
+
+
+def format_ab(rows: Sequence[BenchRow], static: Mapping[str, Any] | None = None) -> str:
+    """Each A/B anchor: its speed over the default's on every row it ran, and its verdict;
+    with `static`, beside each row the kernels it changes (`static_difference`)."""
     by_anchor: dict[str, list[BenchRow]] = defaultdict(list)
     for row in rows:
         if _is_ab(row):
@@ -92,8 +150,10 @@ def format_ab(rows: Sequence[BenchRow]) -> str:
         # ratio = anchor's time / ours: the anchor's speed over the default's is 1 / ratio.
         speedups = [1 / row.ratio for row in found]
         lines.append(f"{anchor}: {ab_verdict(speedups)}")
-        pairs = zip(found, speedups, strict=True)
-        lines += [f"  {speedup:5.2f}x  {_label(row)}" for row, speedup in pairs]
+        for row, speedup in zip(found, speedups, strict=True):
+            lines.append(f"  {speedup:5.2f}x  {_label(row)}")
+            if static is not None and (difference := static_difference(row, static)):
+                lines.append(f"           {difference}")
     return "\n".join(lines)
 
 
@@ -111,10 +171,11 @@ def format_bars(rows: Sequence[BenchRow], bars: Sequence[Bar] = BARS) -> str:
     return "\n".join(lines)
 
 
-def format_verdicts(rows: Sequence[BenchRow]) -> str:
-    """Both views, as `gpu-check --verdicts` prints them."""
+def format_verdicts(rows: Sequence[BenchRow], static: Mapping[str, Any] | None = None) -> str:
+    """Both views, as `gpu-check --verdicts` prints them (`static`: see `format_ab`)."""
+    beside = " (beside: each changed kernel, anchor's | default's)" if static else ""
     return (
-        f"## A/B anchors (the default's time / the anchor's: above 1 the anchor is faster)\n"
-        f"{format_ab(rows)}\n\n## Issue 27's bars (ours' speed / the anchor's)\n"
+        f"## A/B anchors (the default's time / the anchor's: above 1 the anchor is faster)"
+        f"{beside}\n{format_ab(rows, static)}\n\n## Issue 27's bars (ours' speed / the anchor's)\n"
         f"{format_bars(rows)}"
     )

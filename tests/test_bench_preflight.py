@@ -3,6 +3,8 @@ compiled for an H100 on this host, here at toy sizes."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,7 +150,40 @@ def test_a_serialized_kernel_fails_the_check():
                           serialized_wgmma=True)  # fmt: skip
     kernel = preflight.BuiltKernel("attention_backward_dkdv_kernel", 8, 1024, "", 90)
     row = preflight.CompiledRow("4x4096 causal", "ours", "fwd+bwd", 1.0, kernel_keys=("a",))
-    check = preflight.KernelCheck(kernel, (row,), report=report)
+    check = preflight.KernelCheck("a", kernel, (row,), report=report)
     text, ok = preflight.summary([row], "h100", [check])
     assert not ok and "SERIAL attention_backward_dkdv_kernel" in text and " SERIAL in " in text
     assert "first 4x4096 causal / ours" in text
+
+
+def test_verdicts_set_the_changed_kernels_beside_each_ab_row(restored_flags, tmp_path, capsys):
+    """`--compile-for --json` of a varlen row, then a device run's A/B rows on it (made up
+    here): each row names the kernels its anchor launches differently from the default,
+    anchor's | default's, and the kernels one has and the other has not."""
+    from bench.report import BenchRow
+    from bench.verdicts import format_ab
+
+    path = tmp_path / "static.json"
+    argv = ["--compile-for", "h100", "--dry-run", "--rows", "16x4 causal", "--json", str(path)]
+    assert gpu_check.main(argv) == 0
+    static = json.loads(path.read_text())
+    assert static["target"] == "h100" and "commit" in static["machine"]
+    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
+    assert {p["impl"] for p in static["programs"]} == {
+        i.name for i in preflight.ours_to_compile(case)
+    }
+    per = [k["per_mflop"] for k in static["kernels"].values() if "dkdv" in k["name"]]
+    assert per and all(p > 0 for p in per if p is not None)
+
+    def row(anchor: str) -> BenchRow:
+        return BenchRow("attention", "varlen_attention fwd+bwd", case.shape, case.ours.name,
+                        (1.0,), anchor, (0.9,), True)  # fmt: skip
+
+    text = format_ab([row("ours triton varlen dkdv 64x128 3 stages"),
+                      row("ours triton varlen dq by atomics")], static)  # fmt: skip
+    lines = text.splitlines()
+    deep = lines[lines.index("ours triton varlen dkdv 64x128 3 stages: faster") + 2]
+    assert deep.strip().startswith("dkdv: ") and "/MFLOP" in deep and " | " in deep
+    assert "dq:" not in deep and "forward" not in deep  # only dK/dV changed
+    atomic = lines[lines.index("ours triton varlen dq by atomics: faster") + 2]
+    assert "+1 row_stats" in atomic and "-1 dq" in atomic and "dkdv: " in atomic
