@@ -17,12 +17,13 @@ kernel those programs launch, from the PTX jax-triton hands jaxlib, assembled he
 ptxas (`jax_bridge.launch.report.ptx_kernel_report`): registers, spills (SPILL where its
 innermost tensor-core loop pays them), shared memory, its loop's warp-instructions per
 MFLOP, and SERIAL where ptxas serialized its warpgroup MMAs, which fails the check (the
-H100 runs of 2026-11-27 timed serialized dK/dV and tgmm kernels that no catalog row
-had flagged in time). A kernel with device-side
-tensor descriptors refused by a jaxlib that cannot pass their scratch (before
-`kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is unavailable here, not failed: the device's
-jaxlib takes it. `make test-device-stack` runs this on the device's software (Triton 3.6,
-jax 0.11.2); `make gpu-preflight` on whichever of the two venvs is there.
+H100 runs of 2026-11-27 timed serialized dK/dV and tgmm kernels that no catalog row had
+flagged in time). A kernel with device-side tensor descriptors refused by a jaxlib that
+cannot pass their scratch (before `kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is
+unavailable here, not failed: the device's jaxlib takes it. `make test-device-stack` runs
+this on the device's software (Triton 3.6, jax 0.11.2); `make gpu-preflight` on whichever
+of the two venvs is there. Kernels are told apart by their PTX: a warp-specialized
+kernel's PTX may differ between two compiles of one config, and count twice.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ import hashlib
 import re
 import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from bench.runner import Case, Impl, _jax_callable
+
+if TYPE_CHECKING:
+    from jax_bridge.launch.report import KernelReport
 
 _WHILE = re.compile(r"^\s*(?:ROOT )?%\S+ = .* while\(", re.MULTILINE)
 
@@ -136,7 +141,7 @@ def compile_impl(
     from jax_bridge import compile_for
 
     label = "fwd+bwd" if grad else "forward"
-    builds = builds or KernelBuilds()
+    builds = builds if builds is not None else KernelBuilds()
     first = len(builds.order)
     start = time.perf_counter()
     try:
@@ -147,10 +152,10 @@ def compile_impl(
                 _jax_callable(impl, case.num_diff, grad), *call_args, target=target
             )
     except Exception as error:  # any failure is what this check exists to report
-        first = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
+        message = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
         return CompiledRow(
             case.key, impl.name, label, time.perf_counter() - start, case.shape,
-            error=f"{type(error).__name__}: {first}", unavailable=_needs_newer_jaxlib(error),
+            error=f"{type(error).__name__}: {message}", unavailable=_needs_newer_jaxlib(error),
         )  # fmt: skip
     return CompiledRow(
         case.key, impl.name, label, time.perf_counter() - start, case.shape,
@@ -189,7 +194,7 @@ class KernelCheck:
     key: str
     kernel: BuiltKernel
     users: tuple[CompiledRow, ...]
-    report: object = None  # a jax_bridge.launch.report.KernelReport
+    report: KernelReport | None = None
     error: str | None = None
 
     @property
