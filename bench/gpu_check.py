@@ -45,7 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="only the cases whose key contains one of these",
     )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the rows as JSON (with --compile-for: its programs and kernels)",
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -103,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         help="compile ours and our A/B anchors of every row (at the GPU's sizes, every "
         "A/B flag on; the Hopper ones fail elsewhere) for TARGET (e.g. h100) on this host, "
         "without running them (bench/preflight.py); exit 1 if one fails or holds a while "
-        "loop",
+        "loop, or ptxas serialized or refused one of their kernels",
     )
     return parser
 
@@ -216,7 +221,8 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
 
 def compile_rows(args: argparse.Namespace) -> int:
     """`--compile-for`: 0 if every program compiled (or is unavailable on this jaxlib
-    only) without a host loop, else 1; with --dry-run at the toy sizes."""
+    only) without a host loop and ptxas serialized or refused none of their kernels, else
+    1; with --dry-run at the toy sizes."""
     from bench import gpu_rows, preflight
 
     gpu_rows.USE_TMA = gpu_rows.USE_WARP_SPECIALIZED = gpu_rows.USE_WARP_SPECIALIZED_DKDV = True
@@ -226,7 +232,10 @@ def compile_rows(args: argparse.Namespace) -> int:
     print(f"gpu-check --compile-for {args.compile_for}: {len(chosen)} cases")
     builds = preflight.KernelBuilds()
     compiled = preflight.compile_cases(chosen, args.compile_for, builds)
-    print(f"\nthe {len(builds.kernels)} distinct kernels, assembled by ptxas:")
+    print(
+        f"\nthe {len(builds.kernels)} distinct kernels, assembled by Triton's ptxas "
+        f"({preflight.ptxas_version()}):"
+    )
     kernels = preflight.check_kernels(builds, compiled)
     text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
@@ -239,9 +248,21 @@ def compile_rows(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _warn_other_commit(run_path: Path, static: dict) -> None:
+    """A line where the static document was not made at the run's commit: its kernels may
+    not be the ones the run timed."""
+    ran = json.loads(run_path.read_text()).get("machine", {}).get("commit")
+    made = static.get("machine", {}).get("commit")
+    if ran != made:
+        print(f"(--static is of commit {made}, the run of {ran}: kernels may differ)\n")
+
+
 def main(argv: Sequence[str]) -> int:
     """Runs the check; 1 if a row's check failed, else 0."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.static is not None and args.verdicts is None:
+        parser.error("--static goes with --verdicts FILE")
     if args.compile_for is not None:
         return compile_rows(args)
     if args.ncu_summary is not None:
@@ -252,6 +273,8 @@ def main(argv: Sequence[str]) -> int:
         from bench.verdicts import format_verdicts
 
         static = json.loads(args.static.read_text()) if args.static else None
+        if static is not None:
+            _warn_other_commit(args.verdicts, static)
         print(format_verdicts(read_json(args.verdicts), static))
         return 0
     start = time.perf_counter()

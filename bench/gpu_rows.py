@@ -793,10 +793,11 @@ def _flex_dkdv_config(spec: MaskSpec) -> Impl:
     `tma`), but ptxas had serialized that dK/dV's warpgroup MMAs (C7515, fixed since;
     compiled from the run's commit under Triton 3.6: 554 warp-instructions per MFLOP and
     serialized). Flex's kernels, instantiated by hand from its template for that row and
-    compiled for sm_90 under Triton 3.6, run 491 (dK/dV) and 434 (dQ) against our 360
-    and 359 now, and its dK/dV spills 128 B a thread. Ours at this config: 419 / 398
-    (3.6 / 3.9) causal, one reload an iteration under 3.6 (76 / 84 B stored / loaded a
-    thread in all), ten under 3.9. The row tells whether the depth Flex has (a step's
+    compiled for sm_90 under Triton 3.6, run 491 (dK/dV) and 434 (dQ) against our 355
+    and 359 now, and its dK/dV spills 128 B a thread. Ours at this config: 409 under 3.6
+    at this row's shapes (`gpu-check --compile-for h100`), one reload an iteration (76 /
+    88 B stored / loaded a thread in all; the catalog's GQA kernel: 419 / 398 under 3.6 /
+    3.9, ten reloads under 3.9). The row tells whether the depth Flex has (a step's
     copies issued two steps ahead instead of one) gains more than those instructions
     cost. fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig

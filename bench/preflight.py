@@ -23,7 +23,9 @@ cannot pass their scratch (before `kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is
 unavailable here, not failed: the device's jaxlib takes it. `make test-device-stack` runs
 this on the device's software (Triton 3.6, jax 0.11.2); `make gpu-preflight` on whichever
 of the two venvs is there. Kernels are told apart by their PTX: a warp-specialized
-kernel's PTX may differ between two compiles of one config, and count twice.
+kernel's PTX may differ between two compiles of one config, and count twice. The ptxas is
+Triton's bundled one (`ptxas_version`); on the device jaxlib assembles the PTX with its
+own, whose release decides there what is serialized.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import dataclasses
 import hashlib
 import re
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -133,6 +136,14 @@ def _needs_newer_jaxlib(error: Exception) -> bool:
     )
 
 
+def _reason(error: Exception) -> str:
+    """One line of why: a Triton compile error's own message (its text starts with the
+    source position and the offending lines), else the error's first line."""
+    message = getattr(error, "error_message", None)  # triton CompilationError
+    lines = str(message or error).strip().splitlines()
+    return lines[0][:240] if lines else ""
+
+
 def compile_impl(
     case: Case, impl: Impl, host, grad: bool, target: str, builds: KernelBuilds | None = None
 ) -> CompiledRow:
@@ -152,17 +163,23 @@ def compile_impl(
                 _jax_callable(impl, case.num_diff, grad), *call_args, target=target
             )
     except Exception as error:  # any failure is what this check exists to report
-        message = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
         return CompiledRow(
             case.key, impl.name, label, time.perf_counter() - start, case.shape,
-            error=f"{type(error).__name__}: {message}", unavailable=_needs_newer_jaxlib(error),
+            error=f"{type(error).__name__}: {_reason(error)}",
+            unavailable=_needs_newer_jaxlib(error),
+        )  # fmt: skip
+    keys = tuple(dict.fromkeys(builds.order[first:]))
+    if program.report.kernels and not keys:  # jit's caches reused an earlier lowering
+        return CompiledRow(
+            case.key, impl.name, label, time.perf_counter() - start, case.shape,
+            error="no kernel recorded: a lowering cached from an earlier compile of this impl",
         )  # fmt: skip
     return CompiledRow(
         case.key, impl.name, label, time.perf_counter() - start, case.shape,
         kernels=len(program.report.kernels),
         loops=len(_WHILE.findall(program.as_text())),
         temp_bytes=program.report.temp_bytes,
-        kernel_keys=tuple(dict.fromkeys(builds.order[first:])),
+        kernel_keys=keys,
     )  # fmt: skip
 
 
@@ -211,7 +228,7 @@ class KernelCheck:
         )
         head = f"  {k.name:36s} {k.num_warps:2d} warps {k.shared_memory_bytes / 1024:6.1f} KiB"
         if self.error is not None:
-            return f"{head} ptxas FAILED {self.error} {used}"
+            return f"{head} ptxas FAILED: {self.error}; {used}"
         r = self.report
         per = r.instructions_per_mflop
         flags = [f for f, on in (("SERIAL", r.serialized_wgmma), ("SPILL", r.loop_spills)) if on]
@@ -237,12 +254,24 @@ def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[Ker
                 num_warps=kernel.num_warps, shared_memory_bytes=kernel.shared_memory_bytes,
             )  # fmt: skip
             check = KernelCheck(key, kernel, users, report=report)
-        except Exception as error:  # ptxas refusing the PTX is what this exists to show
-            error_text = f"{type(error).__name__}: {error}"[:200]
-            check = KernelCheck(key, kernel, users, error=error_text)
+        except subprocess.CalledProcessError as error:  # ptxas refused the PTX
+            lines = (error.stderr or "").strip().splitlines()
+            check = KernelCheck(key, kernel, users, error=" / ".join(lines[:3])[:300])
         print(check.line(), flush=True)
         checks.append(check)
     return checks
+
+
+def ptxas_version(compute_capability: int = 90) -> str:
+    """The release line of the ptxas that reads the kernels here: Triton's bundled one. On
+    the device jaxlib assembles the PTX with its own, whose release may differ (and with
+    it what ptxas serializes)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    text = subprocess.run(
+        [get_ptxas(compute_capability).path, "--version"], capture_output=True, text=True
+    ).stdout
+    return next((line for line in text.splitlines() if "release" in line), text.strip())
 
 
 def summary(
@@ -306,4 +335,6 @@ def static_document(
         }
         for r in rows
     ]  # fmt: skip
-    return {"target": target, "programs": programs, "kernels": kernels}
+    return {
+        "target": target, "ptxas": ptxas_version(), "programs": programs, "kernels": kernels,
+    }  # fmt: skip

@@ -173,7 +173,12 @@ def format_bars(rows: Sequence[BenchRow], bars: Sequence[Bar] = BARS) -> str:
 
 def format_verdicts(rows: Sequence[BenchRow], static: Mapping[str, Any] | None = None) -> str:
     """Both views, as `gpu-check --verdicts` prints them (`static`: see `format_ab`)."""
-    beside = " (beside: each changed kernel, anchor's | default's)" if static else ""
+    beside = (
+        " (beside: each changed kernel, anchor's | default's; +N / -N: distinct kernels the "
+        "anchor launches that the default does not / the reverse)"
+        if static
+        else ""
+    )
     return (
         f"## A/B anchors (the default's time / the anchor's: above 1 the anchor is faster)"
         f"{beside}\n{format_ab(rows, static)}\n\n## Issue 27's bars (ours' speed / the anchor's)\n"

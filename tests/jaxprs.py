@@ -5,14 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import jax
 import jax.extend.core
+
+
+def _jaxprs_in_params(params):
+    # jax >= 0.9 has it in jax.extend.core; the package allows jax 0.8.2.
+    find = getattr(jax.extend.core, "jaxprs_in_params", None) or jax.core.jaxprs_in_params
+    return find(params)
 
 
 def all_jaxprs(jaxpr: jax.extend.core.Jaxpr) -> Iterator[jax.extend.core.Jaxpr]:
     """`jaxpr` and every jaxpr nested in its equations' parameters, depth first."""
     yield jaxpr
     for eqn in jaxpr.eqns:
-        for inner in jax.extend.core.jaxprs_in_params(eqn.params):
+        for inner in _jaxprs_in_params(eqn.params):
             yield from all_jaxprs(inner)
 
 

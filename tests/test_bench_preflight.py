@@ -3,6 +3,8 @@ compiled for an H100 on this host, here at toy sizes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import jax
@@ -13,11 +15,13 @@ import pytest
 from bench import gpu_check, gpu_rows, preflight, runner
 from jax_bridge.launch import kernel_needs
 
+_FLAGS = ("USE_TMA", "USE_WARP_SPECIALIZED", "USE_WARP_SPECIALIZED_DKDV", "USE_TORCH")
+
 
 @pytest.fixture
 def restored_flags(monkeypatch):
     """--compile-for turns every A/B flag on and PyTorch off: undone after the test."""
-    for flag in ("USE_TMA", "USE_WARP_SPECIALIZED", "USE_WARP_SPECIALIZED_DKDV", "USE_TORCH"):
+    for flag in _FLAGS:
         monkeypatch.setattr(gpu_rows, flag, getattr(gpu_rows, flag))
 
 
@@ -76,20 +80,36 @@ def test_a_failure_and_a_host_loop_fail_the_check():
     assert "LOOPS  key / ours looping / forward" in text
 
 
-def test_compile_for_compiles_a_varlen_row_with_its_anchors(restored_flags, capsys):
+@pytest.fixture(scope="module")
+def first_varlen_row(tmp_path_factory):
+    """`gpu-check --compile-for h100 --dry-run --json` of the first varlen row (toy sizes),
+    once for the module: (exit status, printed lines, the JSON document, the names of the
+    implementations it compiles), the A/B flags it turns on restored after."""
+    flags = {flag: getattr(gpu_rows, flag) for flag in _FLAGS}
+    path = tmp_path_factory.mktemp("preflight") / "static.json"
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            argv = ["--compile-for", "h100", "--dry-run", "--rows", "16x4 causal"]
+            status = gpu_check.main([*argv, "--json", str(path)])
+        case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
+        impls = preflight.ours_to_compile(case)
+    finally:
+        for flag, value in flags.items():
+            setattr(gpu_rows, flag, value)
+    return status, printed.getvalue().splitlines(), json.loads(path.read_text()), case, impls
+
+
+def test_compile_for_compiles_a_varlen_row_with_its_anchors(first_varlen_row):
     """Ours and every A/B anchor of ours on the first varlen row (toy sizes), compiled by
     Triton for sm_90 through the bridge. A jaxlib without the descriptors' scratch refuses
     the tensor-descriptor anchors, by name: unavailable here, not failed."""
-    status = gpu_check.main(["--compile-for", "h100", "--dry-run", "--rows", "16x4 causal"])
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if line.startswith("  forward") or
+    status, out, _, _, impls = first_varlen_row
+    lines = [line for line in out if line.startswith("  forward") or
              line.startswith("  fwd+bwd")]  # fmt: skip
-    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
-    expected = sum(
-        impl.forward + impl.grad for impl in preflight.ours_to_compile(case)
-    )  # each pass an impl times
+    expected = sum(impl.forward + impl.grad for impl in impls)  # each pass an impl times
     assert len(lines) == expected > 10
-    assert status == 0 and not any(" FAILED " in line for line in lines), lines
+    assert status == 0 and not any(" FAILED" in line for line in lines), lines
     # On a jaxlib that cannot pass the descriptors' scratch the tensor-descriptor anchors
     # are refused by name, and said to be unavailable here (the device's jaxlib takes them).
     refused = [line for line in lines if " UNAVAILABLE " in line]
@@ -100,6 +120,7 @@ def test_compile_for_compiles_a_varlen_row_with_its_anchors(restored_flags, caps
     assert all(" 0 while loops" in line for line in compiled)
     # the forward: the schedule kernel and the forward kernel; fwd+bwd adds dQ and dK/dV
     assert all(" 2 kernel launches" in line for line in compiled if "  forward" in line)
+    assert any("assembled by Triton's ptxas" in line and "release" in line for line in out)
 
 
 @pytest.mark.parametrize("version, unavailable", [((0, 10, 2), True), ((0, 11, 2), False)])
@@ -156,24 +177,23 @@ def test_a_serialized_kernel_fails_the_check():
     assert "first 4x4096 causal / ours" in text
 
 
-def test_verdicts_set_the_changed_kernels_beside_each_ab_row(restored_flags, tmp_path, capsys):
+def test_verdicts_set_the_changed_kernels_beside_each_ab_row(first_varlen_row):
     """`--compile-for --json` of a varlen row, then a device run's A/B rows on it (made up
     here): each row names the kernels its anchor launches differently from the default,
     anchor's | default's, and the kernels one has and the other has not."""
     from bench.report import BenchRow
     from bench.verdicts import format_ab
 
-    path = tmp_path / "static.json"
-    argv = ["--compile-for", "h100", "--dry-run", "--rows", "16x4 causal", "--json", str(path)]
-    assert gpu_check.main(argv) == 0
-    static = json.loads(path.read_text())
+    _, _, static, case, impls = first_varlen_row
     assert static["target"] == "h100" and "commit" in static["machine"]
-    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
-    assert {p["impl"] for p in static["programs"]} == {
-        i.name for i in preflight.ours_to_compile(case)
-    }
+    assert "release" in static["ptxas"]
+    compiled = {p["impl"] for p in static["programs"] if p["error"] is None}
+    assert {p["impl"] for p in static["programs"]} == {i.name for i in impls}
+    assert {"ours triton varlen dkdv 64x128 3 stages", "ours triton varlen dq by atomics"} <= (
+        compiled
+    )
     per = [k["per_mflop"] for k in static["kernels"].values() if "dkdv" in k["name"]]
-    assert per and all(p > 0 for p in per if p is not None)
+    assert per and all(p is not None and p > 0 for p in per)
 
     def row(anchor: str) -> BenchRow:
         return BenchRow("attention", "varlen_attention fwd+bwd", case.shape, case.ours.name,
@@ -187,3 +207,34 @@ def test_verdicts_set_the_changed_kernels_beside_each_ab_row(restored_flags, tmp
     assert "dq:" not in deep and "forward" not in deep  # only dK/dV changed
     atomic = lines[lines.index("ours triton varlen dq by atomics: faster") + 2]
     assert "+1 row_stats" in atomic and "-1 dq" in atomic and "dkdv: " in atomic
+
+
+def test_a_lowering_jit_reused_is_not_a_program_without_kernels():
+    """Compiling one implementation twice: the second lowering comes from jit's caches and
+    builds no kernel, which is said, not read as a program with none."""
+    case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
+    builds, host = preflight.KernelBuilds(), case.inputs()
+    first, again = (
+        preflight.compile_impl(case, case.ours, host, False, "h100", builds) for _ in range(2)
+    )
+    assert first.error is None and len(first.kernel_keys) == 2
+    assert again.failed and again.error.startswith("no kernel recorded")
+
+
+def test_a_triton_compile_error_gives_its_own_message():
+    class CompilationError(Exception):  # as triton.compiler.errors' own: source first
+        error_message = "shape mismatch in tl.dot"
+
+    error = CompilationError("at 45:8:\n    acc = tl.dot(a, b)\n        ^")
+    assert preflight._reason(error) == "shape mismatch in tl.dot"
+    assert preflight._reason(ValueError("op: bad head_dim\nmore")) == "op: bad head_dim"
+
+
+def test_static_goes_with_verdicts_and_a_commit_mismatch_is_said(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--static", str(tmp_path / "s.json")])
+    run, static = tmp_path / "run.json", tmp_path / "static.json"
+    run.write_text(json.dumps({"machine": {"commit": "aaa"}, "rows": []}))
+    static.write_text(json.dumps({"machine": {"commit": "bbb"}, "programs": [], "kernels": {}}))
+    assert gpu_check.main(["--verdicts", str(run), "--static", str(static)]) == 0
+    assert "--static is of commit bbb, the run of aaa" in capsys.readouterr().out
