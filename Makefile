@@ -58,7 +58,7 @@ gpu-check-dry: $(STAMP)
 # (bench/preflight.py, ~3 minutes): on the device's software where .venv-device exists
 # (make test-device-stack builds it, and runs this after its tests).
 PREFLIGHT_VENV := $(if $(wildcard .venv-device/bin/python),.venv-device,$(VENV))
-gpu-preflight: $(STAMP)
+gpu-preflight: $(if $(wildcard .venv-device/bin/python),,$(STAMP))
 	JAX_PLATFORMS=cpu $(PREFLIGHT_VENV)/bin/python -m bench gpu-check --compile-for h100
 
 lint: $(STAMP)
