@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
         "then names the kernels its anchor changes, with what ptxas made of them",
     )
     parser.add_argument(
+        "--ptxas",
+        metavar="PATH",
+        help="with --compile-for: assemble the kernels with this ptxas instead of Triton's "
+        "bundled one (e.g. a CUDA 13 release from the nvidia-cuda-nvcc wheel, as the "
+        "device's jaxlib may use)",
+    )
+    parser.add_argument(
         "--compile-for",
         metavar="TARGET",
         help="compile ours and our A/B anchors of every row (at the GPU's sizes, every "
@@ -232,15 +239,16 @@ def compile_rows(args: argparse.Namespace) -> int:
     print(f"gpu-check --compile-for {args.compile_for}: {len(chosen)} cases")
     builds = preflight.KernelBuilds()
     compiled = preflight.compile_cases(chosen, args.compile_for, builds)
+    assembler = args.ptxas or "Triton's ptxas"
     print(
-        f"\nthe {len(builds.kernels)} distinct kernels, assembled by Triton's ptxas "
-        f"({preflight.ptxas_version()}):"
+        f"\nthe {len(builds.kernels)} distinct kernels, assembled by {assembler} "
+        f"({preflight.ptxas_version(args.ptxas)}):"
     )
-    kernels = preflight.check_kernels(builds, compiled)
+    kernels = preflight.check_kernels(builds, compiled, args.ptxas)
     text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
     if args.json is not None:
-        document = preflight.static_document(compiled, kernels, args.compile_for)
+        document = preflight.static_document(compiled, kernels, args.compile_for, args.ptxas)
         document["machine"] = machine_description({"mode": "compile-for", "rows": args.rows})
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
@@ -263,6 +271,8 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.static is not None and args.verdicts is None:
         parser.error("--static goes with --verdicts FILE")
+    if args.ptxas is not None and args.compile_for is None:
+        parser.error("--ptxas goes with --compile-for TARGET")
     if args.compile_for is not None:
         return compile_rows(args)
     if args.ncu_summary is not None:

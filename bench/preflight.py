@@ -240,9 +240,11 @@ class KernelCheck:
         )
 
 
-def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[KernelCheck]:
-    """Every kernel in `builds` assembled by ptxas and read (`ptx_kernel_report`), with
-    the rows that launch it; prints a line as each is read."""
+def check_kernels(
+    builds: KernelBuilds, rows: Sequence[CompiledRow], ptxas: str | None = None
+) -> list[KernelCheck]:
+    """Every kernel in `builds` assembled by `ptxas` (a path; Triton's by default) and read
+    (`ptx_kernel_report`), with the rows that launch it; prints a line as each is read."""
     from jax_bridge.launch.report import ptx_kernel_report
 
     checks = []
@@ -252,6 +254,7 @@ def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[Ker
             report = ptx_kernel_report(
                 kernel.name, kernel.ptx, compute_capability=kernel.compute_capability,
                 num_warps=kernel.num_warps, shared_memory_bytes=kernel.shared_memory_bytes,
+                ptxas=ptxas,
             )  # fmt: skip
             check = KernelCheck(key, kernel, users, report=report)
         except subprocess.CalledProcessError as error:  # ptxas refused the PTX
@@ -262,14 +265,14 @@ def check_kernels(builds: KernelBuilds, rows: Sequence[CompiledRow]) -> list[Ker
     return checks
 
 
-def ptxas_version(compute_capability: int = 90) -> str:
-    """The release line of the ptxas that reads the kernels here: Triton's bundled one. On
-    the device jaxlib assembles the PTX with its own, whose release may differ (and with
-    it what ptxas serializes)."""
+def ptxas_version(ptxas: str | None = None) -> str:
+    """The release line of `ptxas` (a path), by default Triton's bundled one, which reads
+    the kernels here. On the device jaxlib assembles the PTX with its own, whose release
+    may differ (and with it what ptxas serializes): `gpu-check --ptxas` takes another."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     text = subprocess.run(
-        [get_ptxas(compute_capability).path, "--version"], capture_output=True, text=True
+        [ptxas or get_ptxas(90).path, "--version"], capture_output=True, text=True, check=True
     ).stdout
     return next((line for line in text.splitlines() if "release" in line), text.strip())
 
@@ -302,7 +305,10 @@ def summary(
 
 
 def static_document(
-    rows: Sequence[CompiledRow], checks: Sequence[KernelCheck], target: str
+    rows: Sequence[CompiledRow],
+    checks: Sequence[KernelCheck],
+    target: str,
+    ptxas: str | None = None,
 ) -> dict:
     """The check as JSON data: every program (shape, pass, implementation, its kernels'
     keys, or its error) and every kernel ptxas read, by key; `bench/verdicts.py` sets the
@@ -336,5 +342,6 @@ def static_document(
         for r in rows
     ]  # fmt: skip
     return {
-        "target": target, "ptxas": ptxas_version(), "programs": programs, "kernels": kernels,
+        "target": target, "ptxas": ptxas_version(ptxas), "programs": programs,
+        "kernels": kernels,
     }  # fmt: skip

@@ -157,6 +157,11 @@ def test_the_kernels_a_row_launches_are_recorded_and_read_by_ptxas(restored_flag
     checks = preflight.check_kernels(builds, rows)
     assert len(checks) == len(builds.kernels) and all(c.users == tuple(rows) for c in checks)
     assert not any(c.serialized or c.error for c in checks)
+    # another ptxas by path (here Triton's own, named): the same reading
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    named = preflight.check_kernels(builds, rows, ptxas=get_ptxas(90).path)
+    assert [c.report for c in named] == [c.report for c in checks]
     attention = [c for c in checks if "backward" in c.kernel.name or "forward" in c.kernel.name]
     assert all(c.report.uses_wgmma and c.report.inner_loop is not None for c in attention)
     assert preflight.summary(rows, "h100", checks)[1]
@@ -233,6 +238,8 @@ def test_a_triton_compile_error_gives_its_own_message():
 def test_static_goes_with_verdicts_and_a_commit_mismatch_is_said(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--static", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--ptxas", "/usr/bin/ptxas"])  # goes with --compile-for
     run, static = tmp_path / "run.json", tmp_path / "static.json"
     run.write_text(json.dumps({"machine": {"commit": "aaa"}, "rows": []}))
     static.write_text(json.dumps({"machine": {"commit": "bbb"}, "programs": [], "kernels": {}}))

@@ -266,15 +266,18 @@ def _ptxas_arch(compute_capability: int) -> str:
     return f"sm_{compute_capability}{suffix}"
 
 
-def _ptxas(ptx: str, compute_capability: int) -> tuple[dict[str, Any], bytes]:
-    """(`ptxas_log_statistics` of its log, the cubin) of `ptx` assembled by Triton's ptxas."""
+def _ptxas(
+    ptx: str, compute_capability: int, ptxas: str | None = None
+) -> tuple[dict[str, Any], bytes]:
+    """(`ptxas_log_statistics` of its log, the cubin) of `ptx` assembled by `ptxas` (a
+    path; Triton's bundled one by default)."""
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin_path = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         with open(ptx_path, "w") as f:
             f.write(ptx)
         result = subprocess.run(
             [
-                get_ptxas(compute_capability).path,
+                ptxas or get_ptxas(compute_capability).path,
                 "-v",
                 f"-arch={_ptxas_arch(compute_capability)}",
                 ptx_path,
@@ -374,12 +377,19 @@ def static_kernel_report(
 
 
 def ptx_kernel_report(
-    kernel: str, ptx: str, *, compute_capability: int, num_warps: int, shared_memory_bytes: int
+    kernel: str,
+    ptx: str,
+    *,
+    compute_capability: int,
+    num_warps: int,
+    shared_memory_bytes: int,
+    ptxas: str | None = None,
 ) -> KernelReport:
     """`static_kernel_report` of a kernel already lowered to PTX, as jax-triton hands it to
-    jaxlib (which assembles it on the device): assembled here by Triton's ptxas.
-    `num_stages` is reported as 0: the PTX does not say."""
-    statistics, cubin = _ptxas(ptx, compute_capability)
+    jaxlib (which assembles it on the device): assembled here by `ptxas` (a path; Triton's
+    bundled one by default: another release, such as the device's, may assemble the same
+    PTX differently). `num_stages` is reported as 0: the PTX does not say."""
+    statistics, cubin = _ptxas(ptx, compute_capability, ptxas)
     return _kernel_report(
         kernel, ptx, cubin, statistics, compute_capability, num_warps, 0, shared_memory_bytes
     )
