@@ -11,7 +11,7 @@ kernels' machine code, ptxas, is built at their first launch on the device). The
 anchors (cuDNN, XLA's matmuls, PyTorch) are not ours to check and are left out.
 
 One line per (case, implementation, pass): our kernel launches in the program, its
-`while` loops (each a host round trip a call on a GPU: `tests/aot/test_no_host_loops.py`),
+`while` loops (each a host round trip a call on a GPU: `jax_bridge.aot.common.while_loops`),
 XLA's temporary memory and the compile time; or the error. Then one line per distinct
 kernel those programs launch, from the PTX jax-triton hands jaxlib, assembled here by
 ptxas (`jax_bridge.launch.report.ptx_kernel_report`): registers, spills (SPILL where its
@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import re
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -43,8 +42,6 @@ from bench.runner import Case, Impl, _jax_callable
 
 if TYPE_CHECKING:
     from jax_bridge.launch.report import KernelReport
-
-_WHILE = re.compile(r"^\s*(?:ROOT )?%\S+ = .* while\(", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +147,7 @@ def compile_impl(
     """Compiles the runner's callable of `impl` (its forward, or forward + backward where
     `grad`) on the case's inputs for `target`, recording its kernels in `builds`."""
     from jax_bridge import compile_for
+    from jax_bridge.aot.common import while_loops
 
     label = "fwd+bwd" if grad else "forward"
     builds = builds if builds is not None else KernelBuilds()
@@ -177,7 +175,7 @@ def compile_impl(
     return CompiledRow(
         case.key, impl.name, label, time.perf_counter() - start, case.shape,
         kernels=len(program.report.kernels),
-        loops=len(_WHILE.findall(program.as_text())),
+        loops=len(while_loops(program.as_text())),
         temp_bytes=program.report.temp_bytes,
         kernel_keys=keys,
     )  # fmt: skip

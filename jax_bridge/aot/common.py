@@ -1,5 +1,5 @@
 """What `compile` and `cycles` share: tracing for a target, and reading the compiled
-program's text (our kernels, custom calls and collectives).
+program's text (our kernels, custom calls, collectives and `while` loops).
 
 Both import it and neither imports the other's helpers, so the imports of the package
 run one way: compile -> cycles -> common -> targets.
@@ -16,7 +16,7 @@ from jax_bridge.aot.targets import CompileTarget
 from jax_bridge.core.backend import compiling_for_platform
 from jax_bridge.launch.target import cuda_lowering
 
-__all__ = ["COLLECTIVES", "KERNEL_CALLS", "parse_compiled_text", "tracing_for"]
+__all__ = ["COLLECTIVES", "KERNEL_CALLS", "parse_compiled_text", "tracing_for", "while_loops"]
 
 # Custom calls that are kernels of ours (the rest are the compilers' own plumbing).
 KERNEL_CALLS = ("tpu_custom_call", "triton_kernel_call", "__gpu$xla.gpu.triton")
@@ -27,6 +27,8 @@ _COLLECTIVE = re.compile(
     r"^\s*(?:ROOT )?%\S+ = \S+(?: \S+)*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
     re.MULTILINE,
 )
+_WHILE = re.compile(r"^\s*(?:ROOT )?%\S+ = .* while\(.*$", re.MULTILINE)
+_OP_NAME = re.compile(r'op_name="([^"]+)"')
 
 
 def parse_compiled_text(text: str) -> tuple[dict[str, int], tuple[str, ...], dict[str, int]]:
@@ -36,6 +38,16 @@ def parse_compiled_text(text: str) -> tuple[dict[str, int], tuple[str, ...], dic
     kernels = tuple(name for name, target in calls if target in KERNEL_CALLS)
     collectives = collections.Counter(_COLLECTIVE.findall(text))
     return dict(sorted(counts.items())), kernels, dict(sorted(collectives.items()))
+
+
+def while_loops(text: str) -> list[str]:
+    """The `while` loops of an optimized HLO text, each as its op name (the JAX function
+    it came from) or, without one, its instruction. On a GPU XLA runs each with a host
+    round trip an iteration (its condition read back to decide on the next)."""
+    return [
+        match.group(1) if (match := _OP_NAME.search(line)) else line.strip()
+        for line in _WHILE.findall(text)
+    ]
 
 
 @contextlib.contextmanager

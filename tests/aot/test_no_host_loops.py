@@ -26,22 +26,13 @@ from jax_bridge import (
     transposed_grouped_matmul,
     varlen_attention,
 )
+from jax_bridge.aot.common import while_loops
 from pallas_tpu.splash import CausalMask, DocumentMask
 from tests.aot.helpers import spec
 
 TARGET = "h100"
 TOKENS, HEADS, HEAD_DIM, DOCUMENTS = 256, 2, 64, 4
 BF16 = jnp.bfloat16
-
-_WHILE = re.compile(r"^\s*(?:ROOT )?%\S+ = .* while\(.*$", re.MULTILINE)
-_OP_NAME = re.compile(r'op_name="([^"]+)"')
-
-
-def _loops(text: str) -> list[str]:
-    """The op names (or the instructions) of the `while` loops in an optimized HLO text."""
-    return [
-        (_OP_NAME.search(line) or re.match(r"(.*)", line)).group(1) for line in _WHILE.findall(text)
-    ]
 
 
 def _compile(fn, *args) -> str:
@@ -149,24 +140,24 @@ def block_sparse_hlo() -> str:
 
 def test_varlen_attention_forward_and_backward_have_no_loop(varlen_hlo):
     assert "triton_kernel_call" in varlen_hlo
-    assert _loops(varlen_hlo) == []
+    assert while_loops(varlen_hlo) == []
 
 
 def test_flash_attention_with_segment_ids_has_no_loop(flash_hlo):
     assert "triton_kernel_call" in flash_hlo
-    assert _loops(flash_hlo) == []
+    assert while_loops(flash_hlo) == []
 
 
 def test_grouped_matmul_moe_block_and_tgmm_have_no_loop(grouped_matmul_hlo):
     assert "triton_kernel_call" in grouped_matmul_hlo
-    assert _loops(grouped_matmul_hlo) == []
+    assert while_loops(grouped_matmul_hlo) == []
 
 
 def test_block_sparse_attention_has_no_loop(block_sparse_hlo):
     """Static and traced-document masks (the DocumentMask built in the program too),
     forward and backward."""
     assert "triton_kernel_call" in block_sparse_hlo
-    assert _loops(block_sparse_hlo) == []
+    assert while_loops(block_sparse_hlo) == []
 
 
 def test_block_sparse_finds_non_finite_rows_in_its_kernels_on_an_h100(block_sparse_hlo):
@@ -194,7 +185,7 @@ def test_loop_regex_finds_a_searchsorted_loop():
         spec((9,), jnp.int32),
         spec((33,), jnp.int32),
     )
-    assert len(_loops(text)) == 1 and "searchsorted" in _loops(text)[0]
+    assert len(while_loops(text)) == 1 and "searchsorted" in while_loops(text)[0]
 
 
 # XLA kernels in an optimized HLO's entry computation (our kernels are custom calls; a
