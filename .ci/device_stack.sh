@@ -28,11 +28,23 @@ fi
 if [ ! -f "$venv/.installed-stamp" ] || [ pyproject.toml -nt "$venv/.installed-stamp" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  # The device's versions, pinned; the rest as the test extra has them.
+  # The device's versions, pinned; the rest of the project's dependencies and of its test
+  # extra as pyproject.toml has them.
+  mapfile -t rest < <("$python" - <<'EOF'
+import re
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+    if name not in ("jax", "jaxlib", "jax-triton", "triton"):
+        print(requirement)
+EOF
+  )
+  [ "${#rest[@]}" -gt 0 ] || { echo "device stack: no requirements read from pyproject.toml"; exit 1; }
   "$venv/bin/python" -m pip install --quiet "jax[cuda13-local]==0.11.2" "jax[tpu]==0.11.2" \
-    "triton==3.6.0" bench/wheels/jax_triton-0.3.1-py3-none-any.whl "numpy>=1.26" \
-    "pytest>=8" "hypothesis>=6.100" "pytest-xdist>=3" "flatbuffers>=23" "tqdm>=4.60" \
-    "matplotlib>=3.8" "flax>=0.10" "optax>=0.2"
+    "triton==3.6.0" bench/wheels/jax_triton-0.3.1-py3-none-any.whl "${rest[@]}"
   "$venv/bin/python" -m pip install --quiet --no-deps -e .
   touch "$venv/.installed-stamp"
 fi

@@ -256,10 +256,10 @@ def compile_rows(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _warn_other_commit(run_path: Path, static: dict) -> None:
+def _warn_other_commit(run: dict, static: dict) -> None:
     """A line where the static document was not made at the run's commit: its kernels may
     not be the ones the run timed."""
-    ran = json.loads(run_path.read_text()).get("machine", {}).get("commit")
+    ran = run.get("machine", {}).get("commit")
     made = static.get("machine", {}).get("commit")
     if ran != made:
         print(f"(--static is of commit {made}, the run of {ran}: kernels may differ)\n")
@@ -279,13 +279,14 @@ def main(argv: Sequence[str]) -> int:
         print(summarise_ncu(parse_ncu_summary(args.ncu_summary.read_text()), our_kernel_names()))
         return 0
     if args.verdicts is not None:
-        from bench.report import read_json
+        from bench.report import rows_of
         from bench.verdicts import format_verdicts
 
+        run_document = json.loads(args.verdicts.read_text())
         static = json.loads(args.static.read_text()) if args.static else None
         if static is not None:
-            _warn_other_commit(args.verdicts, static)
-        print(format_verdicts(read_json(args.verdicts), static))
+            _warn_other_commit(run_document, static)
+        print(format_verdicts(rows_of(run_document), static))
         return 0
     start = time.perf_counter()
     rows = run(args)

@@ -143,9 +143,20 @@ def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
     return _to_numpy(result)
 
 
-def varlen_impl(spec: MaskSpec, config=None, label: str = "") -> Impl:
+# What an A/B anchor of ours times (`Impl.forward`, `Impl.grad`): "both" passes, the
+# "forward" alone (it changes the forward's kernels only), or "fwd+bwd" alone (it changes
+# the backward's only: its forward would time the default's again).
+_PASSES = {
+    "both": {},
+    "forward": {"grad": False},
+    "fwd+bwd": {"forward": False},
+}
+
+
+def varlen_impl(spec: MaskSpec, config=None, label: str = "", passes: str = "both") -> Impl:
     """Ours: the Triton varlen kernels on the packed documents, at their defaults or at
-    `config` (an `AttentionConfigs`, for A/B rows: `label` names it)."""
+    `config` (an `AttentionConfigs`, for A/B rows: `label` names it; `passes`: what it
+    times, `_PASSES`)."""
     from jax_bridge import varlen_attention
 
     window = None if spec.window is None else (spec.window, 0)
@@ -162,8 +173,8 @@ def varlen_impl(spec: MaskSpec, config=None, label: str = "") -> Impl:
         q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
         return (q, k, v, jnp.asarray(spec.cu_seqlens())), d_out
 
-    return Impl("ours triton varlen" + (f" {label}" if label else ""), fn, prepare,
-                _packed_canonical)  # fmt: skip
+    name = "ours triton varlen" + (f" {label}" if label else "")
+    return Impl(name, fn, prepare, _packed_canonical, **_PASSES[passes])
 
 
 def splash_mask(spec: MaskSpec):
@@ -181,10 +192,12 @@ def splash_mask(spec: MaskSpec):
     return CausalMask(shape)
 
 
-def block_sparse_impl(spec: MaskSpec, block_sizes=None, label: str = "", config=None) -> Impl:
+def block_sparse_impl(
+    spec: MaskSpec, block_sizes=None, label: str = "", config=None, passes: str = "both"
+) -> Impl:
     """Ours: the Triton block-sparse kernels with the spec's splash mask, at their default
     tiles or at `block_sizes` (a `BlockSizes`) and `config` (an `AttentionConfigs`), for
-    A/B rows: `label` names them."""
+    A/B rows: `label` names them; `passes`: what it times (`_PASSES`)."""
     from jax_bridge import block_sparse_attention
 
     mask = splash_mask(spec)
@@ -198,8 +211,11 @@ def block_sparse_impl(spec: MaskSpec, block_sizes=None, label: str = "", config=
         q, k, v, d_out = _jax_bf16(host["q"], host["k"], host["v"], host["d_out"])
         return (q[None], k[None], v[None]), d_out[None]
 
+    def canonical(result, grad):  # [1, T, H, D] -> [T, H, D]
+        return [x[0] for x in _to_numpy(result)]
+
     name = "ours triton block-sparse" + (f" {label}" if label else "")
-    return Impl(name, fn, prepare, lambda r, g: [x[0] for x in _to_numpy(r)])
+    return Impl(name, fn, prepare, canonical, **_PASSES[passes])
 
 
 def _padded_index(spec: MaskSpec) -> tuple[np.ndarray, int]:
@@ -433,9 +449,10 @@ def _matmul_inputs(m: int, k: int, n: int, groups: int):
     return draw
 
 
-def _gmm_jax(fn: Callable, name: str) -> Impl:
+def _gmm_jax(fn: Callable, name: str, passes: str = "both") -> Impl:
     """A JAX grouped matmul row: bf16 lhs, rhs and output cotangent (an MoE layer's, and
-    torch._grouped_mm's); `fn` returns bf16 (accumulating in float32)."""
+    torch._grouped_mm's); `fn` returns bf16 (accumulating in float32); `passes`: what it
+    times (`_PASSES`)."""
 
     def prepare(host):
         import jax.numpy as jnp
@@ -443,7 +460,7 @@ def _gmm_jax(fn: Callable, name: str) -> Impl:
         lhs, rhs, d_out = _jax_bf16(host["lhs"], host["rhs"], host["d_out"])
         return (lhs, rhs, jnp.asarray(host["sizes"])), d_out
 
-    return Impl(name, fn, prepare, lambda r, g: _to_numpy(r))
+    return Impl(name, fn, prepare, lambda r, g: _to_numpy(r), **_PASSES[passes])
 
 
 def grouped_matmul_impl(
@@ -480,8 +497,7 @@ def grouped_matmul_impl(
     if warp_specialized:
         *tile, stages = warp_specialized
         name += f" warp-specialized {'x'.join(map(str, tile))} {stages} stages"
-    impl = _gmm_jax(fn, name)
-    return dataclasses.replace(impl, grad=False) if tma or tiling or warp_specialized else impl
+    return _gmm_jax(fn, name, "forward" if tma or tiling or warp_specialized else "both")
 
 
 def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = None) -> Impl:
@@ -511,7 +527,7 @@ def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = 
     if warp_specialized:
         *tile, stages = warp_specialized
         name += f" warp-specialized {'x'.join(map(str, tile))} {stages} stages"
-    return dataclasses.replace(_gmm_jax(fn, name), forward=False)
+    return _gmm_jax(fn, name, passes="fwd+bwd")
 
 
 def _gmm_config(
@@ -659,8 +675,7 @@ def _dkdv_tile_before_tma(spec: MaskSpec) -> tuple[Impl, ...]:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     before = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 2))
-    impl = varlen_impl(spec, before, "dkdv 32x128 by pointers")
-    return (dataclasses.replace(impl, forward=False),)
+    return (varlen_impl(spec, before, "dkdv 32x128 by pointers", passes="fwd+bwd"),)
 
 
 def _two_ctas_backward(spec: MaskSpec) -> Impl:
@@ -677,8 +692,7 @@ def _two_ctas_backward(spec: MaskSpec) -> Impl:
 
     config = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
     two = AttentionConfigs(backward_dkdv=config, backward_dq=config)
-    impl = varlen_impl(spec, two, "backward 64x64 4 warps")
-    return dataclasses.replace(impl, forward=False)
+    return varlen_impl(spec, two, "backward 64x64 4 warps", passes="fwd+bwd")
 
 
 def _three_stage_tiles(spec: MaskSpec) -> Impl:
@@ -711,7 +725,7 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     two = AttentionConfigs(forward=AttentionKernelConfig(64, 64, 4, 2))
-    return dataclasses.replace(varlen_impl(spec, two, "forward 64x64 4 warps"), grad=False)
+    return varlen_impl(spec, two, "forward 64x64 4 warps", passes="forward")
 
 
 def _overlapped_forward(spec: MaskSpec) -> Impl:
@@ -727,8 +741,9 @@ def _overlapped_forward(spec: MaskSpec) -> Impl:
     from triton_kernels.flash_attention.config import OVERLAPPED_FORWARD_TILE
 
     config = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
-    impl = varlen_impl(spec, AttentionConfigs(forward=config), "forward overlapped softmax")
-    return dataclasses.replace(impl, grad=False)
+    return varlen_impl(
+        spec, AttentionConfigs(forward=config), "forward overlapped softmax", passes="forward"
+    )
 
 
 def _overlapped_dkdv(spec: MaskSpec) -> Impl:
@@ -742,8 +757,9 @@ def _overlapped_dkdv(spec: MaskSpec) -> Impl:
     from triton_kernels.flash_attention.config import OVERLAPPED_DKDV_TILE
 
     config = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
-    impl = varlen_impl(spec, AttentionConfigs(backward_dkdv=config), "dkdv overlapped softmax")
-    return dataclasses.replace(impl, forward=False)
+    return varlen_impl(
+        spec, AttentionConfigs(backward_dkdv=config), "dkdv overlapped softmax", passes="fwd+bwd"
+    )
 
 
 def _wide_persistent_forward(spec: MaskSpec) -> Impl:
@@ -754,7 +770,7 @@ def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     wide = AttentionConfigs(forward=AttentionKernelConfig(128, 128, 8, 2))
-    return dataclasses.replace(varlen_impl(spec, wide, "forward 128x128"), grad=False)
+    return varlen_impl(spec, wide, "forward 128x128", passes="forward")
 
 
 def _dq_atomic_backward(spec: MaskSpec) -> Impl:
@@ -767,8 +783,7 @@ def _dq_atomic_backward(spec: MaskSpec) -> Impl:
     about 2 GB a 4 x 4096 backward). Its forward is the default's: fwd+bwd only."""
     from jax_bridge import AttentionConfigs
 
-    impl = varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics")
-    return dataclasses.replace(impl, forward=False)
+    return varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics", passes="fwd+bwd")
 
 
 def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
@@ -781,7 +796,7 @@ def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     deep = AttentionConfigs(backward_dkdv=AttentionKernelConfig(32, 128, 8, 4))
-    return dataclasses.replace(varlen_impl(spec, deep, "dkdv 4 stages"), forward=False)
+    return varlen_impl(spec, deep, "dkdv 4 stages", passes="fwd+bwd")
 
 
 def _flex_dkdv_config(spec: MaskSpec) -> Impl:
@@ -803,8 +818,7 @@ def _flex_dkdv_config(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     flex = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 128, 8, 3))
-    impl = varlen_impl(spec, flex, "dkdv 64x128 3 stages")
-    return dataclasses.replace(impl, forward=False)
+    return varlen_impl(spec, flex, "dkdv 64x128 3 stages", passes="fwd+bwd")
 
 
 def _deep_forward(spec: MaskSpec) -> Impl:
@@ -816,7 +830,7 @@ def _deep_forward(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     deep = AttentionConfigs(forward=AttentionKernelConfig(128, 128, 8, 3))
-    return dataclasses.replace(varlen_impl(spec, deep, "forward 128x128 3 stages"), grad=False)
+    return varlen_impl(spec, deep, "forward 128x128 3 stages", passes="forward")
 
 
 def _warp_specialized_forward(spec: MaskSpec) -> Impl:
@@ -833,8 +847,9 @@ def _warp_specialized_forward(spec: MaskSpec) -> Impl:
     from triton_kernels.flash_attention.config import WARP_SPECIALIZED_FORWARD_TILE
 
     forward = AttentionKernelConfig(*WARP_SPECIALIZED_FORWARD_TILE, tma=True, warp_specialize=True)
-    impl = varlen_impl(spec, AttentionConfigs(forward=forward), "forward warp-specialized")
-    return dataclasses.replace(impl, grad=False)
+    return varlen_impl(
+        spec, AttentionConfigs(forward=forward), "forward warp-specialized", passes="forward"
+    )
 
 
 def _warp_specialized_dkdv(spec: MaskSpec) -> Impl:
@@ -852,8 +867,9 @@ def _warp_specialized_dkdv(spec: MaskSpec) -> Impl:
     from triton_kernels.flash_attention.config import WARP_SPECIALIZED_DKDV_TILE
 
     dkdv = AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True)
-    impl = varlen_impl(spec, AttentionConfigs(backward_dkdv=dkdv), "dkdv warp-specialized")
-    return dataclasses.replace(impl, forward=False)
+    return varlen_impl(
+        spec, AttentionConfigs(backward_dkdv=dkdv), "dkdv warp-specialized", passes="fwd+bwd"
+    )
 
 
 def _sdpa(spec: MaskSpec) -> list[Impl]:
@@ -957,8 +973,7 @@ def _flex_forward_block_sparse(spec: MaskSpec) -> Impl:
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     flex = AttentionConfigs(forward=AttentionKernelConfig(128, 64, 8, 3))
-    impl = block_sparse_impl(spec, label="forward 128x64 3 stages", config=flex)
-    return dataclasses.replace(impl, grad=False)
+    return block_sparse_impl(spec, label="forward 128x64 3 stages", config=flex, passes="forward")
 
 
 def block_sparse_cases(sizes: Sizes) -> list[Case]:

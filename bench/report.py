@@ -26,7 +26,7 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +293,12 @@ def write_json(
 
 def read_json(path: Path) -> list[BenchRow]:
     """The rows of a file `write_json` wrote."""
-    return [BenchRow.from_dict(row) for row in json.loads(path.read_text())["rows"]]
+    return rows_of(json.loads(path.read_text()))
+
+
+def rows_of(document: Mapping[str, Any]) -> list[BenchRow]:
+    """The rows of a document `write_json` wrote, as read from its file."""
+    return [BenchRow.from_dict(row) for row in document["rows"]]
 
 
 def _json_scalar(value: Any) -> Any:
