@@ -1,7 +1,7 @@
 """`python -m bench gpu-check`: the GPU rows with their anchors, JSON, a per-kernel profile.
 
     python -m bench gpu-check [--dry-run] [--rows KEY ...] [--json PATH] [--budget-s S]
-                              [--no-torch]
+                              [--no-torch] [--ab after|with-row|only]
     python -m bench gpu-check --profile KEY      # under ncu: ours alone on one row
     python -m bench gpu-check --ncu-summary FILE  # our kernels vs the rest, from ncu's text
     python -m bench gpu-check --verdicts FILE     # A/B anchors vs the default, issue 27's bars
@@ -76,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="A/B anchors of the warp-specialized dK/dV kernel on two varlen rows (on "
         "with --dry-run)",
+    )
+    parser.add_argument(
+        "--ab",
+        choices=("after", "with-row", "only"),
+        default="after",
+        help="where the A/B anchors (ours in other configurations) run: 'after' every row's "
+        "other anchors, with ours timed again beside them (the default: a budget reaches "
+        "issue 27's bars first), 'with-row' in each row, or 'only' those (a second call)",
     )
     parser.add_argument(
         "--profile",
@@ -222,6 +230,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
         f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "
         f"{jax.devices()[0].device_kind}; torch anchors: {gpu_rows.torch_available()}"
     )
+    chosen = gpu_rows.ab_apart(chosen, args.ab)
     save = _saver(args, time.perf_counter())
     return run_cases(chosen, timing, budget_s=args.budget_s, on_rows=save)
 

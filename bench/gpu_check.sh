@@ -29,8 +29,9 @@
 # one archive of the logs (gpu_check_logs.tgz), as the device tool returns 8 files at most.
 # BENCH_COMMIT=<hash> names the commit where the copy has no .git; GPU_CHECK_ARGS adds
 # arguments to gpu-check; BENCH_BUDGET_S (260) is the bench rows' budget (cases not started
-# by then are skipped; each A/B anchor compiles its own kernels: ~5 cases in 260 s with
-# every anchor on), its step's time limit 30 s more. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
+# by then are skipped: every row with the anchors a user would pick runs first, then each
+# row's A/B anchors, which compile kernels of their own; GPU_CHECK_ARGS="--ab only" runs
+# those alone, in a second call), its step's time limit 30 s more. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
 # GPU_CHECK_ARGS="--dry-run --rows m64" bash bench/gpu_check.sh tma bench ncu (the `tma`
 # gate stays shut: the copy skips).
 set -u

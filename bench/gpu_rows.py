@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -1066,3 +1066,33 @@ def cases(sizes: Sizes) -> list[Case]:
         return next((i for i, key in enumerate(ORDER) if key in case.key), len(ORDER))
 
     return sorted(found, key=rank)
+
+
+def is_ab_anchor(impl: Impl) -> bool:
+    """Ours in another configuration, checked against ours (the verdicts' A/B rows); ours
+    on other work (gmm on one group: a roof, unchecked) is not one."""
+    return impl.name.startswith("ours ") and impl.canonical is not None
+
+
+def ab_apart(found: Sequence[Case], ab: str) -> list[Case]:
+    """`found` with its A/B anchors placed by `ab`: "with-row" (each case as it is),
+    "after" (every case with its other anchors first, what issue 27's bars and a user's
+    choice compare; then, in the same order, each case with ours and its A/B anchors
+    alone, ours timed again beside them), or "only" (that second part alone). Each A/B
+    anchor compiles kernels of its own (the first two varlen rows hold a dozen each), so
+    within a budget "after" reaches every bar before the first A/B."""
+    if ab not in ("with-row", "after", "only"):
+        raise ValueError(f"ab_apart: ab must be 'with-row', 'after' or 'only', got {ab!r}")
+    if ab == "with-row":
+        return list(found)
+    plain = [
+        dataclasses.replace(case, anchors=tuple(a for a in case.anchors if not is_ab_anchor(a)))
+        for case in found
+    ]
+    tested = [
+        dataclasses.replace(case, key=f"{case.key} (A/B)", anchors=ab_anchors,
+                            ab_part=True)
+        for case in found
+        if (ab_anchors := tuple(a for a in case.anchors if is_ab_anchor(a)))
+    ]  # fmt: skip
+    return tested if ab == "only" else plain + tested

@@ -95,6 +95,10 @@ class Case:
     tolerance: float
     num_diff: int
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The A/B part of a row (`gpu_rows.ab_apart`): its anchors are ours in other
+    # configurations, and ours (timed in the row's first part too) is timed only in the
+    # passes they time.
+    ab_part: bool = False
 
     def flops(self, label: str) -> float:
         """Useful FLOPs of one call of pass `label` ('forward' or 'fwd+bwd')."""
@@ -235,12 +239,16 @@ def run_case(
     case: Case, timing: Timing, passes: Sequence[str] = PASSES, anchors: bool = True
 ) -> list[BenchRow]:
     """Times ours and every anchor on `case` for each pass; one row per (pass, anchor that
-    ran), or one row without a baseline where none ran. Prints a line per measurement."""
+    ran), or one row without a baseline where none ran (in an A/B part, `Case.ab_part`, a
+    pass none of its anchors times is skipped). Prints a line per measurement."""
     host = case.inputs()
-    print(f"{case.op} {case.shape}:")
+    print(f"{case.op} {case.shape}{' (A/B anchors)' if case.ab_part else ''}:")
     rows = []
     for label in passes:
         grad = label != "forward"
+        timed = [a for a in case.anchors if (a.grad if grad else a.forward)] if anchors else []
+        if case.ab_part and not timed:
+            continue
         times, result, calls = measure(case.ours, host, case, grad, timing)
         ours = case.ours.canonical(result, grad)
         median = float(np.median(times))
@@ -248,9 +256,7 @@ def run_case(
             f"  {label:8s} {case.ours.name:26s} {_rate(case.flops(label), median)} ({calls} calls)"
         )
         found = []
-        for anchor in case.anchors if anchors else ():
-            if not (anchor.grad if grad else anchor.forward):
-                continue
+        for anchor in timed:
             try:
                 anchor_times, anchor_result, calls = measure(anchor, host, case, grad, timing)
                 ok, errors = _check(case, anchor, ours, anchor_result, grad)

@@ -306,6 +306,44 @@ def test_a_failing_case_is_a_failed_row_and_the_next_case_runs(capsys):
     assert "ours failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
 
 
+def test_ab_anchors_run_after_every_rows_other_anchors(capsys):
+    def impl(name, grad=True, forward=True, checked=True):
+        canonical = (lambda r, g: gpu_rows._to_numpy(r)) if checked else None
+        prepare = lambda host: ((jnp.asarray(host["x"]),), jnp.ones(3))
+        return runner.Impl(name, lambda a: 2.0 * a, prepare, canonical, grad=grad, forward=forward)
+
+    def case(key, *anchors):
+        inputs = {"x": np.random.default_rng(0).standard_normal(3).astype(np.float32)}
+        return runner.Case("s", "op", key, key, "matmul", 6.0, lambda: inputs, impl("ours"),
+                           anchors, 0.1, 1)  # fmt: skip
+
+    roof = impl("ours on one group", checked=False)  # other work: no A/B anchor
+    found = [
+        case("a", impl("theirs"), impl("ours fwd only", grad=False), roof),
+        case("b", impl("theirs")),
+        case("c", impl("ours bwd only", forward=False)),
+    ]
+    assert gpu_rows.ab_apart(found, "with-row") == found
+    after = gpu_rows.ab_apart(found, "after")
+    assert [(c.key, [a.name for a in c.anchors]) for c in after] == [
+        ("a", ["theirs", "ours on one group"]), ("b", ["theirs"]), ("c", []),
+        ("a (A/B)", ["ours fwd only"]), ("c (A/B)", ["ours bwd only"]),
+    ]  # fmt: skip
+    assert gpu_rows.ab_apart(found, "only") == after[3:]
+    with pytest.raises(ValueError, match="ab must be"):
+        gpu_rows.ab_apart(found, "first")
+    # An A/B part times ours only in the passes its anchors time: no row of ours alone.
+    rows = runner.run_cases(after[3:], runner.Timing(1, calls=1))
+    assert [(r.op, r.baseline) for r in rows] == [
+        ("op forward", "ours fwd only"), ("op fwd+bwd", "ours bwd only"),
+    ]  # fmt: skip
+    assert all(r.ok for r in rows)
+    # A whole row (not an A/B part) keeps its row of ours alone where no anchor ran.
+    assert [r.baseline for r in runner.run_cases(after[2:3], runner.Timing(1, calls=1))] == [
+        "", "",
+    ]  # fmt: skip
+
+
 def test_padded_anchor_gives_the_packed_documents_back():
     """The mixed-length row's cuDNN anchor pads the documents into a batch with
     `query_seq_lengths`; its result, gathered back, is the packed attention (here XLA's
