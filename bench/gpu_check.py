@@ -36,7 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench gpu-check", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench gpu-check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the usage lines as written
+    )
     parser.add_argument("--dry-run", action="store_true", help="toy sizes, one call each")
     parser.add_argument(
         "--rows",
@@ -58,33 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         help="skip the remaining cases past this many seconds",
     )
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch's anchors out")
-    parser.add_argument(
-        "--tma",
-        action="store_true",
-        help="A/B anchors of tensor-descriptor (TMA) loads: the dK/dV tile before its TMA "
-        "default on two varlen rows, gmm with TMA on the grouped matmul rows (on with "
-        "--dry-run)",
-    )
-    parser.add_argument(
-        "--warp-specialized",
-        action="store_true",
-        help="A/B anchors of warp-specialized kernels (Hopper): gmm on the grouped matmul "
-        "rows, the attention forward on three varlen rows (on with --dry-run)",
-    )
-    parser.add_argument(
-        "--warp-specialized-dkdv",
-        action="store_true",
-        help="A/B anchors of the warp-specialized dK/dV kernel on two varlen rows (on "
-        "with --dry-run)",
-    )
-    parser.add_argument(
-        "--ab",
-        choices=("after", "with-row", "only"),
-        default="after",
-        help="where the A/B anchors (ours in other configurations) run: 'after' every row's "
-        "other anchors, with ours timed again beside them (the default: a budget reaches "
-        "issue 27's bars first), 'with-row' in each row, or 'only' those (a second call)",
-    )
+    _add_ab_arguments(parser)
     parser.add_argument(
         "--profile",
         metavar="KEY",
@@ -126,6 +104,37 @@ def _parser() -> argparse.ArgumentParser:
         "loop, or ptxas serialized or refused one of their kernels",
     )
     return parser
+
+
+def _add_ab_arguments(parser: argparse.ArgumentParser) -> None:
+    """The A/B anchors' flags: which run, and where."""
+    parser.add_argument(
+        "--tma",
+        action="store_true",
+        help="A/B anchors of tensor-descriptor (TMA) loads: the dK/dV tile before its TMA "
+        "default on two varlen rows, gmm with TMA on the grouped matmul rows (on with "
+        "--dry-run)",
+    )
+    parser.add_argument(
+        "--warp-specialized",
+        action="store_true",
+        help="A/B anchors of warp-specialized kernels (Hopper): gmm on the grouped matmul "
+        "rows, the attention forward on three varlen rows (on with --dry-run)",
+    )
+    parser.add_argument(
+        "--warp-specialized-dkdv",
+        action="store_true",
+        help="A/B anchors of the warp-specialized dK/dV kernel on two varlen rows (on "
+        "with --dry-run)",
+    )
+    parser.add_argument(
+        "--ab",
+        choices=("after", "with-row", "only"),
+        default="after",
+        help="where the A/B anchors (ours in other configurations) run: 'after' every row's "
+        "other anchors, with ours timed again beside them (the default: a budget reaches "
+        "issue 27's bars first), 'with-row' in each row, or 'only' those (a second call)",
+    )
 
 
 def our_kernel_names() -> frozenset[str]:
