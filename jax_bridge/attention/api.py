@@ -201,7 +201,7 @@ def _check_cu_seqlens(cu: Any, name: str, total: int, array_name: str) -> jax.Ar
     if arr.ndim != 1:
         raise ValueError(f"{_OP}: {name} must have shape [batch + 1], got {tuple(arr.shape)}.")
     # Converted to int32 when the values fit; then non-empty, from 0, non-decreasing.
-    cu = check_cu_seqlens(as_int32(arr, f"{_OP}: {name}"), name)
+    cu = check_cu_seqlens(as_int32(arr, f"{_OP}: {name}"), f"{_OP}: {name}")
     require(
         cu[-1] <= total,
         f"{_OP}: {name}[-1] (the number of real tokens) exceeds {array_name}.shape[0] = {total}.",
@@ -302,7 +302,7 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
     """Validates an (otherwise unused) max_seqlen hint: a static int >= every length."""
     if hint is None:
         return
-    hint = check_static_int(hint, name)
+    hint = check_static_int(hint, f"{_OP}: {name}")
     require(
         jnp.max(cu[1:] - cu[:-1], initial=0) <= hint,
         f"{_OP}: {name}={hint} is smaller than the longest sequence.",

@@ -168,7 +168,12 @@ def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str
             f"{tuple(v.shape)}."
         )
     num_q_heads, num_kv_heads = q.shape[-2], k.shape[-2]
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+    if num_kv_heads == 0:
+        raise ValueError(
+            f"{op}: k and v must have at least one head (num_kv_heads >= 1), got k "
+            f"{tuple(k.shape)}."
+        )
+    if num_q_heads % num_kv_heads:
         raise ValueError(
             f"{op}: q's num_q_heads ({num_q_heads}) must be a multiple of k's num_kv_heads "
             f"({num_kv_heads})."

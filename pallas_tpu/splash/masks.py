@@ -704,9 +704,18 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
     return DocumentTokens(q_doc, kv_doc, q_rel, kv_rel, start, end)
 
 
+def _check_cu_seqlens_form(cu, name: str) -> None:
+    """ValueError unless `cu` (concrete or traced) is [num_docs + 1]; TypeError unless its
+    dtype is an integer one (bool is not)."""
+    shape = np.shape(cu)
+    if len(shape) != 1 or shape[0] < 1:
+        raise ValueError(f"DocumentMask: {name} must have shape [num_docs + 1], got {shape}")
+    dtype = cu.dtype if hasattr(cu, "dtype") else np.asarray(cu).dtype
+    if not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"DocumentMask: {name} must have an integer dtype, got {dtype}")
+
+
 def _check_cu_seqlens(cu: np.ndarray, length: int, name: str) -> None:
-    if cu.ndim != 1 or cu.shape[0] < 1 or not np.issubdtype(cu.dtype, np.integer):
-        raise ValueError(f"DocumentMask: {name} must be integer [num_docs + 1], got {cu.shape}")
     if cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] > length:
         raise ValueError(
             f"DocumentMask: {name} must start at 0, never decrease and end at most at "
@@ -776,6 +785,8 @@ class DocumentMask(Mask):
             self.q_sequence = np.arange(self._shape[0], dtype=np.int32)
 
     def _cu_seqlens(self, cu_q, cu_kv, shape):
+        _check_cu_seqlens_form(cu_q, "cu_seqlens_q")
+        _check_cu_seqlens_form(cu_kv, "cu_seqlens_kv")
         if self.traced:
             if shape is None:
                 raise ValueError("DocumentMask: traced cu_seqlens need shape=(q_len, kv_len)")

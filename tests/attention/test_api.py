@@ -188,6 +188,11 @@ BAD_CALLS = {
         ValueError,
         "head_dim",
     ),
+    "no_kv_heads": (
+        {"k": jnp.zeros((5, 0, 32)), "v": jnp.zeros((5, 0, 32))},
+        ValueError,
+        "k and v must have at least one head",
+    ),
     "kv_shape_mismatch": ({"v": jnp.zeros((4, 2, 32))}, ValueError, "v must have the shape of k"),
     "q_rank": ({"q": jnp.zeros((6, 128))}, ValueError, "q must have shape"),
     "int_q": ({"q": jnp.zeros((6, 4, 32), jnp.int32)}, TypeError, "q must be float16"),
@@ -284,6 +289,7 @@ def test_bad_arguments_raise_naming_them(name):
     with pytest.raises(error) as info:
         varlen_attention(*positional, **args)
     assert text in str(info.value)
+    assert str(info.value).startswith("varlen_attention: ")
 
 
 def test_flash_attention_conventions_are_accepted():

@@ -539,8 +539,8 @@ def test_check_empty_rows_names_the_row():
         ([0, 5, 3], None, (8, 8), "never decrease"),
         ([0, 4, 9], None, (8, 8), "end at most"),
         ([0, 4, 8], [0, 8], (8, 8), "one"),
-        ([[0, 4, 8]], None, (8, 8), "integer"),
-        ([0.0, 4.0], None, (8, 8), "integer"),
+        ([[0, 4, 8]], None, (8, 8), r"cu_seqlens_q must have shape \[num_docs \+ 1\]"),
+        ([], None, (8, 8), r"cu_seqlens_q must have shape \[num_docs \+ 1\], got \(0,\)"),
     ],
 )
 def test_bad_cu_seqlens_raise(cu_q, cu_kv, shape, message):
@@ -548,6 +548,19 @@ def test_bad_cu_seqlens_raise(cu_q, cu_kv, shape, message):
         masks.DocumentMask(
             np.asarray(cu_q), None if cu_kv is None else np.asarray(cu_kv), shape=shape
         )
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("cu", [[0.0, 4.0, 8.0], [True, False]])
+def test_cu_seqlens_of_a_non_integer_dtype_is_a_type_error_naming_it(cu, traced):
+    cu = jnp.asarray(cu) if traced else np.asarray(cu)
+    expected = f"DocumentMask: cu_seqlens_q must have an integer dtype, got {cu.dtype}"
+
+    def make(c):
+        return masks.DocumentMask(c, shape=(8, 8)).shape
+
+    with pytest.raises(TypeError, match=expected):
+        jax.jit(make)(cu) if traced else make(cu)
 
 
 def test_bad_segment_ids_and_traced_shape_raise():
