@@ -30,7 +30,8 @@ if [ ! -f "$venv/.installed-stamp" ] || [ pyproject.toml -nt "$venv/.installed-s
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   # The device's versions, pinned; the rest of the project's dependencies and of its test
   # extra as pyproject.toml has them.
-  mapfile -t rest < <("$python" - <<'EOF'
+  # A command substitution, not a process one: set -e stops here if the reading fails.
+  requirements=$("$python" - <<'EOF'
 import re
 import tomllib
 
@@ -42,7 +43,8 @@ for requirement in project["dependencies"] + project["optional-dependencies"]["t
         print(requirement)
 EOF
   )
-  [ "${#rest[@]}" -gt 0 ] || { echo "device stack: no requirements read from pyproject.toml"; exit 1; }
+  mapfile -t rest <<<"$requirements"
+  [ -n "$requirements" ] || { echo "device stack: no requirements read from pyproject.toml"; exit 1; }
   "$venv/bin/python" -m pip install --quiet "jax[cuda13-local]==0.11.2" "jax[tpu]==0.11.2" \
     "triton==3.6.0" bench/wheels/jax_triton-0.3.1-py3-none-any.whl "${rest[@]}"
   "$venv/bin/python" -m pip install --quiet --no-deps -e .

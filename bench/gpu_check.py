@@ -133,7 +133,8 @@ def _add_ab_arguments(parser: argparse.ArgumentParser) -> None:
         default="after",
         help="where the A/B anchors (ours in other configurations) run: 'after' every row's "
         "other anchors, with ours timed again beside them (the default: a budget reaches "
-        "issue 27's bars first), 'with-row' in each row, or 'only' those (a second call)",
+        "issue 27's bars first), 'with-row' in each row, or 'only' those (a second call); "
+        "--profile and --compile-for take every case whole",
     )
 
 
@@ -198,6 +199,9 @@ def summarise_ncu(kernels: dict[str, float], ours: frozenset[str]) -> str:
 
 
 def _select(cases, keys: Sequence[str]):
+    """The cases whose key holds one of `keys` (all without keys); a key as a skipped A/B
+    part was printed, "... (A/B)", names its row (`--ab` says which parts run)."""
+    keys = [k.removesuffix(" (A/B)") for k in keys]
     return [c for c in cases if not keys or any(k in c.key for k in keys)]
 
 
@@ -235,11 +239,13 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
         if not chosen:
             raise SystemExit(f"gpu-check --profile: no case matches {args.profile!r}")
         return run_cases(chosen[:1], one_call, anchors=False)
-    print(
-        f"gpu-check: {len(chosen)} cases at {'toy' if quick else 'full'} sizes on "
-        f"{jax.devices()[0].device_kind}; torch anchors: {gpu_rows.torch_available()}"
-    )
     chosen = gpu_rows.ab_apart(chosen, args.ab)
+    parts = sum(case.ab_part for case in chosen)
+    print(
+        f"gpu-check: {len(chosen)} cases ({parts} of them A/B parts) at "
+        f"{'toy' if quick else 'full'} sizes on {jax.devices()[0].device_kind}; torch "
+        f"anchors: {gpu_rows.torch_available()}"
+    )
     save = _saver(args, time.perf_counter())
     return run_cases(chosen, timing, budget_s=args.budget_s, on_rows=save)
 

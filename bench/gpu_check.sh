@@ -31,7 +31,8 @@
 # arguments to gpu-check; BENCH_BUDGET_S (260) is the bench rows' budget (cases not started
 # by then are skipped: every row with the anchors a user would pick runs first, then each
 # row's A/B anchors, which compile kernels of their own; GPU_CHECK_ARGS="--ab only" runs
-# those alone, in a second call), its step's time limit 30 s more. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
+# those alone, in a second call: without the `tma` step there, add by hand the flags the
+# first call's gates granted, as summary.txt lists them), its step's time limit 30 s more. On a CPU: GPU_TEST_PLATFORMS=cpu PYTHON=.venv/bin/python
 # GPU_CHECK_ARGS="--dry-run --rows m64" bash bench/gpu_check.sh tma bench ncu (the `tma`
 # gate stays shut: the copy skips).
 set -u

@@ -23,7 +23,9 @@ import dataclasses
 import functools
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Literal
 
 import numpy as np
 
@@ -146,14 +148,15 @@ def _packed_canonical(result, grad: bool) -> list[np.ndarray]:
 # What an A/B anchor of ours times (`Impl.forward`, `Impl.grad`): "both" passes, the
 # "forward" alone (it changes the forward's kernels only), or "fwd+bwd" alone (it changes
 # the backward's only: its forward would time the default's again).
-_PASSES = {
+Passes = Literal["both", "forward", "fwd+bwd"]
+_PASSES: Mapping[str, Mapping[str, bool]] = MappingProxyType({
     "both": {},
     "forward": {"grad": False},
     "fwd+bwd": {"forward": False},
-}
+})  # fmt: skip
 
 
-def varlen_impl(spec: MaskSpec, config=None, label: str = "", passes: str = "both") -> Impl:
+def varlen_impl(spec: MaskSpec, config=None, label: str = "", passes: Passes = "both") -> Impl:
     """Ours: the Triton varlen kernels on the packed documents, at their defaults or at
     `config` (an `AttentionConfigs`, for A/B rows: `label` names it; `passes`: what it
     times, `_PASSES`)."""
@@ -193,7 +196,7 @@ def splash_mask(spec: MaskSpec):
 
 
 def block_sparse_impl(
-    spec: MaskSpec, block_sizes=None, label: str = "", config=None, passes: str = "both"
+    spec: MaskSpec, block_sizes=None, label: str = "", config=None, passes: Passes = "both"
 ) -> Impl:
     """Ours: the Triton block-sparse kernels with the spec's splash mask, at their default
     tiles or at `block_sizes` (a `BlockSizes`) and `config` (an `AttentionConfigs`), for
@@ -449,7 +452,7 @@ def _matmul_inputs(m: int, k: int, n: int, groups: int):
     return draw
 
 
-def _gmm_jax(fn: Callable, name: str, passes: str = "both") -> Impl:
+def _gmm_jax(fn: Callable, name: str, passes: Passes = "both") -> Impl:
     """A JAX grouped matmul row: bf16 lhs, rhs and output cotangent (an MoE layer's, and
     torch._grouped_mm's); `fn` returns bf16 (accumulating in float32); `passes`: what it
     times (`_PASSES`)."""
@@ -941,11 +944,11 @@ def _wide_block_sparse_dq(spec: MaskSpec) -> Impl:
     spill-free in its loops under Triton 3.6 and 3.9 (4 B outside them under 3.6), and
     runs 298 / 328 warp-instructions per MFLOP in its full-tile loop against 370 / 431,
     561 / 591 in its partial-tile loop against 655 / 692. (The varlen dQ spills at
-    128x128 in its masked loop: 20-40 B.)"""
+    128x128 in its masked loop: 20-40 B.) Its forward is the default's: fwd+bwd only."""
     from pallas_tpu.splash import BlockSizes
 
     wide = BlockSizes(block_q_dq=128, block_kv_dq=128)
-    return block_sparse_impl(spec, wide, "dq 128x128")
+    return block_sparse_impl(spec, wide, "dq 128x128", passes="fwd+bwd")
 
 
 def _two_ctas_block_sparse(spec: MaskSpec) -> Impl:
@@ -1089,10 +1092,10 @@ def ab_apart(found: Sequence[Case], ab: str) -> list[Case]:
         dataclasses.replace(case, anchors=tuple(a for a in case.anchors if not is_ab_anchor(a)))
         for case in found
     ]
-    tested = [
+    ab_parts = [
         dataclasses.replace(case, key=f"{case.key} (A/B)", anchors=ab_anchors,
                             ab_part=True)
         for case in found
         if (ab_anchors := tuple(a for a in case.anchors if is_ab_anchor(a)))
     ]  # fmt: skip
-    return tested if ab == "only" else plain + tested
+    return ab_parts if ab == "only" else plain + ab_parts

@@ -272,7 +272,8 @@ def run_case(
                 f"speed ours/anchor {theirs / median:5.2f}x | {errors}"
             )
             found.append(_row(case, label, times, anchor.name, anchor_times, ok))
-        rows += found or [_row(case, label, times)]
+        # An A/B part's ours was timed in its row's first part: alone it adds nothing.
+        rows += found or ([] if case.ab_part else [_row(case, label, times)])
     return rows
 
 
@@ -286,20 +287,25 @@ def run_cases(
     on_rows: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
     """`run_case` over `cases` (a case whose own implementation fails becomes a failed
-    row, and the next case runs); past `budget_s` seconds the remaining cases are named and
-    skipped (a GPU check must end in its time slot with the rows it has). `on_rows` gets
-    the rows so far after each case (to save them before a time limit kills the run)."""
-    start, rows = time.perf_counter(), []
+    row, and the next case runs; the A/B part of a row whose ours failed is skipped);
+    past `budget_s` seconds the remaining cases are named and skipped (a GPU check must
+    end in its time slot with the rows it has). `on_rows` gets the rows so far after each
+    case (to save them before a time limit kills the run)."""
+    start, rows, failed = time.perf_counter(), [], set()
     for index, case in enumerate(cases):
         if budget_s is not None and time.perf_counter() - start > budget_s:
             skipped = ", ".join(c.key for c in cases[index:])
             print(f"time budget of {budget_s:.0f} s spent: skipped {skipped}")
             break
+        if case.ab_part and (case.op, case.shape) in failed:
+            print(f"{case.op} {case.shape} (A/B anchors): skipped, ours failed above")
+            continue
         try:
             rows += run_case(case, timing, passes, anchors)
         except Exception as error:  # ours failed: a failed row, and on to the next case
             print(f"  ours failed: {type(error).__name__}: {str(error)[:300]}")
             rows.append(BenchRow(case.section, case.op, case.shape, case.ours.name, ok=False))
+            failed.add((case.op, case.shape))
         if on_rows is not None:
             on_rows(rows)
     return rows

@@ -207,6 +207,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
         ("backward 64x64", "fwd+bwd"), ("block-sparse forward 128x64", "forward"),
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
+        ("block-sparse dq 128x128", "fwd+bwd"),
     ):  # fmt: skip
         rows = [r for r in found if kernel in r["baseline"]]
         assert rows and all(r["op"].endswith(label) for r in rows)
@@ -342,6 +343,43 @@ def test_ab_anchors_run_after_every_rows_other_anchors(capsys):
     assert [r.baseline for r in runner.run_cases(after[2:3], runner.Timing(1, calls=1))] == [
         "", "",
     ]  # fmt: skip
+
+
+def test_an_a_b_part_adds_no_row_of_ours_alone_and_follows_its_rows_failure(capsys):
+    def unavailable(host):
+        raise RuntimeError("refuses this shape")
+
+    def fine(host):
+        return (jnp.asarray(host["x"]),), jnp.ones(3)
+
+    def case(key, ours_prepare, anchors=(), ab_part=False):
+        impl = runner.Impl("ours", lambda a: 2.0 * a, ours_prepare, lambda r, g: [r])
+        inputs = {"x": np.random.default_rng(1).standard_normal(3).astype(np.float32)}
+        shape = key.removesuffix(" (A/B)")  # as ab_apart: the key changes, the shape not
+        return runner.Case("s", "op", key, shape, "matmul", 6.0, lambda: inputs, impl, anchors,
+                           0.1, 1, ab_part=ab_part)  # fmt: skip
+
+    refusing = runner.Impl("ours other", lambda a: a, unavailable, lambda r, g: [r])
+    timing = runner.Timing(1, calls=1)
+    # Its only anchor unavailable: the A/B part has nothing to set ours beside.
+    assert runner.run_cases([case("a (A/B)", fine, (refusing,), ab_part=True)], timing) == []
+    # Ours failed in the row's first part: its A/B part is not compiled again.
+    rows = runner.run_cases(
+        [case("b", unavailable), case("b (A/B)", unavailable, (refusing,), ab_part=True)], timing
+    )
+    assert [(r.shape, r.ok) for r in rows] == [("b", False)]
+    assert "op b (A/B anchors): skipped, ours failed above" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_ab_only_runs_ours_beside_its_a_b_anchors_alone(tmp_path: Path, capsys):
+    path = tmp_path / "ab.json"
+    assert gpu_check.main(["--dry-run", "--rows", "m64", "--ab", "only", "--json", str(path)]) == 0
+    found = json.loads(path.read_text())["rows"]
+    assert found and all(row["baseline"].startswith("ours triton") for row in found)
+    assert not any(row["baseline"] == "ours triton, one group" for row in found)  # a roof
+    assert all(row["ok"] is True for row in found)
+    assert "(A/B anchors)" in capsys.readouterr().out
 
 
 def test_padded_anchor_gives_the_packed_documents_back():

@@ -302,6 +302,11 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
     """Validates an (otherwise unused) max_seqlen hint: a static int >= every length."""
     if hint is None:
         return
+    if is_traced(hint):  # check_static_int's reason (an output shape) is not this one's
+        raise TypeError(
+            f"{_OP}: {name} is a hint checked against cu_seqlens, so it must be a static "
+            "Python int, not a traced value; mark it static or leave it None."
+        )
     hint = check_static_int(hint, f"{_OP}: {name}")
     require(
         jnp.max(cu[1:] - cu[:-1], initial=0) <= hint,

@@ -706,13 +706,14 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
 
 def _check_cu_seqlens_form(cu, name: str) -> None:
     """ValueError unless `cu` (concrete or traced) is [num_docs + 1]; TypeError unless its
-    dtype is an integer one (bool is not)."""
+    dtype is a signed integer one (as `jax_bridge`'s cu_seqlens: unsigned differences wrap,
+    so a decreasing one would pass the value check; bool is no integer)."""
     shape = np.shape(cu)
     if len(shape) != 1 or shape[0] < 1:
         raise ValueError(f"DocumentMask: {name} must have shape [num_docs + 1], got {shape}")
     dtype = cu.dtype if hasattr(cu, "dtype") else np.asarray(cu).dtype
-    if not np.issubdtype(dtype, np.integer):
-        raise TypeError(f"DocumentMask: {name} must have an integer dtype, got {dtype}")
+    if not np.issubdtype(dtype, np.signedinteger):
+        raise TypeError(f"DocumentMask: {name} must have a signed integer dtype, got {dtype}")
 
 
 def _check_cu_seqlens(cu: np.ndarray, length: int, name: str) -> None:
@@ -791,7 +792,7 @@ class DocumentMask(Mask):
             if shape is None:
                 raise ValueError("DocumentMask: traced cu_seqlens need shape=(q_len, kv_len)")
             cu_q, cu_kv = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_kv, jnp.int32)
-            if cu_q.ndim != 1 or cu_q.shape != cu_kv.shape:
+            if cu_q.shape != cu_kv.shape:
                 raise ValueError(
                     "DocumentMask: cu_seqlens_q and cu_seqlens_kv must be "
                     f"[num_docs + 1] of one length, got {cu_q.shape}, {cu_kv.shape}"

@@ -325,6 +325,11 @@ def test_xla_takes_head_dims_triton_does_not(head_dim):
     assert_close(out, ref, attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k), "out")
 
 
+def test_a_traced_max_seqlen_hint_is_refused_for_what_it_is():
+    with pytest.raises(TypeError, match="max_seqlen_q is a hint checked against cu_seqlens"):
+        jax.jit(lambda n: varlen_attention(_Q, _KV, _KV, _CU_Q, _CU_K, max_seqlen_q=n))(4)
+
+
 def test_traced_bad_cu_seqlens_is_a_checkify_error():
     fn = checkify.checkify(
         lambda cu: varlen_attention(_Q, _KV, _KV, cu, _CU_K, implementation="xla"),

@@ -551,10 +551,14 @@ def test_bad_cu_seqlens_raise(cu_q, cu_kv, shape, message):
 
 
 @pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize("cu", [[0.0, 4.0, 8.0], [True, False]])
-def test_cu_seqlens_of_a_non_integer_dtype_is_a_type_error_naming_it(cu, traced):
-    cu = jnp.asarray(cu) if traced else np.asarray(cu)
-    expected = f"DocumentMask: cu_seqlens_q must have an integer dtype, got {cu.dtype}"
+@pytest.mark.parametrize(
+    "cu",
+    # unsigned: a decreasing [0, 5, 3] would wrap to positive differences and pass
+    [np.array([0.0, 4.0, 8.0]), np.array([True, False]), np.array([0, 5, 3], np.uint32)],
+)
+def test_cu_seqlens_of_a_non_signed_integer_dtype_is_a_type_error_naming_it(cu, traced):
+    cu = jnp.asarray(cu) if traced else cu
+    expected = f"DocumentMask: cu_seqlens_q must have a signed integer dtype, got {cu.dtype}"
 
     def make(c):
         return masks.DocumentMask(c, shape=(8, 8)).shape
