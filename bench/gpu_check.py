@@ -199,8 +199,8 @@ def summarise_ncu(kernels: dict[str, float], ours: frozenset[str]) -> str:
 
 
 def _select(cases, keys: Sequence[str]):
-    """The cases whose key holds one of `keys` (all without keys); a key as a skipped A/B
-    part was printed, "... (A/B)", names its row (`--ab` says which parts run)."""
+    """The cases whose key holds one of `keys` (all without keys). A key printed for a
+    skipped A/B part, "... (A/B)", selects its row; `--ab` says which parts of it run."""
     keys = [k.removesuffix(" (A/B)") for k in keys]
     return [c for c in cases if not keys or any(k in c.key for k in keys)]
 
