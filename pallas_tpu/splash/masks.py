@@ -706,17 +706,17 @@ def _tokens_of_segment_ids(xp, q_ids, kv_ids) -> DocumentTokens:
 
 def _check_cu_seqlens_form(cu, name: str) -> None:
     """ValueError unless `cu` (concrete or traced) is [num_docs + 1]; TypeError unless its
-    dtype is a signed integer one (as `jax_bridge`'s cu_seqlens: unsigned differences wrap,
-    so a decreasing one would pass the value check; bool is no integer)."""
+    dtype is an integer one (bool is not; any width or sign, as varlen_attention takes)."""
     shape = np.shape(cu)
     if len(shape) != 1 or shape[0] < 1:
         raise ValueError(f"DocumentMask: {name} must have shape [num_docs + 1], got {shape}")
     dtype = cu.dtype if hasattr(cu, "dtype") else np.asarray(cu).dtype
-    if not np.issubdtype(dtype, np.signedinteger):
-        raise TypeError(f"DocumentMask: {name} must have a signed integer dtype, got {dtype}")
+    if not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"DocumentMask: {name} must have an integer dtype, got {dtype}")
 
 
 def _check_cu_seqlens(cu: np.ndarray, length: int, name: str) -> None:
+    cu = cu.astype(np.int64)  # unsigned differences would wrap past a decrease
     if cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] > length:
         raise ValueError(
             f"DocumentMask: {name} must start at 0, never decrease and end at most at "

@@ -541,6 +541,8 @@ def test_check_empty_rows_names_the_row():
         ([0, 4, 8], [0, 8], (8, 8), "one"),
         ([[0, 4, 8]], None, (8, 8), r"cu_seqlens_q must have shape \[num_docs \+ 1\]"),
         ([], None, (8, 8), r"cu_seqlens_q must have shape \[num_docs \+ 1\], got \(0,\)"),
+        # unsigned: differences computed as such would wrap to positive and pass
+        (np.array([0, 5, 3], np.uint32), None, (8, 8), "never decrease"),
     ],
 )
 def test_bad_cu_seqlens_raise(cu_q, cu_kv, shape, message):
@@ -551,14 +553,10 @@ def test_bad_cu_seqlens_raise(cu_q, cu_kv, shape, message):
 
 
 @pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize(
-    "cu",
-    # unsigned: a decreasing [0, 5, 3] would wrap to positive differences and pass
-    [np.array([0.0, 4.0, 8.0]), np.array([True, False]), np.array([0, 5, 3], np.uint32)],
-)
-def test_cu_seqlens_of_a_non_signed_integer_dtype_is_a_type_error_naming_it(cu, traced):
+@pytest.mark.parametrize("cu", [np.array([0.0, 4.0, 8.0]), np.array([True, False])])
+def test_cu_seqlens_of_a_non_integer_dtype_is_a_type_error_naming_it(cu, traced):
     cu = jnp.asarray(cu) if traced else cu
-    expected = f"DocumentMask: cu_seqlens_q must have a signed integer dtype, got {cu.dtype}"
+    expected = f"DocumentMask: cu_seqlens_q must have an integer dtype, got {cu.dtype}"
 
     def make(c):
         return masks.DocumentMask(c, shape=(8, 8)).shape
@@ -612,3 +610,11 @@ def test_long_document_mask_at_128_blocks():
         latest_q = np.minimum(qi * block + block - 1, end - 1)
         expected[qi, ki] |= earliest_kv <= latest_q
     np.testing.assert_array_equal(info.block_mask[0] != EMPTY, expected)
+
+
+def test_unsigned_cu_seqlens_mean_what_signed_ones_do():
+    """As varlen_attention takes them: any integer dtype whose values fit."""
+    unsigned = masks.DocumentMask(np.array([0, 3, 8], np.uint32), shape=(8, 8), causal=True)
+    signed = masks.DocumentMask(np.array([0, 3, 8], np.int64), shape=(8, 8), causal=True)
+    np.testing.assert_array_equal(unsigned[:, :], signed[:, :])
+    assert unsigned[:, :].sum() == 3 * 4 // 2 + 5 * 6 // 2
