@@ -263,16 +263,13 @@ def compile_rows(args: argparse.Namespace) -> int:
     print(f"gpu-check --compile-for {args.compile_for}: {len(chosen)} cases")
     builds = preflight.KernelBuilds()
     compiled = preflight.compile_cases(chosen, args.compile_for, builds)
-    assembler = args.ptxas or "Triton's ptxas"
-    print(
-        f"\nthe {len(builds.kernels)} distinct kernels, assembled by {assembler} "
-        f"({preflight.ptxas_version(args.ptxas)}):"
-    )
+    assembler, release = args.ptxas or "Triton's ptxas", preflight.ptxas_version(args.ptxas)
+    print(f"\nthe {len(builds.kernels)} distinct kernels, assembled by {assembler} ({release}):")
     kernels = preflight.check_kernels(builds, compiled, args.ptxas)
     text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
     if args.json is not None:
-        document = preflight.static_document(compiled, kernels, args.compile_for, args.ptxas)
+        document = preflight.static_document(compiled, kernels, args.compile_for, release)
         document["machine"] = machine_description({"mode": "compile-for", "rows": args.rows})
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")

@@ -306,11 +306,12 @@ def static_document(
     rows: Sequence[CompiledRow],
     checks: Sequence[KernelCheck],
     target: str,
-    ptxas: str | None = None,
+    ptxas_release: str,
 ) -> dict:
     """The check as JSON data: every program (shape, pass, implementation, its kernels'
-    keys, or its error) and every kernel ptxas read, by key; `bench/verdicts.py` sets the
-    kernels beside a device run's A/B rows (`gpu-check --verdicts FILE --static FILE`)."""
+    keys, or its error) and every kernel ptxas read, by key, with the release of ptxas
+    that read them (`ptxas_version`); `bench/verdicts.py` sets the kernels beside a device
+    run's A/B rows (`gpu-check --verdicts FILE --static FILE`)."""
     kernels = {}
     for check in checks:
         r = check.report
@@ -340,6 +341,6 @@ def static_document(
         for r in rows
     ]  # fmt: skip
     return {
-        "target": target, "ptxas": ptxas_version(ptxas), "programs": programs,
+        "target": target, "ptxas": ptxas_release, "programs": programs,
         "kernels": kernels,
     }  # fmt: skip
