@@ -289,40 +289,44 @@ def test_our_kernel_names_are_the_triton_kernels():
     assert all(name.endswith("_kernel") for name in names)
 
 
+def _toy_prepare(host):
+    return (jnp.asarray(host["x"]),), jnp.ones(3)
+
+
+def _unavailable(host):
+    raise RuntimeError("refuses this shape")
+
+
+def _toy_impl(name: str, prepare=_toy_prepare, *, checked: bool = True, **passes) -> runner.Impl:
+    """x -> 2x on one array; `checked` False: other work (no check, as a roof); `passes`:
+    `grad` / `forward` as `Impl` takes them."""
+    canonical = (lambda r, g: gpu_rows._to_numpy(r)) if checked else None
+    return runner.Impl(name, lambda a: 2.0 * a, prepare, canonical, **passes)
+
+
+def _toy_case(key: str, ours=None, anchors=(), ab_part: bool = False) -> runner.Case:
+    """A case of one random array; an A/B part's key names its row's shape, as `ab_apart`
+    keeps it."""
+    inputs = {"x": np.random.default_rng(0).standard_normal(3).astype(np.float32)}
+    shape, ours = key.removesuffix(" (A/B)"), ours or _toy_impl("ours")
+    return runner.Case("s", "op", key, shape, "matmul", 6.0, lambda: inputs, ours,
+                       tuple(anchors), 0.1, 1, ab_part=ab_part)  # fmt: skip
+
+
 def test_a_failing_case_is_a_failed_row_and_the_next_case_runs(capsys):
-    def broken(host):
-        raise RuntimeError("no kernel for this shape")
-
-    def case(key: str, prepare) -> runner.Case:
-        impl = runner.Impl("ours", lambda a: 2.0 * a, prepare, lambda r, g: gpu_rows._to_numpy(r))
-        inputs = dict.fromkeys(("x",), np.ones(3, np.float32))
-        return runner.Case("s", "op", key, key, "matmul", 6.0, lambda: inputs, impl, (), 0.1, 1)
-
-    def fine(host):
-        return (jnp.asarray(host["x"]),), jnp.ones(3)
-
-    rows = runner.run_cases([case("a", broken), case("b", fine)], runner.Timing(1, calls=1))
+    broken = _toy_impl("ours", _unavailable)
+    rows = runner.run_cases([_toy_case("a", broken), _toy_case("b")], runner.Timing(1, calls=1))
     assert [(r.shape, r.ok) for r in rows] == [("a", False), ("b", None), ("b", None)]
     assert rows[2].flops == 18.0  # fwd+bwd: 3x a matmul's forward
-    assert "ours failed: RuntimeError: no kernel for this shape" in capsys.readouterr().out
+    assert "ours failed: RuntimeError: refuses this shape" in capsys.readouterr().out
 
 
 def test_ab_anchors_run_after_every_rows_other_anchors(capsys):
-    def impl(name, grad=True, forward=True, checked=True):
-        canonical = (lambda r, g: gpu_rows._to_numpy(r)) if checked else None
-        prepare = lambda host: ((jnp.asarray(host["x"]),), jnp.ones(3))
-        return runner.Impl(name, lambda a: 2.0 * a, prepare, canonical, grad=grad, forward=forward)
-
-    def case(key, *anchors):
-        inputs = {"x": np.random.default_rng(0).standard_normal(3).astype(np.float32)}
-        return runner.Case("s", "op", key, key, "matmul", 6.0, lambda: inputs, impl("ours"),
-                           anchors, 0.1, 1)  # fmt: skip
-
-    roof = impl("ours on one group", checked=False)  # other work: no A/B anchor
+    roof = _toy_impl("ours on one group", checked=False)  # other work: no A/B anchor
     found = [
-        case("a", impl("theirs"), impl("ours fwd only", grad=False), roof),
-        case("b", impl("theirs")),
-        case("c", impl("ours bwd only", forward=False)),
+        _toy_case("a", None, (_toy_impl("theirs"), _toy_impl("ours fwd only", grad=False), roof)),
+        _toy_case("b", None, (_toy_impl("theirs"),)),
+        _toy_case("c", None, (_toy_impl("ours bwd only", forward=False),)),
     ]
     assert gpu_rows.ab_apart(found, "with-row") == found
     after = gpu_rows.ab_apart(found, "after")
@@ -346,26 +350,14 @@ def test_ab_anchors_run_after_every_rows_other_anchors(capsys):
 
 
 def test_an_a_b_part_adds_no_row_of_ours_alone_and_follows_its_rows_failure(capsys):
-    def unavailable(host):
-        raise RuntimeError("refuses this shape")
-
-    def fine(host):
-        return (jnp.asarray(host["x"]),), jnp.ones(3)
-
-    def case(key, ours_prepare, anchors=(), ab_part=False):
-        impl = runner.Impl("ours", lambda a: 2.0 * a, ours_prepare, lambda r, g: [r])
-        inputs = {"x": np.random.default_rng(1).standard_normal(3).astype(np.float32)}
-        shape = key.removesuffix(" (A/B)")  # as ab_apart: the key changes, the shape not
-        return runner.Case("s", "op", key, shape, "matmul", 6.0, lambda: inputs, impl, anchors,
-                           0.1, 1, ab_part=ab_part)  # fmt: skip
-
-    refusing = runner.Impl("ours other", lambda a: a, unavailable, lambda r, g: [r])
+    refusing = (_toy_impl("ours other", _unavailable),)
+    broken = _toy_impl("ours", _unavailable)
     timing = runner.Timing(1, calls=1)
     # Its only anchor unavailable: the A/B part has nothing to set ours beside.
-    assert runner.run_cases([case("a (A/B)", fine, (refusing,), ab_part=True)], timing) == []
+    assert runner.run_cases([_toy_case("a (A/B)", None, refusing, ab_part=True)], timing) == []
     # Ours failed in the row's first part: its A/B part is not compiled again.
     rows = runner.run_cases(
-        [case("b", unavailable), case("b (A/B)", unavailable, (refusing,), ab_part=True)], timing
+        [_toy_case("b", broken), _toy_case("b (A/B)", broken, refusing, ab_part=True)], timing
     )
     assert [(r.shape, r.ok) for r in rows] == [("b", False)]
     assert "op b (A/B anchors): skipped, ours failed above" in capsys.readouterr().out
