@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The quick suite on the lent GPU machine's software, on this CPU: Python 3.12, jax 0.11.2
 # with its CUDA 13 plugin (compile-only here), Triton 3.6.0 and the jax-triton 0.3.1 wheel
-# the device check carries. GPU time is rare; a break on that stack (jaxlib 0.11.2's CPU
+# the device check carries, and XLA's float32 dots in TF32 as on the GPU. GPU time is rare; a break on that stack (jaxlib 0.11.2's CPU
 # compiler segfaulted on a zero-size constant inside shard_map, 2026-11-28) should show
 # here first, not in a device call. `make test-device-stack`; skipped (exit 0, said so)
 # where no Python 3.12 is found. DEVICE_PYTHON names one.
@@ -53,6 +53,7 @@ fi
 "$venv/bin/python" -c 'import jax, triton, jax_triton
 print(f"device stack: jax {jax.__version__}, Triton {triton.__version__}, "
       f"jax-triton {jax_triton.__version__}")'
-"$venv/bin/python" -m pytest -n auto -q -m "not slow" -p no:cacheprovider
+# With the device's float32 products too: XLA:GPU's TF32 below HIGHEST (tests/tf32.py).
+"$venv/bin/python" -m pytest -n auto -q -m "not slow" -p no:cacheprovider --emulate-tf32
 # What a device call would run, compiled for an H100 at the GPU's sizes (bench/preflight.py).
 JAX_PLATFORMS=cpu "$venv/bin/python" -m bench gpu-check --compile-for h100

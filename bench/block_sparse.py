@@ -103,13 +103,20 @@ def _dense_mask(mask, tokens: int) -> np.ndarray:
     return np.asarray(mask[0:tokens, 0:tokens])
 
 
+def _dense_attention(q, k, v, mask, _cu):
+    """The dense baseline, in exact float32 products as ours (XLA's default precision is
+    TF32 on a GPU, where this CPU section may still be called)."""
+    with jax.default_matmul_precision("float32"):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask)
+
+
 def _timed_row(name: str, mask, q, k, v, d_out) -> list[BenchRow]:
     dense = jnp.asarray(_dense_mask(mask, q.shape[1]))[None, None]
     methods = {
         "ours": lambda q, k, v, *_: block_sparse_attention(
             q, k, v, mask, block_sizes=_blocks(), implementation="xla"
         ),
-        "dense": lambda q, k, v, m, _: jax.nn.dot_product_attention(q, k, v, mask=m),
+        "dense": _dense_attention,
     }
     cu = jnp.asarray(document_starts(q.shape[1]))
     if isinstance(mask, DocumentMask):

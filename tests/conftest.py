@@ -5,7 +5,8 @@ set before JAX is imported, which is why they live at the top of this file.
 Hypothesis profiles (`HYPOTHESIS_PROFILE=...`), all but `long` derandomized so that a run
 is reproducible: `ci` (the default, `make test`: a few examples each, enough to cross every
 branch the strategies reach), `thorough` (`make test-all`'s second pass over the property
-tests), `long` (a randomised search on demand).
+tests), `long` (a randomised search on demand). `--emulate-tf32` compiles XLA's float32
+dots as XLA:GPU does (tests/tf32.py; `make test-device-stack` runs with it).
 """
 
 import os
@@ -59,6 +60,12 @@ def pytest_addoption(parser):
         default=None,
         help="with --margins: list the assertions above this margin at the end (default 0.5)",
     )
+    parser.addoption(
+        "--emulate-tf32",
+        action="store_true",
+        help="compile float32 XLA dots below HIGHEST precision in TF32, as XLA:GPU does "
+        "(tests/tf32.py): tests that would fail on a GPU for it fail here",
+    )
 
 
 def pytest_configure(config):
@@ -66,6 +73,10 @@ def pytest_configure(config):
 
     # xdist workers receive the same options: every process appends to the one file.
     margins.configure(config.getoption("--margins"))
+    if config.getoption("--emulate-tf32"):
+        from tests import tf32
+
+        tf32.install()
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -12,7 +12,8 @@ Ops take `precision=` with `jax.lax.dot`'s meaning and one package-wide default:
 
 Strings accepted by `jax.lax.Precision` ("highest", "float32", "tensorfloat32", ...)
 work too. 16-bit inputs are unaffected: they always multiply exactly and accumulate in
-float32. Triton's CPU interpreter multiplies exactly whatever the precision.
+float32. Triton's CPU interpreter multiplies float32 operands as the GPU does at each
+setting (`jax_bridge/launch/interpreter.py`), so a CPU run is no more accurate than the device.
 """
 
 from __future__ import annotations

@@ -10,7 +10,12 @@ interpreter stores bfloat16 as raw uint16 bits, so its `tl.dot` multiplies bit p
 and it truncates float32 -> bfloat16 casts where the GPU rounds to nearest even
 (`cvt.rn.bf16.f32`). During a launch `tl.dot` sees bfloat16 operands as the float32
 values they hold (exact: a float32 product of two bfloat16 values is exact, which is
-what the tensor cores compute) and the casts round to nearest even.
+what the tensor cores compute) and the casts round to nearest even. float32 operands
+are multiplied as the tensor cores take them at the dot's `input_precision`: "ieee"
+exactly, "tf32" with their 13 low mantissa bits dropped (the tensor core's truncation,
+the coarser of the two roundings a GPU may apply), "tf32x3" as Triton's F32DotTC pass
+splits them (a rounded TF32 part and a TF32 remainder, three products), so that a call at
+`Precision.DEFAULT` or `HIGH` is as accurate here as on the device, not more.
 
 Scalars used as Python integers (a loaded row count as a `range` bound) work on every
 Triton we support: see `_language_patched_once`.
@@ -167,11 +172,47 @@ def _as_float32(handle: Any) -> np.ndarray:
     return handle.data
 
 
-def _exact_bfloat16_dot(original: Callable[..., Any]) -> Callable[..., Any]:
+def tf32_truncated(x: np.ndarray) -> np.ndarray:
+    """float32 values with their 13 low mantissa bits dropped (TF32's 10 remain), as a
+    tensor core reads a float32 operand; non-finite values kept as they are."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return np.where(np.isfinite(x), bits.view(np.float32), x)
+
+
+def _tf32_rounded(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32, nearest with ties away from zero (`cvt.rna.tf32`)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32) + np.uint32(0x1000)
+    return np.where(np.isfinite(x), (bits & np.uint32(0xFFFFE000)).view(np.float32), x)
+
+
+def _float32_product(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:
+    """a @ b in float32 as the tensor cores compute it at `precision` ("IEEE", "TF32",
+    "TF32X3"; anything else is exact)."""
+    if precision == "TF32":
+        return np.matmul(tf32_truncated(a), tf32_truncated(b))
+    if precision == "TF32X3":
+        # Triton's split: big = rna(x), small = x - big; the two small products first, a
+        # NaN among them (an infinite operand's small part is inf - inf) taken as 0, then
+        # big x big.
+        a_big, b_big = _tf32_rounded(a), _tf32_rounded(b)
+        with np.errstate(invalid="ignore"):
+            a_small, b_small = tf32_truncated(a - a_big), tf32_truncated(b - b_big)
+            small = np.matmul(a_small, b_big) + np.matmul(a_big, b_small)
+        return np.where(np.isnan(small), 0.0, small) + np.matmul(a_big, b_big)
+    return np.matmul(a, b)
+
+
+def _gpu_dot(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+        scalars = (a.dtype.scalar, b.dtype.scalar)
+        if tl.bfloat16 in scalars:
+            product = np.matmul(_as_float32(a), _as_float32(b), dtype=d.data.dtype)
+        elif scalars == (tl.float32, tl.float32):
+            # INPUT_PRECISION.TF32x3's name; str() where a build's enum has no name
+            name = str(getattr(input_precision, "name", input_precision)).rsplit(".", 1)[-1]
+            product = _float32_product(a.data, b.data, name.upper())
+        else:
             return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-        product = np.matmul(_as_float32(a), _as_float32(b), dtype=d.data.dtype)
         return triton_interpreter.TensorHandle(product + d.data, d.dtype.scalar)
 
     return create_dot
@@ -188,11 +229,12 @@ def _round_to_bfloat16(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def _gpu_bfloat16_arithmetic() -> Iterator[None]:
-    """Within: the interpreter's bfloat16 dot and float32 -> bfloat16 casts act like a GPU's."""
+def _gpu_arithmetic() -> Iterator[None]:
+    """Within: the interpreter's bfloat16 and float32 dots and its float32 -> bfloat16
+    casts act like a GPU's."""
     builder = triton_interpreter.InterpreterBuilder
     patches = {
-        "create_dot": _exact_bfloat16_dot(builder.create_dot),
+        "create_dot": _gpu_dot(builder.create_dot),
         "cast_impl": _round_to_bfloat16(builder.cast_impl),
         "create_fp_to_fp": _round_to_bfloat16(builder.create_fp_to_fp),
     }
@@ -241,7 +283,7 @@ def run_interpreted(
     with (
         _launch_lock,
         _device_functions_interpreted(kernel, *functions),
-        _gpu_bfloat16_arithmetic(),
+        _gpu_arithmetic(),
         _language_patched_once(),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)

@@ -98,3 +98,42 @@ def test_the_references_multiply_exactly_on_every_platform():
         precisions = _dot_precisions(fn, *args)
         assert precisions, name
         assert all(p == (P.HIGHEST, P.HIGHEST) for p in precisions), (name, precisions)
+
+
+def test_tf32_emulation_rounds_what_xla_gpu_rounds():
+    """`pytest --emulate-tf32` (tests/tf32.py): float32 dots below HIGHEST, ragged_dot's
+    included, read their operands as a tensor core does; HIGHEST, bfloat16 and dots
+    outside the block are untouched."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_bridge.launch.interpreter import tf32_truncated
+    from tests import tf32
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 24, 40), np.float32)
+    exact = np.matmul(a, b.T, dtype=np.float64)
+    emulated = np.matmul(tf32_truncated(a), tf32_truncated(b).T, dtype=np.float64)
+    sizes = jnp.array([10, 0, 14], jnp.int32)
+    bf16 = jnp.asarray(a[1:], jnp.bfloat16)
+    dots = {
+        "default": lambda x, y: jnp.dot(x, y.T),
+        "high": lambda x, y: jnp.dot(x, y.T, precision="high"),
+        "highest": lambda x, y: jnp.dot(x, y.T, precision="highest"),
+        "ragged": lambda x, y: jax.lax.ragged_dot(x, jnp.stack([y.T] * 3), sizes),
+        "bfloat16": lambda x, y: jnp.dot(bf16, bf16.T, preferred_element_type=jnp.float32),
+    }
+    with tf32.emulated():
+        inside = {name: np.asarray(jax.jit(f)(a, b), np.float64) for name, f in dots.items()}
+    outside = np.asarray(jax.jit(dots["default"])(a, b), np.float64)
+    scale = np.abs(a).max() * np.abs(b).max() * a.shape[1]
+    for name in ("default", "high", "ragged"):
+        np.testing.assert_allclose(inside[name], emulated, rtol=0, atol=1e-6 * scale)
+        assert np.abs(inside[name] - exact).max() > 1e-5 * scale, name  # 10x the bound
+    # Under --emulate-tf32 the whole process emulates: outside is emulated too.
+    np.testing.assert_allclose(
+        outside, emulated if tf32.installed() else exact, rtol=0, atol=1e-6 * scale
+    )
+    np.testing.assert_allclose(inside["highest"], exact, rtol=0, atol=1e-6 * scale)
+    bf16_exact = np.matmul(*(np.asarray(x, np.float64) for x in (bf16, bf16.T)))
+    np.testing.assert_allclose(inside["bfloat16"], bf16_exact, rtol=0, atol=1e-6 * scale)

@@ -185,6 +185,11 @@ def selection_matrix(mask, total_tokens):
     return sel
 
 
+def _exact_matmul(a, b):
+    """a @ b in exact float32 products: XLA:GPU's default for float32 is TF32."""
+    return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
 @pytest.mark.parametrize("by", ["lengths", "mask"])
 def test_pack_gradients_match_dense_reference(by):
     rng = np.random.default_rng(11)
@@ -204,7 +209,7 @@ def test_pack_gradients_match_dense_reference(by):
         return jnp.sum(weights * pack(x, lengths_or_mask, total_tokens=total, fill_value=fill)[0])
 
     def ref_loss(x, fill):
-        packed = sel @ x.reshape(-1, 3) + (1.0 - sel.sum(1, keepdims=True)) * fill
+        packed = _exact_matmul(sel, x.reshape(-1, 3)) + (1.0 - sel.sum(1, keepdims=True)) * fill
         return jnp.sum(weights * packed)
 
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, np.float32(0.3))
@@ -227,7 +232,7 @@ def test_unpack_gradients_match_dense_reference():
         return jnp.sum(weights * unpack(packed, cu, 4, 6, fill_value=fill))
 
     def ref_loss(packed, fill):
-        padded = sel @ packed + (1.0 - sel.sum(1, keepdims=True)) * fill
+        padded = _exact_matmul(sel, packed) + (1.0 - sel.sum(1, keepdims=True)) * fill
         return jnp.sum(weights * padded.reshape(4, 6, 2))
 
     got = jax.jit(jax.grad(loss, argnums=(0, 1)))(packed, np.float32(-1.0))

@@ -99,7 +99,9 @@ def _script(splash, mask_lib) -> dict[str, jax.Array]:
 
 
 def test_a_jax_splash_script_runs_with_only_its_import_changed():
-    want = _script(jsk, jm)
+    # JAX's kernel and reference multiply at XLA's default precision: TF32 on a GPU host.
+    with jax.default_matmul_precision("float32"):
+        want = _script(jsk, jm)
     got = _script(osk, om)
     q = jax.random.normal(jax.random.key(0), (HEADS, SEQ, DIM)) * DIM**-0.5
     tol = splash_tolerance(q, q * DIM**0.5, q)
@@ -345,7 +347,8 @@ def test_masked_reference_equals_jaxs_fully_masked_rows_included():
     segment_ids = ours.SegmentIds(*[jnp.repeat(jnp.arange(2, dtype=jnp.int32), SEQ // 2)] * 2)
     tol = splash_tolerance(q, k, v)
     options = dict(save_residuals=True, attn_logits_soft_cap=5.0)
-    want = jsk.make_masked_mha_reference(dense)(q, k1, v1, segment_ids, sinks, **options)
+    with jax.default_matmul_precision("float32"):  # JAX's default: TF32 on a GPU host
+        want = jsk.make_masked_mha_reference(dense)(q, k1, v1, segment_ids, sinks, **options)
     for mask in (dense, ours.MultiHeadMask([ours.NumpyMask(m) for m in dense])):
         got = ours.make_masked_mha_reference(mask)(q, k1, v1, segment_ids, sinks, **options)
         assert_close(got[0], np.asarray(want[0], np.float64), tol, "out")
