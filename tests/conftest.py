@@ -21,8 +21,16 @@ os.environ["XLA_FLAGS"] = (
 # times and cuts the quick suite by about a third). Every HLO pass still runs, so the
 # programs, their fusions and their numerics are those of a default build; a CI that
 # sets its own level keeps it.
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+# On a GPU (`JAX_PLATFORMS=cuda`) the flag would also switch off LLVM's optimization of
+# XLA:GPU's own kernels, the oracles' included: CPU runs only.
+if (
+    os.environ["JAX_PLATFORMS"] == "cpu"
+    and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]
+):
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# On a GPU every pytest-xdist worker is a JAX process: with XLA's default each would take
+# 75% of the device's memory at start, and the second would fail.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Keeps Triton 3.9's default (fused multiply-add on) without its deprecation warning.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 

@@ -8,6 +8,9 @@ Compile-only TPUs come from libtpu (`jax[tpu]`, in the `test` extra). A machine 
 it (a GPU image with its own packages) skips the tests that compile for a TPU; CI
 (`CI` set) installs the test extra, so there a missing libtpu is an install error and
 those tests run and fail loudly rather than skip.
+
+A test of the CPU path itself (`cpu_only`: the interpreter, outputs poisoned with NaN
+before it runs, `implementation="auto"` choosing XLA) is skipped on an accelerator.
 """
 
 from __future__ import annotations
@@ -50,3 +53,12 @@ needs_tensor_descriptors = pytest.mark.skipif(
     reason="runs on a Hopper GPU with jaxlib >= 0.11.1 (it allocates the descriptors' scratch)",
 )
 """For tests that launch device-side tensor descriptors (TMA) on the GPU itself."""
+
+
+cpu_only = pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="checks what the CPU path does (the interpreter, its NaN-filled outputs, XLA "
+    "chosen by 'auto', the host's memory); on a GPU the conformance tests cover the op",
+)
+"""For tests of the CPU path itself, which a run on an accelerator (`JAX_PLATFORMS=cuda`)
+has not taken."""

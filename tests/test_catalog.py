@@ -16,6 +16,7 @@ import pytest
 from jax_bridge import AttentionConfigs, block_sparse_attention, varlen_attention
 from jax_bridge.attention import triton as attention_triton
 from jax_bridge.block_sparse import triton as block_sparse_triton
+from jax_bridge.launch.target import interpreting
 from pallas_tpu.splash import CausalMask
 from tests.launches import record_launches
 from triton_kernels.block_sparse.config import block_sparse_config
@@ -56,7 +57,8 @@ def test_varlen_launches_are_the_catalog_variants(monkeypatch, dq_atomic):
         )
         return out.astype(jnp.float32).sum()
 
-    jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    with interpreting():  # the interpreter's tiles, on a GPU host too
+        jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     launches = {launch.kernel: launch.constexprs for launch in recorded}
     kinds = ("forward", "backward_dkdv") if dq_atomic else KINDS
     expected = {ATTENTION_KERNELS[kind] for kind in kinds}
@@ -87,7 +89,8 @@ def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
         )
         return out.astype(jnp.float32).sum()
 
-    jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    with interpreting():  # the interpreter's tiles, on a GPU host too
+        jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     # Each kernel launches twice: the catalog's variant, then CAREFUL (the programs whose
     # results the first found non-finite, again), with the same constexprs otherwise.
     launches = {}

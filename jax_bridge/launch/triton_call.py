@@ -189,12 +189,15 @@ def triton_call(
         return [a if scalar else next(given) for a, scalar in zip(args, is_scalar, strict=True)]
 
     if launch_target().on_gpu:
+        # The grid as ints, as on the interpreter path: it becomes a parameter of the
+        # launch's primitive, on which an eager call's compiled program is cached, and a
+        # fresh grid lambda per call would compile every call anew.
         launch = functools.partial(
             _gpu_launch,
             rebuild=rebuild,
             kernel=kernel,
             out_shapes=out_shapes,
-            grid=grid,
+            grid=_grid_of(grid, constexprs),
             num_warps=num_warps,
             num_stages=num_stages,
             input_output_aliases=aliases,

@@ -14,7 +14,7 @@ import jax_bridge as jb
 from jax_bridge.aot import targets as targets_lib
 from jax_bridge.aot.compile import parse_compiled_text
 from tests.aot.helpers import needs_libtpu, spec
-from tests.devices import TPU_COMPILES
+from tests.devices import TPU_COMPILES, cpu_only
 
 
 @given(count=st.integers(1, 512), name=st.sampled_from(["tpu-v5e", "tpu-v5p", "tpu-v6e"]))
@@ -157,6 +157,7 @@ def test_auto_picks_the_target_kernels_under_compile_for():
     np.testing.assert_allclose(jax.jit(_attention())(q, k, v, cu), expected, rtol=2e-5, atol=2e-5)
 
 
+@cpu_only  # on a GPU host the kernels lower for its own device
 def test_triton_traced_on_this_host_refuses_a_plain_gpu_lowering_with_directions():
     device = jb.target_devices("h100")[0]
     sharding = jax.sharding.SingleDeviceSharding(device)

@@ -34,6 +34,7 @@ from tests.attention.helpers import (
     make_inputs,
     padded_inputs,
 )
+from tests.devices import cpu_only
 
 LENGTHS = [(20, 20), (0, 4), (1, 1), (30, 21), (5, 0), (3, 9)]
 
@@ -88,6 +89,7 @@ def test_gradient_wiring_cu_seqlens_and_alibi():
     assert float(jnp.max(jnp.abs(dq))) > 0
 
 
+@cpu_only
 def test_auto_runs_xla_on_cpu():
     q, k, v, cu_q, cu_k, _ = _inputs(7)
     auto = varlen_attention(q, k, v, cu_q, cu_k, causal=True)

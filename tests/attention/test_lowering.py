@@ -98,9 +98,10 @@ def _lower_gradient(options, dtype, head_dim, compute_capability, per_head=(), u
 
 def test_cuda_lowering_lives_in_launch_target():
     """`jax_bridge.cuda_lowering` is the launch target's context: kernels launch for cuda
-    at the given compute capability inside it, and on the interpreter outside (CPU)."""
+    at the given compute capability inside it, and outside on the interpreter on a CPU
+    (on the device where there is a GPU)."""
     assert cuda_lowering is target.cuda_lowering
-    assert target.launch_target().interpreter
+    assert target.launch_target().interpreter == (jax.default_backend() == "cpu")
     with cuda_lowering(80):
         assert target.launch_target() == target.LaunchTarget(on_gpu=True, compute_capability=80)
     with pytest.raises(ValueError, match="compute_capability"):

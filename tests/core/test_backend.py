@@ -2,7 +2,7 @@
 
 import pytest
 
-from jax_bridge.core.backend import resolve_implementation
+from jax_bridge.core.backend import compiling_for_platform, resolve_implementation
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,10 @@ def _table():
 
 def test_table_resolves_like_the_rule_and_returns_the_module():
     table = _table()
-    assert table.resolve("auto") == "xla"  # tests run on CPU
+    with compiling_for_platform("cpu"):
+        assert table.resolve("auto") == "xla"
+    with compiling_for_platform("cuda"):
+        assert table.resolve("auto") == "triton"
     assert table[table.resolve("triton")].tag == "t"
     with pytest.raises(ValueError, match="op: implementation='pallas' is not available"):
         table.resolve("pallas")

@@ -11,6 +11,7 @@ from jax_bridge.core.precision import (
     canonicalize_precision,
     triton_input_precision,
 )
+from tests.devices import cpu_only
 from tests.jaxprs import dot_precisions
 
 P = jax.lax.Precision
@@ -100,6 +101,7 @@ def test_the_references_multiply_exactly_on_every_platform():
         assert all(p == (P.HIGHEST, P.HIGHEST) for p in precisions), (name, precisions)
 
 
+@cpu_only  # the emulation changes XLA:CPU's lowering; a GPU multiplies in TF32 itself
 def test_tf32_emulation_rounds_what_xla_gpu_rounds():
     """`pytest --emulate-tf32` (tests/tf32.py): float32 dots below HIGHEST, ragged_dot's
     included, read their operands as a tensor core does; HIGHEST, bfloat16 and dots

@@ -38,7 +38,7 @@ from jax_bridge.grouped_matmul.metadata import (
     make_group_metadata,
     num_chunk_slots,
 )
-from jax_bridge.launch.target import cuda_lowering
+from jax_bridge.launch.target import cuda_lowering, interpreting
 from jax_bridge.launch.triton_call import triton_call
 from jax_bridge.tuning import default_grouped_matmul_config
 from tests.devices import needs_tensor_descriptors
@@ -320,7 +320,8 @@ def test_each_kernel_takes_its_own_config(monkeypatch):
 
     def launched(config):
         launches.clear()
-        gradients(config)
+        with interpreting():  # the interpreter's defaults, on a GPU host too
+            gradients(config)
         ops = [launch for launch in launches if launch.kernel is not gmm_schedule_kernel]
         assert [launch.kernel for launch in ops] == [gmm_kernel, gmm_kernel, tgmm_kernel]
         return [_launched_config(launch) for launch in ops]

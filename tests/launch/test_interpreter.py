@@ -37,6 +37,14 @@ import triton.language as tl
 from triton.runtime import interpreter as triton_interpreter
 
 from jax_bridge import grouped_matmul, triton_call, varlen_attention
+from jax_bridge.launch.target import interpreting
+
+
+@pytest.fixture(autouse=True)
+def _on_the_interpreter():
+    """These tests are of the interpreter: on a GPU host too (`JAX_PLATFORMS=cuda`)."""
+    with interpreting():
+        yield
 
 
 @triton.jit

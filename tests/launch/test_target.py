@@ -11,8 +11,10 @@ from jax_bridge.launch.target import (
     interpreting,
     launch_target,
 )
+from tests.devices import cpu_only
 
 
+@cpu_only
 def test_cpu_launches_on_the_interpreter():
     target = launch_target()
     assert target == INTERPRETER and target.interpreter and target.compute_capability is None
@@ -20,13 +22,14 @@ def test_cpu_launches_on_the_interpreter():
 
 @pytest.mark.parametrize("capability", [80, 90])
 def test_cuda_lowering_targets_the_gpu_and_interpreting_wins(capability):
+    outside = launch_target()  # the interpreter on a CPU, the device's on a GPU
     with cuda_lowering(capability):
         assert launch_target() == LaunchTarget(on_gpu=True, compute_capability=capability)
         with interpreting():
             assert launch_target() == INTERPRETER
         with interpreting(False):
             assert launch_target().on_gpu
-    assert launch_target() == INTERPRETER
+    assert launch_target() == outside
 
 
 def test_unknown_compute_capability_is_refused():
@@ -49,4 +52,5 @@ def test_targets_are_part_of_the_jit_cache_key():
         f(x)
     with cuda_lowering(90):
         f.trace(x)
-    assert traces == [INTERPRETER, INTERPRETER, LaunchTarget(True, 90)]
+    # Each context traces anew, even where it names the target of the one before.
+    assert traces == [launch_target(), INTERPRETER, LaunchTarget(True, 90)]

@@ -9,6 +9,8 @@ import triton.language as tl
 
 from examples.softmax import softmax_block_cols, softmax_rows_kernel
 from jax_bridge import lower_for_cuda, static_kernel_report, triton_call
+from jax_bridge.launch.target import cuda_lowering, interpreting
+from tests.jaxprs import all_eqns
 from tests.test_eager_cache import compiled_programs
 
 
@@ -117,7 +119,28 @@ def _write_prefix_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, 2 * tl.load(x_ptr + offsets, mask=inside), mask=inside)
 
 
+def test_equal_gpu_launches_bind_equal_parameters():
+    """Eagerly on a GPU, JAX runs a launch's primitive by a program cached on its
+    parameters: equal launches (a new grid lambda each, as `scale_add` makes) must bind
+    equal, hashable ones, or every eager call compiles anew; a different baked-in scalar
+    must not. Traced here for sm_90 (no GPU needed to bind)."""
+    x = jnp.asarray(np.random.default_rng(6).standard_normal(50), jnp.float32)
+
+    def launch_params(alpha):
+        with cuda_lowering(90):
+            jaxpr = jax.make_jaxpr(lambda x: scale_add(x, x, alpha, aliased=False))(x)
+        (eqn,) = [e for e in all_eqns(jaxpr.jaxpr) if e.primitive.name == "triton_kernel_call"]
+        return eqn.params
+
+    first, again, other = launch_params(0.5), launch_params(0.5), launch_params(2.0)
+    assert first == again and hash(tuple(first.items())) == hash(tuple(again.items()))
+    assert first["grid"] == (4, 1, 1) or tuple(first["grid"]) == (4,), first["grid"]
+    assert first != other
+
+
 def test_unwritten_outputs_are_poisoned_and_aliases_start_as_their_input():
+    """On the interpreter path, GPU host or not: a GPU's outputs start as whatever the
+    buffer held."""
     x = jax.random.normal(jax.random.key(4), (32,))
     call = lambda *aliases: triton_call(
         x,
@@ -128,7 +151,8 @@ def test_unwritten_outputs_are_poisoned_and_aliases_start_as_their_input():
         input_output_aliases=dict(aliases),
         BLOCK=32,
     )
-    poisoned = np.asarray(call())
+    with interpreting():
+        poisoned = np.asarray(call())
     np.testing.assert_allclose(poisoned[:10], 2 * x[:10])
     assert np.isnan(poisoned[10:]).all()
     aliased = np.asarray(call((0, 0)))

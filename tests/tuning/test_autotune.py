@@ -29,6 +29,7 @@ from jax_bridge.tuning.autotune import (
 from jax_bridge.tuning.cache import CACHE_DIR_ENV, TuningCache
 from jax_bridge.tuning.device import device_fingerprint
 from jax_bridge.tuning.params import BwdParams, FwdParams
+from tests.devices import cpu_only
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
@@ -215,7 +216,9 @@ def test_an_invalid_cached_entry_is_retuned_with_a_warning(cache):
 
 
 def test_real_timing_picks_the_candidate_that_does_less_work():
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((256, 256)) / 16, jnp.float32)
+    # On a GPU a 256-wide product takes microseconds, as long as a launch: larger there.
+    size = 256 if jax.default_backend() == "cpu" else 2048
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((size, size)) / 16, jnp.float32)
 
     def build(params):  # num_stages products in a chain: 1 does a sixteenth of 16's work
         def chain(x):
@@ -291,6 +294,7 @@ def test_static_report_prune():
 # --- the tunable ops ------------------------------------------------------------------
 
 
+@cpu_only
 def test_the_ops_have_nothing_to_tune_without_a_gpu():
     x = jnp.ones((32, 16), jnp.float32)
     with pytest.raises(RuntimeError, match="tune_grouped_matmul: nothing to tune without a GPU"):

@@ -7,6 +7,7 @@ import jax_bridge.tuning
 from bench import tune
 from jax_bridge.tuning.cache import CACHE_DIR_ENV
 from jax_bridge.tuning.params import BwdParams, FwdParams
+from tests.devices import cpu_only
 
 
 @pytest.fixture(autouse=True)
@@ -15,6 +16,7 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@cpu_only
 def test_without_a_gpu_it_explains_and_exits_0(capsys, cache_dir):
     assert tune.main([]) == 0
     out = capsys.readouterr().out

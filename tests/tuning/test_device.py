@@ -14,6 +14,7 @@ from jax_bridge.tuning.device import (
     device_fingerprint,
     get_device_platform,
 )
+from tests.devices import cpu_only
 
 H100 = types.SimpleNamespace(
     platform="gpu", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0"
@@ -23,6 +24,7 @@ A100 = types.SimpleNamespace(
 )
 
 
+@cpu_only
 def test_the_test_machine_is_a_cpu():
     assert get_device_platform() == "cpu"
     assert get_device_platform(jax.devices()[3]) == "cpu"
@@ -52,7 +54,7 @@ def test_fingerprint_is_readable_short_and_stable():
     assert re.fullmatch(r"gpu-nvidia-h100-80gb-hbm3-sm90-[0-9a-f]{16}", fingerprint), fingerprint
     assert device_fingerprint(H100) == fingerprint
     assert device_fingerprint(A100).startswith("gpu-nvidia-a100-sxm4-80gb-sm80-")
-    assert re.fullmatch(r"cpu-cpu-[0-9a-f]{16}", device_fingerprint())
+    assert re.fullmatch(r"cpu-cpu-[0-9a-f]{16}", device_fingerprint(jax.devices("cpu")[0]))
     mi250 = types.SimpleNamespace(
         platform="rocm", device_kind="AMD Instinct MI250X", compute_capability="gfx90a"
     )
