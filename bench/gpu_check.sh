@@ -20,6 +20,11 @@
 #          device call of its own) every GPU conformance test but the Pallas backend's (the
 #          TPU kernels, interpreted off a TPU: the CPU suite runs them), and the splash
 #          kernels' interpreted arithmetic on the device once;
+#   suite  (alone, a device call of its own, up to SUITE_LIMIT_S = 540 s) the whole quick
+#          suite on the device (`-m "not slow"`), the Pallas backend's tests left to the
+#          CPU: what `make test` proves here, on the GPU (a test of the CPU path runs the
+#          interpreter there or skips); stopped at its limit with SIGINT, it still lists
+#          the failures it met;
 #   tune   (alone, a device call of its own: about 5 minutes) `python -m bench tune`: every
 #          candidate launch config of attention and grouped matmul timed on one problem
 #          each against the default, winners in $OUT/tuning.json (for the per-arch tables).
@@ -42,8 +47,8 @@ PY="${PYTHON:-python3}"
 steps=" ${*:-tma bench ncu} "
 for step in $steps; do
   case "$step" in
-    tma | bench | ncu | quick-tests | tests | tune) ;;
-    *) echo "gpu_check.sh: unknown step '$step' (tma bench ncu quick-tests tests tune)" >&2; exit 2 ;;
+    tma | bench | ncu | quick-tests | tests | suite | tune) ;;
+    *) echo "gpu_check.sh: unknown step '$step' (tma bench ncu quick-tests tests suite tune)" >&2; exit 2 ;;
   esac
 done
 # JAX and PyTorch (the anchors) share the GPU in one process: no preallocation. The tests'
@@ -181,6 +186,12 @@ if [[ $steps == *" tests "* ]]; then
   timeout 60 "${gpu_pytest[@]}" -rfE tests/splash/test_kernels.py \
     -k "matches_reference or exactly" >"$logs/splash_tests.txt" 2>&1
   note "splash kernels interpreted on the GPU (splash_tests.txt): exit $? -- $(tail -1 "$logs/splash_tests.txt")"
+fi
+if [[ $steps == *" suite "* ]]; then
+  timeout -s INT -k 30 "${SUITE_LIMIT_S:-540}" "${gpu_pytest[@]}" -rfE -n 12 -m "not slow" \
+    -k "not pallas" tests >"$logs/suite.txt" 2>&1
+  note "the quick suite on the device (suite.txt): exit $? -- $(tail -1 "$logs/suite.txt")"
+  grep -E "^(FAILED|ERROR) " "$logs/suite.txt" | while read -r line; do note "  $line"; done
 fi
 if [[ $steps == *" tune "* ]]; then
   timeout 420 "$PY" -m bench tune --force --cache "$OUT/tuning.json" >"$logs/tune.txt" 2>&1
