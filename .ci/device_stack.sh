@@ -3,8 +3,9 @@
 # with its CUDA 13 plugin (compile-only here), Triton 3.6.0 and the jax-triton 0.3.1 wheel
 # the device check carries, and XLA's float32 dots in TF32 as on the GPU. GPU time is
 # rare; a break on that stack (jaxlib 0.11.2's CPU compiler segfaulted on a zero-size
-# constant inside shard_map, 2026-11-28) should show here first, not in a device call. `make test-device-stack`; skipped (exit 0, said so)
-# where no Python 3.12 is found. DEVICE_PYTHON names one.
+# constant inside shard_map, 2026-11-28) should show here first, not in a device call.
+# `make test-device-stack`; skipped (exit 0, said so) where no Python 3.12 is found.
+# DEVICE_PYTHON names one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-device

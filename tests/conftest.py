@@ -1,6 +1,7 @@
 """Test-wide settings.
 
-Eight fake CPU devices back every mesh test, and JAX never looks for a GPU: both must be
+Eight fake CPU devices back every mesh test, and JAX computes on the CPU unless
+`JAX_PLATFORMS` says otherwise (`JAX_PLATFORMS=cuda` runs the suite on a GPU): both must be
 set before JAX is imported, which is why they live at the top of this file.
 Hypothesis profiles (`HYPOTHESIS_PROFILE=...`), all but `long` derandomized so that a run
 is reproducible: `ci` (the default, `make test`: a few examples each, enough to cross every

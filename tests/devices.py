@@ -9,8 +9,9 @@ it (a GPU image with its own packages) skips the tests that compile for a TPU; C
 (`CI` set) installs the test extra, so there a missing libtpu is an install error and
 those tests run and fail loudly rather than skip.
 
-A test of the CPU path itself (`cpu_only`: the interpreter, outputs poisoned with NaN
-before it runs, `implementation="auto"` choosing XLA) is skipped on an accelerator.
+A test of what a machine without an accelerator does (`cpu_only`: nothing to tune, the
+host's memory as the device's, a plain GPU lowering refused) is skipped on one; a test of
+the interpreter runs it there too (`jax_bridge.launch.target.interpreting`).
 """
 
 from __future__ import annotations
@@ -55,10 +56,7 @@ needs_tensor_descriptors = pytest.mark.skipif(
 """For tests that launch device-side tensor descriptors (TMA) on the GPU itself."""
 
 
-cpu_only = pytest.mark.skipif(
-    jax.default_backend() != "cpu",
-    reason="checks what the CPU path does (the interpreter, its NaN-filled outputs, XLA "
-    "chosen by 'auto', the host's memory); on a GPU the conformance tests cover the op",
-)
-"""For tests of the CPU path itself, which a run on an accelerator (`JAX_PLATFORMS=cuda`)
-has not taken."""
+def cpu_only(why: str) -> pytest.MarkDecorator:
+    """Skips a test on an accelerator (`JAX_PLATFORMS=cuda`): it checks what a machine
+    without one does (`why`, in the skip's reason)."""
+    return pytest.mark.skipif(jax.default_backend() != "cpu", reason=f"CPU only: {why}")

@@ -230,7 +230,7 @@ def test_timer_waits_for_the_values_it_is_handed():
     assert clock.block_on(1, 2) == (1, 2)
 
 
-@cpu_only
+@cpu_only("a CPU device's memory is the host's RSS")
 def test_memory_usage_on_cpu_is_the_host_rss():
     for device in (None, jax.devices()[0]):
         usage = get_memory_usage(device)

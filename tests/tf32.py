@@ -1,11 +1,13 @@
 """XLA:GPU's float32 products, emulated on a CPU: `pytest --emulate-tf32`.
 
 On an Ampere or Hopper GPU, XLA multiplies float32 operands in TF32 (10 mantissa bits)
-unless a dot asks for `Precision.HIGHEST`: a test whose oracle or tolerance assumed
-exact float32 products passes on a CPU and fails on the device (the attention oracle did,
-1.4e-3 off a float64 one on an H100). With this option every float32 dot_general that
-XLA:CPU compiles at another precision reads its operands as a tensor core does
-(`tf32_truncated`: the 13 low mantissa bits dropped), so such a test fails here first.
+at its default precision: a test whose oracle or tolerance assumed exact float32 products
+passes on a CPU and fails on the device (the attention oracle did, 1.4e-3 off a float64
+one on an H100). With this option every float32 dot_general that XLA:CPU compiles below
+`Precision.HIGHEST` reads its operands as a tensor core does (`tf32_truncated`: the 13
+low mantissa bits dropped), so such a test fails here first. That is the coarser of
+XLA:GPU's two paths: its cuBLAS calls take TF32 unless an operand asks for HIGHEST, its
+own Triton GEMMs only where both ask for DEFAULT.
 Triton kernels need no option: the interpreter always multiplies float32 operands at
 their `input_precision` as the GPU does (`jax_bridge/launch/interpreter.py`).
 
@@ -35,12 +37,12 @@ def _truncated(x: jax.Array) -> jax.Array:
 
 
 def takes_tf32(precision, dtypes) -> bool:
-    """Whether XLA:GPU multiplies a dot of these operand dtypes at `precision` in TF32:
-    float32 operands, and neither operand's precision HIGHEST (an algorithm preset, which
-    names its own arithmetic, is left alone)."""
+    """Whether XLA:GPU may multiply a dot of these operand dtypes at `precision` in TF32:
+    float32 operands, and neither operand's precision HIGHEST (an algorithm preset that
+    names its own arithmetic is left alone; `DotAlgorithmPreset.DEFAULT` names none)."""
     if any(np.dtype(d) != np.float32 for d in dtypes):
         return False
-    if precision is None:
+    if precision is None or precision == jax.lax.DotAlgorithmPreset.DEFAULT:
         return True
     pair = precision if isinstance(precision, tuple) else (precision,)
     return all(isinstance(p, jax.lax.Precision) and p != _EXACT for p in pair)

@@ -175,13 +175,15 @@ def _as_float32(handle: Any) -> np.ndarray:
 def tf32_truncated(x: np.ndarray) -> np.ndarray:
     """float32 values with their 13 low mantissa bits dropped (TF32's 10 remain), as a
     tensor core reads a float32 operand; non-finite values kept as they are."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    x = np.asarray(x, np.float32)
+    bits = x.view(np.uint32) & np.uint32(0xFFFFE000)
     return np.where(np.isfinite(x), bits.view(np.float32), x)
 
 
 def _tf32_rounded(x: np.ndarray) -> np.ndarray:
     """float32 values rounded to TF32, nearest with ties away from zero (`cvt.rna.tf32`)."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32) + np.uint32(0x1000)
+    x = np.asarray(x, np.float32)
+    bits = x.view(np.uint32) + np.uint32(0x1000)
     return np.where(np.isfinite(x), (bits & np.uint32(0xFFFFE000)).view(np.float32), x)
 
 

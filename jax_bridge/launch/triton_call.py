@@ -154,7 +154,8 @@ def triton_call(
       kernel: a `@triton.jit` function taking inputs, then output pointers, then constexprs.
       out_shape: one `jax.ShapeDtypeStruct` (the result is then one array) or a sequence
         of them (the result is then a tuple).
-      grid: launch grid: an int, up to three ints, or a function of the constexprs.
+      grid: launch grid: an int, up to three ints, or a function of the constexprs
+        (called with them alone, once a call: an autotuner's values never reach it).
       num_warps, num_stages: GPU launch configuration (ignored by the interpreter).
       input_output_aliases: {input index: output index}: the output starts as that input
         (on the GPU it shares its buffer); indices count `args` positions.
@@ -170,16 +171,10 @@ def triton_call(
     out_shapes = tuple(
         jax.ShapeDtypeStruct(s.shape, s.dtype) for s in ((out_shape,) if single else out_shape)
     )
-    aliases = dict(input_output_aliases or {})
-    for arg_index, out_index in aliases.items():
-        if not isinstance(args[arg_index], jax.Array | np.ndarray):
-            raise TypeError(f"input_output_aliases: argument {arg_index} is not an array")
-        if args[arg_index].shape != out_shapes[out_index].shape:
-            raise ValueError(
-                f"input_output_aliases: argument {arg_index} has shape {args[arg_index].shape} "
-                f"but output {out_index} has shape {out_shapes[out_index].shape}"
-            )
-
+    aliases = _checked_aliases(args, out_shapes, input_output_aliases)
+    # A tuple of ints on both paths: it is a parameter of the launch, on which eager calls'
+    # compiled programs are cached (a fresh grid lambda a call compiled every call anew).
+    grid = _grid_of(grid, constexprs)
     # Arrays travel through the call (and are what vmap batches); scalars are baked in.
     is_scalar = [isinstance(a, bool | int | float | np.floating | np.integer) for a in args]
     arrays = [a for a, scalar in zip(args, is_scalar, strict=True) if not scalar]
@@ -189,15 +184,12 @@ def triton_call(
         return [a if scalar else next(given) for a, scalar in zip(args, is_scalar, strict=True)]
 
     if launch_target().on_gpu:
-        # The grid as ints, as on the interpreter path: it becomes a parameter of the
-        # launch's primitive, on which an eager call's compiled program is cached, and a
-        # fresh grid lambda per call would compile every call anew.
         launch = functools.partial(
             _gpu_launch,
             rebuild=rebuild,
             kernel=kernel,
             out_shapes=out_shapes,
-            grid=_grid_of(grid, constexprs),
+            grid=grid,
             num_warps=num_warps,
             num_stages=num_stages,
             input_output_aliases=aliases,
@@ -210,7 +202,7 @@ def triton_call(
         callback = _HostLaunch(
             kernel=kernel,
             out_shapes=out_shapes,
-            grid=_grid_of(grid, constexprs),
+            grid=grid,
             scalars=tuple((i, a) for i, a in enumerate(args) if is_scalar[i]),
             num_inputs=len(args),
             zeroed_outputs=tuple(zeroed_outputs),
@@ -219,6 +211,25 @@ def triton_call(
         )
         outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
     return _typed_like_inputs(outs, args, single)
+
+
+def _checked_aliases(
+    args: Sequence[Any],
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...],
+    input_output_aliases: dict[int, int] | None,
+) -> dict[int, int]:
+    """`input_output_aliases` as a dict, each naming an array argument of its output's
+    shape (TypeError, ValueError otherwise)."""
+    aliases = dict(input_output_aliases or {})
+    for arg_index, out_index in aliases.items():
+        if not isinstance(args[arg_index], jax.Array | np.ndarray):
+            raise TypeError(f"input_output_aliases: argument {arg_index} is not an array")
+        if args[arg_index].shape != out_shapes[out_index].shape:
+            raise ValueError(
+                f"input_output_aliases: argument {arg_index} has shape {args[arg_index].shape} "
+                f"but output {out_index} has shape {out_shapes[out_index].shape}"
+            )
+    return aliases
 
 
 def _gpu_launch(*arrays: jax.Array, rebuild, constexprs, **launch: Any) -> tuple[jax.Array, ...]:

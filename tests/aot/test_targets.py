@@ -157,7 +157,7 @@ def test_auto_picks_the_target_kernels_under_compile_for():
     np.testing.assert_allclose(jax.jit(_attention())(q, k, v, cu), expected, rtol=2e-5, atol=2e-5)
 
 
-@cpu_only  # on a GPU host the kernels lower for its own device
+@cpu_only("on a GPU host a plain lowering is for its own device")
 def test_triton_traced_on_this_host_refuses_a_plain_gpu_lowering_with_directions():
     device = jb.target_devices("h100")[0]
     sharding = jax.sharding.SingleDeviceSharding(device)

@@ -3,6 +3,8 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_bridge.core.options import OpOptions
@@ -11,6 +13,8 @@ from jax_bridge.core.precision import (
     canonicalize_precision,
     triton_input_precision,
 )
+from jax_bridge.launch.interpreter import tf32_truncated
+from tests import tf32
 from tests.devices import cpu_only
 from tests.jaxprs import dot_precisions
 
@@ -73,8 +77,6 @@ def test_the_references_multiply_exactly_on_every_platform():
     """The public oracles ask for HIGHEST in every product: XLA:GPU's default for float32
     is TF32, which put `attention_reference` 1.4e-3 off a float64 oracle on an H100 while
     the Triton kernels were 7e-7 off (measured on the device, 2026-11-26)."""
-    import numpy as np
-
     from jax_bridge import (
         attention_reference,
         grouped_matmul_reference,
@@ -101,17 +103,11 @@ def test_the_references_multiply_exactly_on_every_platform():
         assert all(p == (P.HIGHEST, P.HIGHEST) for p in precisions), (name, precisions)
 
 
-@cpu_only  # the emulation changes XLA:CPU's lowering; a GPU multiplies in TF32 itself
+@cpu_only("the emulation is of XLA:CPU's lowering; a GPU multiplies in TF32 itself")
 def test_tf32_emulation_rounds_what_xla_gpu_rounds():
     """`pytest --emulate-tf32` (tests/tf32.py): float32 dots below HIGHEST, ragged_dot's
     included, read their operands as a tensor core does; HIGHEST, bfloat16 and dots
     outside the block are untouched."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    from jax_bridge.launch.interpreter import tf32_truncated
-    from tests import tf32
-
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((2, 24, 40), np.float32)
     exact = np.matmul(a, b.T, dtype=np.float64)

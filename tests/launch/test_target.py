@@ -14,7 +14,7 @@ from jax_bridge.launch.target import (
 from tests.devices import cpu_only
 
 
-@cpu_only
+@cpu_only("a CPU launches on the interpreter")
 def test_cpu_launches_on_the_interpreter():
     target = launch_target()
     assert target == INTERPRETER and target.interpreter and target.compute_capability is None

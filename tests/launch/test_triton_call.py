@@ -139,8 +139,9 @@ def test_equal_gpu_launches_bind_equal_parameters():
 
 
 def test_unwritten_outputs_are_poisoned_and_aliases_start_as_their_input():
-    """On the interpreter path, GPU host or not: a GPU's outputs start as whatever the
-    buffer held."""
+    """Outputs start as NaN on the interpreter path (the poisoned call runs it on a GPU
+    host too: there a kernel's outputs start as whatever the buffer held); an aliased
+    output starts as its input on either path."""
     x = jax.random.normal(jax.random.key(4), (32,))
     call = lambda *aliases: triton_call(
         x,

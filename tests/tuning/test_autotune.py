@@ -294,7 +294,7 @@ def test_static_report_prune():
 # --- the tunable ops ------------------------------------------------------------------
 
 
-@cpu_only
+@cpu_only("without a GPU the ops refuse to tune")
 def test_the_ops_have_nothing_to_tune_without_a_gpu():
     x = jnp.ones((32, 16), jnp.float32)
     with pytest.raises(RuntimeError, match="tune_grouped_matmul: nothing to tune without a GPU"):

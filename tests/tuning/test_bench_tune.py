@@ -16,7 +16,7 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-@cpu_only
+@cpu_only("without a GPU `bench tune` explains and stores nothing")
 def test_without_a_gpu_it_explains_and_exits_0(capsys, cache_dir):
     assert tune.main([]) == 0
     out = capsys.readouterr().out

@@ -19,12 +19,13 @@ from tests.devices import cpu_only
 H100 = types.SimpleNamespace(
     platform="gpu", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0"
 )
+CPU = types.SimpleNamespace(platform="cpu", device_kind="cpu")
 A100 = types.SimpleNamespace(
     platform="gpu", device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0"
 )
 
 
-@cpu_only
+@cpu_only("the test machine is a CPU")
 def test_the_test_machine_is_a_cpu():
     assert get_device_platform() == "cpu"
     assert get_device_platform(jax.devices()[-1]) == "cpu"
@@ -54,7 +55,8 @@ def test_fingerprint_is_readable_short_and_stable():
     assert re.fullmatch(r"gpu-nvidia-h100-80gb-hbm3-sm90-[0-9a-f]{16}", fingerprint), fingerprint
     assert device_fingerprint(H100) == fingerprint
     assert device_fingerprint(A100).startswith("gpu-nvidia-a100-sxm4-80gb-sm80-")
-    assert re.fullmatch(r"cpu-cpu-[0-9a-f]{16}", device_fingerprint(jax.devices("cpu")[0]))
+    assert device_fingerprint() == device_fingerprint(jax.devices()[0])  # the default
+    assert re.fullmatch(r"cpu-cpu-[0-9a-f]{16}", device_fingerprint(CPU))
     mi250 = types.SimpleNamespace(
         platform="rocm", device_kind="AMD Instinct MI250X", compute_capability="gfx90a"
     )
