@@ -210,9 +210,7 @@ def _gpu_dot(original: Callable[..., Any]) -> Callable[..., Any]:
         if tl.bfloat16 in scalars:
             product = np.matmul(_as_float32(a), _as_float32(b), dtype=d.data.dtype)
         elif scalars == (tl.float32, tl.float32):
-            # INPUT_PRECISION.TF32x3's name; str() where a build's enum has no name
-            name = str(getattr(input_precision, "name", input_precision)).rsplit(".", 1)[-1]
-            product = _float32_product(a.data, b.data, name.upper())
+            product = _float32_product(a.data, b.data, input_precision.name.upper())
         else:
             return original(self, a, b, d, input_precision, max_num_imprecise_acc)
         return triton_interpreter.TensorHandle(product + d.data, d.dtype.scalar)
