@@ -503,6 +503,24 @@ def grouped_matmul_impl(
     return _gmm_jax(fn, name, "forward" if tma or tiling or warp_specialized else "both")
 
 
+def persistent_gmm_impl(tma: bool = False) -> Impl:
+    """Ours with gmm's launches (the forward and the input gradient) persistent
+    (`GroupedMatmulConfig.persistent`: a program per CTA the GPU holds, walking the tile
+    list), at their default tile, by pointers or (`tma`) through descriptors built once a
+    program; tgmm keeps its default. Forward and fwd+bwd."""
+    from jax_bridge import GroupedMatmulConfigs, grouped_matmul
+
+    def fn(lhs, rhs, sizes):
+        config = _gmm_config(*lhs.shape, rhs.shape[2], tma, None, None)
+        config = dataclasses.replace(config, persistent=True)
+        return grouped_matmul(
+            lhs, rhs, sizes, config=GroupedMatmulConfigs(gmm=config), implementation="triton",
+            preferred_element_type=lhs.dtype,
+        )  # fmt: skip
+
+    return _gmm_jax(fn, "ours triton, gmm persistent" + (" tma" if tma else ""))
+
+
 def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = None) -> Impl:
     """Ours with the weight gradient's tgmm alone changed, fwd+bwd only: its default tile
     through tensor descriptors (`tma`), or warp-specialized at (tm, tk, tn, stages)
@@ -1024,8 +1042,10 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         if m * k * groups > 2**31:
             ragged = dataclasses.replace(ragged, grad=False)
         anchors = [ragged, dense_matmul_impl(), one_group_impl(), memory_roof_impl()]
+        anchors.append(persistent_gmm_impl())
         if USE_TMA:
-            anchors += [grouped_matmul_impl(tma=True), tgmm_impl(groups)]
+            anchors += [grouped_matmul_impl(tma=True), persistent_gmm_impl(tma=True)]
+            anchors.append(tgmm_impl(groups))
         if USE_WARP_SPECIALIZED:
             anchors += [
                 grouped_matmul_impl(warp_specialized=tiling)

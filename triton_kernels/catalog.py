@@ -124,11 +124,12 @@ def _loading_tags(config: Any) -> tuple[str, str]:
     """(name suffix, description suffix) of a config's loading and scheduling options:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
     warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
-    forward's or dK/dV's)."""
+    forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk."""
     tags = [
         ("tma", "_tma", " tma"),
         ("warp_specialize", "_ws", " warp-specialized"),
         ("overlap_softmax", "_overlap", " overlapped softmax"),
+        ("persistent", "_persistent", " persistent"),
     ]
     on = [(name, words) for field, name, words in tags if getattr(config, field, False)]
     return "".join(name for name, _ in on), "".join(words for _, words in on)
@@ -344,6 +345,8 @@ def grouped_matmul_variant(
     )
     constexprs["TMA"] = config.tma
     constexprs["WARP_SPECIALIZE"] = config.warp_specialize
+    if kernel is gmm_kernel:
+        constexprs["PERSISTENT"] = config.persistent
     return KernelVariant(
         name=name + _loading_tags(config)[0],
         kernel=kernel,
@@ -405,6 +408,10 @@ def default_variants(
     )
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
+    # gmm persistent (a program per CTA the GPU holds), by pointers and (sm_90) by TMA
+    variants.append(persistent_gmm_variant(compute_capability, tma=False))
+    if compute_capability >= 90:
+        variants.append(persistent_gmm_variant(compute_capability, tma=True))
     if compute_capability == 90:  # and warp-specialized (Hopper's partitioning)
         for name, tiling in (
             ("gmm", HOPPER_WARP_SPECIALIZED_GMM[0]),
@@ -413,6 +420,14 @@ def default_variants(
             config = warp_specialized_gmm_config(*GMM_PROBLEM, tiling)
             variants.append(grouped_matmul_variant(name, compute_capability, config=config))
     return variants
+
+
+def persistent_gmm_variant(compute_capability: int, tma: bool) -> KernelVariant:
+    """The forward gmm at its default tile (bf16), persistent, by pointers or with `tma`."""
+    m, k, n = GMM_PROBLEM
+    default = gmm_config(m, k, n, element_bytes=2, compute_capability=compute_capability)
+    config = dataclasses.replace(default, tma=tma, persistent=True)
+    return grouped_matmul_variant("gmm", compute_capability, config=config)
 
 
 def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:

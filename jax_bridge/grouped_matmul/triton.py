@@ -29,6 +29,7 @@ from jax_bridge.launch.report import max_shared_memory_per_cta
 from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
+    multiprocessor_count,
     require_tensor_descriptors,
 )
 from jax_bridge.launch.triton_call import triton_call
@@ -101,6 +102,28 @@ def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype, op: str = "grouped_
             f"{itemsize} bytes"
         )
     return True
+
+
+# Programs of a persistent launch in Triton's interpreter: a few, so that each walks
+# several tiles.
+_INTERPRETER_PROGRAMS = 3
+
+
+def _persistent_programs(config: GroupedMatmulConfig, element_bytes: int) -> int | None:
+    """Programs of a gmm launch at `config`: None (a program a tile) unless `persistent`,
+    else as many as the GPU holds at once by shared memory (`multiprocessor_count()` SMs,
+    each as many CTAs as fit; registers may hold it to fewer, which then wait their turn
+    and walk their tiles after the others)."""
+    if not config.persistent:
+        return None
+    capability = launch_target().compute_capability
+    sms = multiprocessor_count()
+    if capability is None or sms is None:
+        return _INTERPRETER_PROGRAMS
+    per_sm = max_shared_memory_per_cta(capability) // config.shared_memory_bytes(
+        element_bytes, False
+    )
+    return sms * max(1, per_sm)
 
 
 def _init_only(existing_out: jax.Array | None, out_shape: jax.ShapeDtypeStruct) -> jax.Array:
@@ -218,7 +241,12 @@ def gmm(
         meta.group_starts.shape[0],
         kernel=gmm_kernel,
         out_shape=out_shape,
-        grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
+        grid=gmm_grid(
+            meta.chunk_group.shape[0],
+            n,
+            config.block_n,
+            _persistent_programs(config, np.dtype(lhs.dtype).itemsize),
+        ),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         input_output_aliases={2: 0} if accumulate else None,
@@ -229,6 +257,7 @@ def gmm(
         INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
         TMA=_tma(config, k, n, lhs.dtype),
         WARP_SPECIALIZE=config.warp_specialize,
+        PERSISTENT=config.persistent,
     )
 
 

@@ -195,6 +195,31 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
     return for_lowering_platform
 
 
+# Streaming multiprocessors of the largest GPU of each compute capability (A100: 108;
+# RTX A6000: 84; L40: 142 is sm_89's largest; H100 SXM and H200: 132; B200: 148), for
+# persistent launches traced without the device (`compile_for`, `cuda_lowering`).
+_MULTIPROCESSORS = {80: 108, 86: 84, 89: 142, 90: 132, 100: 148}
+
+
+def multiprocessor_count() -> int | None:
+    """Streaming multiprocessors of the GPU kernels launch on now, for persistent launches:
+    the device's own count (`core_count`) where the default device is a GPU of the
+    target's compute capability (an H100 PCIe has 114 where the SXM part has 132), else
+    `_MULTIPROCESSORS`' for that capability; None on the interpreter, and for a capability
+    the table lacks on a device that reports no count."""
+    target = launch_target()
+    if target.interpreter:
+        return None
+    device = jax.devices()[0]
+    if (
+        device.platform in _GPU_PLATFORMS
+        and _device_compute_capability() == target.compute_capability
+        and getattr(device, "core_count", None)
+    ):
+        return int(device.core_count)
+    return _MULTIPROCESSORS.get(target.compute_capability)
+
+
 def tensor_descriptors_available() -> bool:
     """Whether kernels launched now can use device-side tensor descriptors with nothing
     raised: on a GPU of compute capability >= 9.0 whose jaxlib allocates the descriptors'

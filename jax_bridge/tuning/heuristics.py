@@ -379,7 +379,8 @@ def grouped_matmul_candidates(
     descriptor's stride), also the kernel's warp-specialized tiles
     (`warp_specialized_gmm_config` at each of `HOPPER_WARP_SPECIALIZED_GMM`, or tgmm's
     `HOPPER_WARP_SPECIALIZED_TGMM`: tgmm specializes where its lhs is token-major, the
-    weight gradient of `grouped_matmul`).
+    weight gradient of `grouped_matmul`). gmm also takes its default tile persistent
+    (`GroupedMatmulConfig.persistent`), with descriptors through them too.
     """
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
     make = tgmm_config if transposed else gmm_config
@@ -393,6 +394,8 @@ def grouped_matmul_candidates(
         make, *shape, element_bytes=element_bytes, compute_capability=compute_capability
     )
     configs = [complete(), *(complete(tiling=t) for t in (DEFAULT_TILING, *tilings))]
+    if not transposed:  # gmm's default tile walked by persistent programs
+        configs.append(dataclasses.replace(configs[0], persistent=True))
     _, k, n = shape
     # Float32 compiles unspecialized (`GroupedMatmulConfig.warp_specialize`), and the
     # launch refuses descriptors over rows that are not multiples of 16 bytes.
@@ -404,4 +407,6 @@ def grouped_matmul_candidates(
     ):
         tiles = (HOPPER_WARP_SPECIALIZED_TGMM,) if transposed else HOPPER_WARP_SPECIALIZED_GMM
         configs += [warp_specialized_gmm_config(*shape, tiling) for tiling in tiles]
+        if not transposed:  # and persistent through descriptors built once a program
+            configs.append(dataclasses.replace(configs[0], tma=True, persistent=True))
     return [FwdParams.from_grouped_matmul_config(config) for config in _unique(configs)]

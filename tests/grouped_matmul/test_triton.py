@@ -38,6 +38,7 @@ from jax_bridge.grouped_matmul.metadata import (
     make_group_metadata,
     num_chunk_slots,
 )
+from jax_bridge.launch.report import max_shared_memory_per_cta
 from jax_bridge.launch.target import cuda_lowering, interpreting
 from jax_bridge.launch.triton_call import triton_call
 from jax_bridge.tuning import default_grouped_matmul_config
@@ -262,7 +263,7 @@ def _launched_config(launch: Launch) -> GroupedMatmulConfig:
     return GroupedMatmulConfig(
         block_m=c["BLOCK_M"], block_k=c["BLOCK_K"], block_n=c["BLOCK_N"],
         num_warps=launch.num_warps, num_stages=launch.num_stages, tma=c.get("TMA", False),
-        warp_specialize=c.get("WARP_SPECIALIZE", False),
+        warp_specialize=c.get("WARP_SPECIALIZE", False), persistent=c.get("PERSISTENT", False),
     )  # fmt: skip
 
 
@@ -370,6 +371,8 @@ _WRITE_CASES = {
     # [5, 7), [7, 1) and [1, 3) would leave gaps, and [48, -48, 64] more tiles than slots)
     "negative-size": ([5, 2, -6, 2, 9], 1, 3, (5, 9)),
     "negative-size-overlap": ([48, -48, 64], 0, 3, (0, 75)),
+    # local groups 1..2 hold no rows (they start and end at row 21): no tile, every row 0
+    "no-rows": ([21, 0, 0, 30], 1, 2, (21, 21)),
 }
 
 
@@ -381,16 +384,27 @@ _BY_LOADING = pytest.mark.parametrize(
 )
 
 
+# gmm's launches: `_BY_LOADING`, and persistent (3 programs walking the tile list) by
+# pointers and through descriptors.
+_GMM_LAUNCHES = pytest.mark.parametrize(
+    "tma, warp_specialize, persistent",
+    [(False, False, False), (True, False, False), (True, True, False), (False, False, True),
+     (True, False, True)],  # fmt: skip
+    ids=["pointers", "tma", "tma-warp-specialized", "persistent", "persistent-tma"],
+)
+
+
 @pytest.mark.parametrize("case", _WRITE_CASES)
-@_BY_LOADING
-def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
+@_GMM_LAUNCHES
+def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case):
     """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
     the interpreter), every row of a local group must hold its product afterwards and
     every other row 0, which the kernel writes itself (no zero fill ahead of it). With
     `tma` tiles read (and multiply) other groups' rows too: those hold NaN and Inf here,
     and must reach no row of a local group. k = 24 also leaves a partial k tile.
     Warp-specialized, surplus slots do not return early: they run an empty loop and
-    must store nothing."""
+    must store nothing. Persistent, 3 programs walk every tile and share out the zeroing
+    of rows before and after the local groups."""
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
     group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
@@ -410,7 +424,7 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
         local,
         kernel=gmm_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n),
+        grid=gmm_grid(meta.chunk_group.shape[0], n, config.block_n, 3 if persistent else None),
         input_output_aliases={2: 0},
         M=m,
         K=k,
@@ -423,6 +437,7 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, case):
         INPUT_PRECISION="ieee",
         TMA=tma,
         WARP_SPECIALIZE=warp_specialize,
+        PERSISTENT=persistent,
         num_warps=4,
     )
     out = np.asarray(out)
@@ -502,6 +517,17 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
             ValueError,
             r"warp_specialize needs .*num_warps=4.*got tma=True, num_warps=8",
         ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, persistent=1),
+            TypeError,
+            "GroupedMatmulConfig.persistent must be a bool",
+        ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, tma=True, warp_specialize=True,
+                 persistent=True),  # fmt: skip
+            ValueError,
+            r"persistent=True excludes warp_specialize=True",
+        ),
     ],
     ids=[
         "block_m",
@@ -513,6 +539,8 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
         "ws_bool",
         "ws_no_tma",
         "ws_8_warps",
+        "persistent_bool",
+        "persistent_ws",
     ],
 )
 def test_config_validation(kwargs, error, message):
@@ -581,6 +609,69 @@ def test_tma_tiles_give_the_float64_numbers(transpose_rhs, warp_specialize):
     # d rhs[g] = lhs_g^T weight_g, or its transpose (weight_g^T lhs_g) for [G, n, k].
     a, b = (weight.T, lhs) if transpose_rhs else (lhs.T, weight)
     assert_close(d_rhs, tgmm_float64(a, b, sizes, num_groups=5))
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["no_existing_out", "existing_out"])
+def test_persistent_gmm_gives_the_float64_numbers(accumulate, transpose_rhs, tma):
+    """`persistent=True`: a few programs (3 in the interpreter) walk the tile list; with
+    expert parallelism's group offset the rows before and after the local groups are 0
+    (or existing_out's), an empty local group, partial k and n tiles (and the 3-D
+    descriptor's zeros past a group's k rows), the forward and both gradients."""
+    rng = np.random.default_rng()
+    m, k, n, offset = 70, 40, 24, 1
+    sizes = jnp.asarray([6, 9, 0, 17, 1, 20, 5], jnp.int32)  # local: groups 1..4, rows 6..33
+    rhs_shape = (4, n, k) if transpose_rhs else (4, k, n)
+    lhs, rhs, weight = normal(rng, (m, k)), normal(rng, rhs_shape), normal(rng, (m, n))
+    existing = normal(rng, (m, n)) if accumulate else None
+    config = GroupedMatmulConfig(block_m=16, block_k=16, block_n=16, tma=tma, persistent=True)
+
+    def loss(lhs, rhs):
+        out = grouped_matmul(lhs, rhs, sizes, group_offset=offset, existing_out=existing,
+                             config=config, transpose_rhs=transpose_rhs,
+                             implementation="triton")  # fmt: skip
+        return jnp.sum(out * weight), out
+
+    (d_lhs, d_rhs), out = jax.grad(loss, (0, 1), has_aux=True)(lhs, rhs)
+    assert_close(out, gmm_float64(lhs, rhs, sizes, offset=offset, existing=existing,
+                                  transpose_rhs=transpose_rhs))  # fmt: skip
+    rhs_for_d_lhs = rhs if transpose_rhs else jnp.swapaxes(rhs, 1, 2)
+    assert_close(d_lhs, gmm_float64(weight, rhs_for_d_lhs, sizes, offset=offset))
+    a, b = (weight.T, lhs) if transpose_rhs else (lhs.T, weight)
+    assert_close(d_rhs, tgmm_float64(a, b, sizes, num_groups=4, offset=offset))
+
+
+def test_a_persistent_launch_takes_a_program_for_each_cta_the_gpu_holds(monkeypatch):
+    """On an H100 (132 SMs) a persistent gmm at Hopper's default tile (192 KB of shared
+    memory: one CTA an SM) launches 132 programs, at 128 x 64 x 64 with 2 stages (48 KB:
+    four CTAs) 528, at 16 x 16 x 16 in one stage (1 KB) as many as the shared memory
+    holds, and never more than the tile list's slots times its column tiles; a launch a
+    tile keeps its grid."""
+    launches = record_launches(monkeypatch, triton_backend)
+    rng = np.random.default_rng(5)
+    m, k, n = 16384, 512, 768
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (4, k, n), jnp.bfloat16)
+    sizes = jnp.asarray([3000, 0, 5000, 8384], jnp.int32)
+    hopper = default_grouped_matmul_config((m, k, n), jnp.bfloat16, 90)
+    small = GroupedMatmulConfig(128, 64, 64, num_warps=4, num_stages=2)
+    tiny = GroupedMatmulConfig(16, 16, 16, num_stages=1)
+    for config in (hopper, small, tiny):
+        for persistent in (False, True):
+            given = dataclasses.replace(config, persistent=persistent)
+            with cuda_lowering(90):
+                grouped_matmul(lhs, rhs, sizes, config=given, implementation="triton")
+    gmms = [launch for launch in launches if launch.kernel is gmm_kernel]
+    tiles = [
+        gmm_grid(num_chunk_slots(m, c.block_m, 4), n, c.block_n)[0] for c in (hopper, small, tiny)
+    ]
+    assert tiles == [131 * 3, 131 * 12, 1027 * 48]
+    assert hopper.shared_memory_bytes(2, False) == 192 * 1024
+    by_shared_memory = 132 * (max_shared_memory_per_cta(90) // 1024)
+    assert [launch.grid[0] for launch in gmms] == [
+        tiles[0], 132, tiles[1], 528, tiles[2], by_shared_memory
+    ]  # fmt: skip
+    assert [launch.constexprs["PERSISTENT"] for launch in gmms] == [False, True] * 3
 
 
 def test_tma_needs_16_byte_rows_and_a_hopper_gpu():

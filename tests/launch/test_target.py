@@ -10,6 +10,7 @@ from jax_bridge.launch.target import (
     cuda_lowering,
     interpreting,
     launch_target,
+    multiprocessor_count,
 )
 from tests.devices import cpu_only
 
@@ -54,3 +55,33 @@ def test_targets_are_part_of_the_jit_cache_key():
         f.trace(x)
     # Each context traces anew, even where it names the target of the one before.
     assert traces == [launch_target(), INTERPRETER, LaunchTarget(True, 90)]
+
+
+class _FakeGpu:
+    """A GPU device as JAX describes one: platform, compute capability, SM count."""
+
+    platform = "gpu"
+    device_kind = "NVIDIA H100 PCIe"
+    compute_capability = "9.0"
+    core_count = 114
+
+
+def test_multiprocessor_count_reads_the_device_else_the_capabilitys_largest_gpu(monkeypatch):
+    """A persistent launch's SMs: none on the interpreter; lowered for a capability with
+    no such GPU at hand, its largest part's (H100 SXM / H200: 132); on a GPU of the
+    target's capability, the device's own count (an H100 PCIe: 114), and the table's again
+    when the target is another capability or the device reports none."""
+    with interpreting():
+        assert multiprocessor_count() is None
+    with cuda_lowering(90):
+        assert multiprocessor_count() == 132
+    with cuda_lowering(80):
+        assert multiprocessor_count() == 108
+    monkeypatch.setattr(jax, "devices", lambda *backend: [_FakeGpu()])
+    with cuda_lowering(90):
+        assert multiprocessor_count() == 114
+    with cuda_lowering(100):
+        assert multiprocessor_count() == 148
+    monkeypatch.setattr(_FakeGpu, "core_count", None)
+    with cuda_lowering(90):
+        assert multiprocessor_count() == 132

@@ -297,8 +297,14 @@ def test_grouped_matmul_candidates(transposed, dtype):
             assert config.block_n <= max(16, 1 << (n - 1).bit_length())
             assert config.block_k <= max(16, 1 << (k - 1).bit_length())
             assert config.block_m <= max(16, 1 << (m - 1).bit_length())
-    # A tiny problem shrinks every tiling to the same config: one candidate.
-    assert len(grouped_matmul_candidates((16, 16, 16), dtype=dtype, compute_capability=90)) == 1
+    # A tiny problem shrinks every tiling to the same config: one candidate, and gmm's
+    # persistent launch of it.
+    tiny = grouped_matmul_candidates((16, 16, 16), dtype=dtype, compute_capability=90)
+    assert [c.persistent for c in tiny] == [False, True]
+    transposed_tiny = grouped_matmul_candidates(
+        (16, 16, 16), dtype=dtype, compute_capability=90, transposed=True
+    )
+    assert len(transposed_tiny) == 1 and not transposed_tiny[0].persistent  # tgmm walks none
 
 
 def test_a_lone_feature_name_is_one_feature_not_its_letters():
@@ -406,9 +412,11 @@ def test_grouped_matmul_candidates_hold_the_warp_specialized_tiles_on_hopper(tra
     args = dict(dtype="bfloat16", transposed=transposed)
     plain = grouped_matmul_candidates(shape, compute_capability=90, **args)
     hopper = grouped_matmul_candidates(shape, compute_capability=90, descriptors=True, **args)
+    if not transposed:  # and gmm's default tile persistent through descriptors
+        expected.append(dataclasses.replace(plain[0], tma=True, persistent=True))
     assert hopper == plain + expected
-    assert all(p.warp_specialize is True and p.tma is True for p in expected)
-    assert not any(p.warp_specialize for p in plain)
+    assert all(p.tma is True and p.warp_specialize is not p.persistent for p in expected)
+    assert not any(p.warp_specialize or p.tma for p in plain)
     # Nowhere else: below sm_90, for float32, over rows that are not 16-byte multiples.
     for capability, dtype, problem in (
         (80, "bfloat16", shape),

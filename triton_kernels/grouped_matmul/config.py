@@ -73,6 +73,14 @@ class GroupedMatmulConfig(KernelConfig):
         tiles, 256-row tiles, and a single stage (128 x 128 x 256 fits only one beside its
         hand-off tile); tgmm runs unspecialized at `block_k` 64 with `block_n` 256, whose
         consumers Triton fails to compile (`tgmm_warp_specializes`), and with a [k, m] lhs.
+      persistent: gmm launches one program per CTA the GPU holds at once
+        (`persistent_programs`) instead of one a tile, each walking the tile list in the
+        default's order, column tiles fastest; with `tma` a program builds its two tensor
+        descriptors once for all its tiles, where a program a tile builds them for each
+        (a write to global memory and a fence before its first copy). CUTLASS's grouped
+        GEMMs (`torch._grouped_mm`) schedule so. Not with `warp_specialize` (these
+        Tritons partition no loop around the k loop). tgmm ignores it. Off by default:
+        not yet timed on a GPU (A/B rows of `python -m bench gpu-check`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -84,6 +92,19 @@ class GroupedMatmulConfig(KernelConfig):
     num_stages: int = 2
     tma: bool = False
     warp_specialize: bool = False
+    persistent: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.persistent, bool):
+            raise TypeError(
+                f"GroupedMatmulConfig.persistent must be a bool, got {self.persistent!r}."
+            )
+        if self.persistent and self.warp_specialize:
+            raise ValueError(
+                "GroupedMatmulConfig: persistent=True excludes warp_specialize=True (Triton "
+                "partitions no loop around the k loop)."
+            )
 
     @property
     def tiling(self) -> tuple[int, int, int]:

@@ -20,30 +20,41 @@ import triton.language as tl
 
 
 @triton.jit
-def _gmm_tiles_by_descriptor(
-    acc, lhs_ptr, rhs_group, row0, col0, k_end, M: tl.constexpr, K: tl.constexpr,
-    N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    TRANSPOSE_RHS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+def _gmm_descriptors(
+    lhs_ptr, rhs_ptr, num_groups, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr,
 ):  # fmt: skip
-    """acc += lhs[row0 : row0 + BLOCK_M, :k_end] @ rhs_group[:k_end, col0 : col0 + BLOCK_N]
-    through tensor descriptors over lhs [M, K] and the group's [K, N] (or [N, K]) weights,
-    whose rows and columns past the arrays read 0 (so K and N need no masks); k_end: K, or
-    0 for nothing."""
+    """Tensor descriptors over lhs [M, K] and rhs [G, K, N] (or [G, N, K]): built once a
+    program, whatever groups its tiles take. The weights' descriptor is 3-D, so a tile's k
+    rows (or n rows) past the group's own read 0 instead of the next group's weights."""
     lhs = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1],
                                     block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
     if TRANSPOSE_RHS:
-        rhs = tl.make_tensor_descriptor(rhs_group, shape=[N, K], strides=[K, 1],
-                                        block_shape=[BLOCK_N, BLOCK_K])  # fmt: skip
+        rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, N, K], strides=[N * K, K, 1],
+                                        block_shape=[1, BLOCK_N, BLOCK_K])  # fmt: skip
     else:
-        rhs = tl.make_tensor_descriptor(rhs_group, shape=[K, N], strides=[N, 1],
-                                        block_shape=[BLOCK_K, BLOCK_N])  # fmt: skip
+        rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, K, N], strides=[K * N, N, 1],
+                                        block_shape=[1, BLOCK_K, BLOCK_N])  # fmt: skip
+    return lhs, rhs
+
+
+@triton.jit
+def _gmm_tiles_by_descriptor(
+    acc, lhs, rhs, group, row0, col0, k_end, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """acc += lhs[row0 : row0 + BLOCK_M, :k_end] @ rhs[group][:k_end, col0 : col0 + BLOCK_N]
+    through the descriptors of `_gmm_descriptors`, whose rows and columns past the arrays
+    (and past the group's weights) read 0, so K and N need no masks; k_end: K, or 0 for
+    nothing."""
     for k0 in tl.range(0, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         a = lhs.load([row0, k0])
         if TRANSPOSE_RHS:
-            b = tl.trans(rhs.load([col0, k0]))
+            b = tl.trans(rhs.load([group, col0, k0]).reshape(BLOCK_N, BLOCK_K))
         else:
-            b = rhs.load([k0, col0])
+            b = rhs.load([group, k0, col0]).reshape(BLOCK_K, BLOCK_N)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     return acc
 
@@ -106,6 +117,80 @@ def _zero_unwritten_rows(
 
 
 @triton.jit
+def _gmm_output_tile(
+    lhs_ptr, rhs_ptr, init_ptr, out_ptr, lhs_desc, rhs_desc, group_start_ptr,
+    group_end_ptr, chunk_group_ptr, chunk_row_start_ptr, slot, pid_n, real,
+    M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE_RHS: tl.constexpr,
+    ACCUMULATE: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """Column tile `pid_n` of tile slot `slot` of the list (its group's rows from the
+    slot's first one, BLOCK_M at a time): out = (init +) lhs @ rhs[group] there. `real`:
+    whether the slot holds a tile (only a warp-specialized launch asks for a surplus one:
+    it runs no k step and stores nothing)."""
+    group = tl.load(chunk_group_ptr + slot)
+    row_begin = tl.load(group_start_ptr + group)
+    row_end = tl.load(group_end_ptr + group)
+    k_end = K
+    if WARP_SPECIALIZE:  # a surplus slot: no rows, no k steps
+        row_end = tl.where(real, row_end, row_begin)
+        k_end = tl.where(real, K, 0)
+
+    row0 = tl.load(chunk_row_start_ptr + slot)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    # Rows past the group's end (in its last tile) are another program's business: they
+    # are never written here (nor read, but with TMA).
+    in_group = (rows >= row_begin) & (rows < row_end)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < N
+    rows64 = rows.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        acc = _gmm_tiles_by_descriptor(
+            acc, lhs_desc, rhs_desc, group, row0, pid_n * BLOCK_N, k_end,
+            BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION, WARP_SPECIALIZE,
+        )  # fmt: skip
+    else:
+        rhs_group = rhs_ptr + group.to(tl.int64) * (K * N)
+        acc = _gmm_tiles_by_pointer(
+            acc, lhs_ptr, rhs_group, rows64, in_group, cols, in_cols,
+            K, N, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION,
+        )  # fmt: skip
+
+    out_offsets = rows64[:, None] * N + cols[None, :]
+    out_mask = in_group[:, None] & in_cols[None, :]
+    if ACCUMULATE:
+        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _zero_rows_outside_groups(
+    out_ptr, group_start_ptr, group_end_ptr, num_groups, M: tl.constexpr,
+    N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """A persistent program's share of the zeroing of `_zero_unwritten_rows`: only the
+    row tiles that reach outside [group_start[0], group_end[num_groups - 1]) (those
+    before its first row's tile and from its end's on: none where the groups cover every
+    row), column tiles fastest, dealt round the programs."""
+    N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
+    head = tl.cdiv(tl.load(group_start_ptr), BLOCK_M)  # row tiles [0, head)
+    # Row tiles [tail, ROW_TILES); never below head (no groups' rows: lo == hi), so that
+    # no tile is zeroed twice.
+    tail = tl.maximum(tl.load(group_end_ptr + num_groups - 1) // BLOCK_M, head)
+    outside = head + (ROW_TILES - tail)
+    for item in range(tl.program_id(0), outside * N_TILES, tl.num_programs(0)):
+        row_tile = item // N_TILES
+        row_tile = tl.where(row_tile < head, row_tile, tail + row_tile - head)
+        _zero_unwritten_rows(
+            out_ptr, group_start_ptr, group_end_ptr, num_groups, row_tile, item % N_TILES,
+            M, N, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
 def gmm_kernel(
     lhs_ptr,
     rhs_ptr,
@@ -128,9 +213,11 @@ def gmm_kernel(
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False,
 ):
-    """One [BLOCK_M, BLOCK_N] output tile of one group; grid (num_slots * cdiv(N, BLOCK_N),),
-    column tiles fastest (`gmm_grid`).
+    """[BLOCK_M, BLOCK_N] output tiles of one group each: a program a tile, grid
+    (num_slots * cdiv(N, BLOCK_N),), column tiles fastest (`gmm_grid`); or (PERSISTENT)
+    a few programs, each walking the tiles p, p + programs, ... in that order.
 
     lhs: [M, K]; rhs: [G, K, N], or [G, N, K] when TRANSPOSE_RHS; init, out: [M, N].
     group_start, group_end: int32 [G], rows of each group, clipped to [0, M]; num_groups:
@@ -140,67 +227,62 @@ def gmm_kernel(
     ACCUMULATE: add init to the product (out = init + lhs @ rhs) instead of overwriting;
     out aliases init, so rows no tile writes keep init's values. Otherwise program
     (slot s, column tile c) also zeroes the rows of row tile s (rows [s * BLOCK_M, (s +
-    1) * BLOCK_M); num_slots >= cdiv(M, BLOCK_M)) that no tile writes, in column tile c:
-    out needs no zero fill ahead of the kernel, which would cost a pass over it a call
-    though the groups usually cover every row.
+    1) * BLOCK_M); num_slots >= cdiv(M, BLOCK_M)) that no tile writes, in column tile c
+    (persistent programs share out the row tiles that hold such rows): out needs no
+    zero fill ahead of the kernel, which would cost a pass over it a call though the
+    groups usually cover every row.
     TMA: lhs and rhs tiles through device-side tensor descriptors (Hopper's bulk tensor
-    copies; the launch passes their global scratch). lhs rows of other groups are then
-    read and multiplied too: an output row depends on its own lhs row only, and theirs
-    are never stored. Needs K and N rows 16-byte aligned (the bridge decides).
-    WARP_SPECIALIZE (with TMA): Triton splits the k loop into a producer warpgroup that
-    issues the tile loads and consumer warpgroups that multiply (on Hopper, launched with
-    4 warps: 12, two consumers of BLOCK_M / 2 rows each; the launch passes the count).
-    Its partitioning refuses an early exit, so surplus slots run an empty loop and store
-    nothing instead of returning.
+    copies; the launch passes their global scratch), built once a program: a persistent
+    program builds two for all its tiles. lhs rows of other groups are then read and
+    multiplied too: an output row depends on its own lhs row only, and theirs are never
+    stored. Needs K and N rows 16-byte aligned (the bridge decides).
+    WARP_SPECIALIZE (with TMA, not PERSISTENT): Triton splits the k loop into a producer
+    warpgroup that issues the tile loads and consumer warpgroups that multiply (on
+    Hopper, launched with 4 warps: 12, two consumers of BLOCK_M / 2 rows each; the launch
+    passes the count). Its partitioning refuses an early exit, so surplus slots run an
+    empty loop and store nothing instead of returning.
     """
+    tl.static_assert(not (PERSISTENT and WARP_SPECIALIZE),
+                     "gmm_kernel: a persistent walk is not warp-specialized")  # fmt: skip
     N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    slot = tl.program_id(0) // N_TILES
-    pid_n = tl.program_id(0) % N_TILES
-    if not ACCUMULATE:
-        if slot < ROW_TILES:
-            _zero_unwritten_rows(
-                out_ptr, group_start_ptr, group_end_ptr, num_groups, slot, pid_n,
-                M, N, BLOCK_M, BLOCK_N,
-            )  # fmt: skip
-    real = slot < tl.load(num_chunks_ptr)
-    if not WARP_SPECIALIZE:
-        if not real:
-            return
-    group = tl.load(chunk_group_ptr + slot)
-    row_begin = tl.load(group_start_ptr + group)
-    row_end = tl.load(group_end_ptr + group)
-    k_end = K
-    if WARP_SPECIALIZE:  # a surplus slot: no rows, no k steps
-        row_end = tl.where(real, row_end, row_begin)
-        k_end = tl.where(real, K, 0)
-
-    row0 = tl.load(chunk_row_start_ptr + slot)
-    rows = row0 + tl.arange(0, BLOCK_M)
-    # Rows past the group's end (in its last tile) are another program's business: they
-    # are never written here (nor read, but with TMA).
-    in_group = (rows >= row_begin) & (rows < row_end)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_cols = cols < N
-    rows64 = rows.to(tl.int64)
-    rhs_group = rhs_ptr + group.to(tl.int64) * (K * N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    lhs_desc, rhs_desc = None, None
     if TMA:
-        acc = _gmm_tiles_by_descriptor(
-            acc, lhs_ptr, rhs_group, row0, pid_n * BLOCK_N, k_end,
-            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION, WARP_SPECIALIZE,
-        )  # fmt: skip
+        lhs_desc, rhs_desc = _gmm_descriptors(
+            lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
+        )
+    if PERSISTENT:
+        if not ACCUMULATE:
+            _zero_rows_outside_groups(
+                out_ptr, group_start_ptr, group_end_ptr, num_groups, M, N, BLOCK_M, BLOCK_N
+            )
+        tiles = tl.load(num_chunks_ptr) * N_TILES
+        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+            _gmm_output_tile(
+                lhs_ptr, rhs_ptr, init_ptr, out_ptr, lhs_desc, rhs_desc, group_start_ptr,
+                group_end_ptr, chunk_group_ptr, chunk_row_start_ptr, tile // N_TILES,
+                tile % N_TILES, True, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS,
+                ACCUMULATE, INPUT_PRECISION, TMA, False,
+            )  # fmt: skip
     else:
-        acc = _gmm_tiles_by_pointer(
-            acc, lhs_ptr, rhs_group, rows64, in_group, cols, in_cols,
-            K, N, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, INPUT_PRECISION,
+        slot = tl.program_id(0) // N_TILES
+        pid_n = tl.program_id(0) % N_TILES
+        if not ACCUMULATE:
+            if slot < ROW_TILES:
+                _zero_unwritten_rows(
+                    out_ptr, group_start_ptr, group_end_ptr, num_groups, slot, pid_n,
+                    M, N, BLOCK_M, BLOCK_N,
+                )  # fmt: skip
+        real = slot < tl.load(num_chunks_ptr)
+        if not WARP_SPECIALIZE:
+            if not real:
+                return
+        _gmm_output_tile(
+            lhs_ptr, rhs_ptr, init_ptr, out_ptr, lhs_desc, rhs_desc, group_start_ptr,
+            group_end_ptr, chunk_group_ptr, chunk_row_start_ptr, slot, pid_n, real,
+            M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS, ACCUMULATE, INPUT_PRECISION,
+            TMA, WARP_SPECIALIZE,
         )  # fmt: skip
-
-    out_offsets = rows64[:, None] * N + cols[None, :]
-    out_mask = in_group[:, None] & in_cols[None, :]
-    if ACCUMULATE:
-        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -335,8 +417,9 @@ def tgmm_kernel(
     tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def gmm_grid(num_slots: int, n: int, block_n: int) -> tuple[int]:
-    """Launch grid of `gmm_kernel`: one program per (tile slot, n tile), n tiles fastest.
+def gmm_grid(num_slots: int, n: int, block_n: int, programs: int | None = None) -> tuple[int]:
+    """Launch grid of `gmm_kernel`: one program per (tile slot, n tile), n tiles fastest;
+    or, for a persistent launch, `programs` (at most one a tile).
 
     Programs start in grid order, so the ones running at once are every column tile of a
     few consecutive slots: they share their lhs rows, and a group's weights are read by
@@ -345,7 +428,8 @@ def gmm_grid(num_slots: int, n: int, block_n: int) -> tuple[int]:
     2048, n 1408 over 64 groups, 11 x 34 MB of lhs beside the 369 MB of weights, which
     matches the kernel's 270 us on an H100 at HBM speed (2026-11-27, slots fastest).
     """
-    return (num_slots * triton.cdiv(n, block_n),)
+    tiles = num_slots * triton.cdiv(n, block_n)
+    return (tiles if programs is None else max(1, min(programs, tiles)),)
 
 
 def tgmm_grid(num_groups: int, k: int, n: int, block_k: int, block_n: int) -> tuple[int, int, int]:
