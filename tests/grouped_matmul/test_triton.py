@@ -388,8 +388,13 @@ _BY_LOADING = pytest.mark.parametrize(
 # pointers and through descriptors.
 _GMM_LAUNCHES = pytest.mark.parametrize(
     "tma, warp_specialize, persistent",
-    [(False, False, False), (True, False, False), (True, True, False), (False, False, True),
-     (True, False, True)],  # fmt: skip
+    [
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (False, False, True),
+        (True, False, True),
+    ],
     ids=["pointers", "tma", "tma-warp-specialized", "persistent", "persistent-tma"],
 )
 
@@ -523,8 +528,9 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
             "GroupedMatmulConfig.persistent must be a bool",
         ),
         (
-            dict(block_m=16, block_k=16, block_n=16, tma=True, warp_specialize=True,
-                 persistent=True),  # fmt: skip
+            dict(
+                block_m=16, block_k=16, block_n=16, tma=True, warp_specialize=True, persistent=True
+            ),
             ValueError,
             r"persistent=True excludes warp_specialize=True",
         ),
