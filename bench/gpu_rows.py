@@ -521,6 +521,29 @@ def persistent_gmm_impl(tma: bool = False) -> Impl:
     return _gmm_jax(fn, "ours triton, gmm persistent" + (" tma" if tma else ""))
 
 
+def persistent_tgmm_impl(groups: int) -> Impl:
+    """Ours with the weight gradient's tgmm alone persistent (`tgmm_walk_kernel`: each
+    program walks its tile's rows through a split of the groups), at tgmm's default
+    tile; gmm's launches keep theirs. Fwd+bwd only."""
+    from jax_bridge import GroupedMatmulConfigs, grouped_matmul
+    from jax_bridge.launch.target import launch_target
+    from triton_kernels.grouped_matmul.config import tgmm_config
+
+    def fn(lhs, rhs, sizes):
+        (m, k), n = lhs.shape, rhs.shape[2]
+        config = tgmm_config(
+            m, k, n, element_bytes=2, compute_capability=launch_target().compute_capability,
+            lhs_token_major=True, num_groups=groups,
+        )  # fmt: skip
+        config = dataclasses.replace(config, persistent=True)
+        return grouped_matmul(
+            lhs, rhs, sizes, config=GroupedMatmulConfigs(tgmm=config), implementation="triton",
+            preferred_element_type=lhs.dtype,
+        )  # fmt: skip
+
+    return _gmm_jax(fn, "ours triton, tgmm persistent", passes="fwd+bwd")
+
+
 def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = None) -> Impl:
     """Ours with the weight gradient's tgmm alone changed, fwd+bwd only: its default tile
     through tensor descriptors (`tma`), or warp-specialized at (tm, tk, tn, stages)
@@ -1042,7 +1065,7 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         if m * k * groups > 2**31:
             ragged = dataclasses.replace(ragged, grad=False)
         anchors = [ragged, dense_matmul_impl(), one_group_impl(), memory_roof_impl()]
-        anchors.append(persistent_gmm_impl())
+        anchors += [persistent_gmm_impl(), persistent_tgmm_impl(groups)]
         if USE_TMA:
             anchors += [grouped_matmul_impl(tma=True), persistent_gmm_impl(tma=True)]
             anchors.append(tgmm_impl(groups))

@@ -181,7 +181,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     # and the forward of two CTAs per SM, and the forward and dK/dV with their softmax
     # overlapped, on the many documents the persistent forward at 128x128, on the first
     # two the warp-specialized forward and dK/dV (the forward also without a bound), on
-    # grouped matmul gmm with TMA, its launches persistent (by pointers and by TMA),
+    # grouped matmul gmm with TMA, its launches persistent (by pointers and by TMA), the
+    # weight gradient's tgmm persistent (fwd+bwd only),
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
     # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
@@ -204,6 +205,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton varlen backward 64x64 4 warps", "ours triton block-sparse 64x64 4 warps",
         "ours triton block-sparse forward 128x64 3 stages", "ours triton block-sparse dq 128x128",
         "ours triton, gmm persistent", "ours triton, gmm persistent tma",
+        "ours triton, tgmm persistent",
     }  # fmt: skip
     for kernel, label in (
         ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
@@ -215,7 +217,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         assert rows and all(r["op"].endswith(label) for r in rows)
     tgmm_rows = [r for r in found if "tgmm" in r["baseline"]]
     assert tgmm_rows and all(r["op"].endswith("fwd+bwd") for r in tgmm_rows)
-    persistent_rows = {r["op"].split()[-1] for r in found if "persistent" in r["baseline"]}
+    persistent_rows = {r["op"].split()[-1] for r in found if "gmm persistent" in r["baseline"]}
     assert persistent_rows == {"forward", "fwd+bwd"}  # gmm's launches, tgmm at its default
     unchecked = {"dense matmul (roofline)", "ours triton, one group", "memory roof (XLA)"}
     for row in found:

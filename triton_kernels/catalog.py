@@ -50,7 +50,7 @@ from triton_kernels.grouped_matmul.config import (
     tgmm_warp_specializes,
     warp_specialized_gmm_config,
 )
-from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel
+from triton_kernels.grouped_matmul.kernels import gmm_kernel, tgmm_kernel, tgmm_walk_kernel
 
 TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -408,10 +408,12 @@ def default_variants(
     )
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
-    # gmm persistent (a program per CTA the GPU holds), by pointers and (sm_90) by TMA
+    # gmm persistent (a program per CTA the GPU holds), by pointers and (sm_90) by TMA,
+    # and the weight gradient's tgmm walking splits of the groups, at both problems
     variants.append(persistent_gmm_variant(compute_capability, tma=False))
     if compute_capability >= 90:
         variants.append(persistent_gmm_variant(compute_capability, tma=True))
+    variants += [tgmm_walk_variant(compute_capability, p) for p in (GMM_PROBLEM, GMM_LONG)]
     if compute_capability == 90:  # and warp-specialized (Hopper's partitioning)
         for name, tiling in (
             ("gmm", HOPPER_WARP_SPECIALIZED_GMM[0]),
@@ -428,6 +430,36 @@ def persistent_gmm_variant(compute_capability: int, tma: bool) -> KernelVariant:
     default = gmm_config(m, k, n, element_bytes=2, compute_capability=compute_capability)
     config = dataclasses.replace(default, tma=tma, persistent=True)
     return grouped_matmul_variant("gmm", compute_capability, config=config)
+
+
+def tgmm_walk_variant(
+    compute_capability: int, problem: tuple[int, int, int] = GMM_PROBLEM
+) -> KernelVariant:
+    """`tgmm_walk_kernel` (the weight gradient's tgmm, persistent) at the token-major
+    tgmm's default tile for `problem` over `GMM_GROUPS` groups, two splits, bf16 in and
+    out as the weight gradient launches it (its float32 output tile would pass through
+    shared memory beside the pipeline's: 320 KiB at m 32768's 128 x 128 x 256)."""
+    m, k, n = problem
+    config = tgmm_config(m, k, n, element_bytes=2, compute_capability=compute_capability,
+                         lhs_token_major=True, num_groups=GMM_GROUPS)  # fmt: skip
+    types = {"lhs_ptr": "*bf16", "rhs_ptr": "*bf16", "init_ptr": "*bf16", "out_ptr": "*bf16"}
+    signature = {
+        a: types.get(a, "i32" if a == "num_groups" else "*i32")
+        for a in tgmm_walk_kernel.arg_names
+        if a.endswith("_ptr") or a == "num_groups"
+    }
+    constexprs = dict(**config.shape_constexprs(m, k, n), ACCUMULATE=False,
+                      INPUT_PRECISION="tf32", SPLITS=2, GROUP_CHUNK=GMM_GROUPS)  # fmt: skip
+    return KernelVariant(
+        name="tgmm_token_major_walk",
+        kernel=tgmm_walk_kernel,
+        signature=signature,
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        description=f"bfloat16 m={m} k={k} n={n} "
+        f"{config.block_m}x{config.block_k}x{config.block_n} walk",
+    )
 
 
 def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:

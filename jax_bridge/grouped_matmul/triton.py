@@ -40,7 +40,15 @@ from triton_kernels.grouped_matmul.config import (
     tgmm_config,
     tgmm_warp_specializes,
 )
-from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
+from triton_kernels.grouped_matmul.kernels import (
+    gmm_grid,
+    gmm_kernel,
+    tgmm_grid,
+    tgmm_kernel,
+    tgmm_walk_grid,
+    tgmm_walk_kernel,
+    tgmm_walk_splits,
+)
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 
@@ -109,11 +117,13 @@ def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype, op: str = "grouped_
 _INTERPRETER_PROGRAMS = 3
 
 
-def _persistent_programs(config: GroupedMatmulConfig, element_bytes: int) -> int | None:
-    """Programs of a gmm launch at `config`: None (a program a tile) unless `persistent`,
-    else as many as the GPU holds at once by shared memory (`multiprocessor_count()` SMs,
-    each as many CTAs as fit; registers may hold it to fewer, which then wait their turn
-    and walk their tiles after the others)."""
+def _persistent_programs(
+    config: GroupedMatmulConfig, element_bytes: int, transposed: bool = False
+) -> int | None:
+    """Programs of a persistent launch at `config` (gmm's, or tgmm's walk where
+    `transposed`): None unless `persistent`, else as many as the GPU holds at once by
+    shared memory (`multiprocessor_count()` SMs, each as many CTAs as fit; registers may
+    hold it to fewer, which then wait their turn); `_INTERPRETER_PROGRAMS` there."""
     if not config.persistent:
         return None
     capability = launch_target().compute_capability
@@ -121,7 +131,7 @@ def _persistent_programs(config: GroupedMatmulConfig, element_bytes: int) -> int
     if capability is None or sms is None:
         return _INTERPRETER_PROGRAMS
     per_sm = max_shared_memory_per_cta(capability) // config.shared_memory_bytes(
-        element_bytes, False
+        element_bytes, transposed
     )
     return sms * max(1, per_sm)
 
@@ -261,6 +271,21 @@ def gmm(
     )
 
 
+def _bounds_rows(options: MatmulOptions, config: GroupedMatmulConfig, m, k, n, dtype) -> int:
+    """The row tile of tgmm's metadata launch where tgmm reads only the group bounds,
+    which no row tile changes: the one gmm takes here, so that XLA merges it with the
+    equal launch of the gmm calls beside it (a gradient makes both): gmm's config's, its
+    default's where neither a config nor a tiling is given, else tgmm's own (a tiling's
+    rows are gmm's too, unless tgmm has a config of its own: then the two launches
+    differ)."""
+    gmm_given = _given_config(options, transposed=False)
+    if gmm_given is not None:
+        return gmm_given.block_m
+    if options.tiling is None:
+        return _default_config(gmm_config, m, k, n, dtype, None).block_m
+    return config.block_m
+
+
 @follow_lowering_platform
 def tgmm(
     lhs: jax.Array,
@@ -271,7 +296,8 @@ def tgmm(
     num_groups: int,
     options: MatmulOptions,
 ) -> jax.Array:
-    """`out[g] = lhs[:, rows of g] @ rhs[rows of g]` for local groups g, via `tgmm_kernel`.
+    """`out[g] = lhs[:, rows of g] @ rhs[rows of g]` for local groups g, via `tgmm_kernel`
+    (or, at a `persistent` config without `tma` over a token-major lhs, `_tgmm_walk`).
 
     lhs: [k, m] ([m, k] if `lhs_token_major`); rhs: [m, n]; group_sizes: int32
     [num_groups_total]; existing_out: [num_groups, k, n] or None.
@@ -292,20 +318,14 @@ def tgmm(
         accumulate=accumulate,
     )  # fmt: skip
     config = _config(options, m, k, n, lhs.dtype, make, transposed=True)
-    # tgmm reads only the group bounds, which no row tile changes: its metadata launch
-    # takes the row tile gmm takes here, so that XLA merges it with the equal launch of
-    # the gmm calls beside it (a gradient makes both): gmm's config's, its default's
-    # where neither a config nor a tiling is given, else tgmm's own (a tiling's rows are
-    # gmm's too, unless tgmm has a config of its own: then the two launches differ).
-    rows = config.block_m
-    gmm_given = _given_config(options, transposed=False)
-    if gmm_given is not None:
-        rows = gmm_given.block_m
-    elif options.tiling is None:
-        rows = _default_config(gmm_config, m, k, n, lhs.dtype, None).block_m
+    # The walk over a token-major lhs reads the tile list itself, at its own row step.
+    walk = config.persistent and options.lhs_token_major and not config.tma
+    rows = config.block_m if walk else _bounds_rows(options, config, m, k, n, lhs.dtype)
     meta = group_metadata(group_sizes, group_offset, m=m, block_m=rows, num_groups=num_groups)
     # Every program writes its whole tile (zeros for an empty group): no zero fill needed.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
+    if walk:
+        return _tgmm_walk(lhs, rhs, init, meta, config, options, out_shape, accumulate)
     # Descriptors over a group's rows need them token-major (16-byte aligned bases).
     op = "transposed_grouped_matmul (tgmm: also grouped_matmul's weight gradient)"
     tma = options.lhs_token_major and _tma(config, k, n, lhs.dtype, op)
@@ -328,4 +348,49 @@ def tgmm(
         INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
         TMA=tma,
         WARP_SPECIALIZE=tma and tgmm_warp_specializes(config),
+    )
+
+
+def _tgmm_walk(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    init: jax.Array,
+    meta: GroupMetadata,
+    config: GroupedMatmulConfig,
+    options: MatmulOptions,
+    out_shape: jax.ShapeDtypeStruct,
+    accumulate: bool,
+) -> jax.Array:
+    """tgmm over a token-major lhs [m, k] by `tgmm_walk_kernel`: each program walks the
+    rows of a split of the local groups (`meta`: the tile list at `config.block_m`), as
+    many splits as keep its programs within what the GPU holds at once (a few in the
+    interpreter, so that each walks several groups)."""
+    (m, k), n = lhs.shape, rhs.shape[1]
+    num_groups = out_shape.shape[0]
+    programs = _persistent_programs(config, np.dtype(lhs.dtype).itemsize, transposed=True)
+    if launch_target().interpreter:
+        splits = max(1, min(num_groups, _INTERPRETER_PROGRAMS))
+    else:
+        splits = tgmm_walk_splits(num_groups, k, n, config.block_k, config.block_n, programs)
+    return triton_call(
+        lhs,
+        rhs,
+        init,
+        meta.group_starts,
+        meta.group_ends,
+        meta.chunk_group,
+        meta.chunk_row_start,
+        num_groups,
+        kernel=tgmm_walk_kernel,
+        out_shape=out_shape,
+        grid=tgmm_walk_grid(k, n, config.block_k, config.block_n, splits),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        input_output_aliases={2: 0} if accumulate else None,
+        name="transposed_grouped_matmul",
+        **config.shape_constexprs(m, k, n),
+        ACCUMULATE=accumulate,
+        INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
+        SPLITS=splits,
+        GROUP_CHUNK=min(1024, max(16, triton.next_power_of_2(num_groups))),
     )

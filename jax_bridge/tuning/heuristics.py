@@ -379,9 +379,9 @@ def grouped_matmul_candidates(
     descriptor's stride), also the kernel's warp-specialized tiles
     (`warp_specialized_gmm_config` at each of `HOPPER_WARP_SPECIALIZED_GMM`, or tgmm's
     `HOPPER_WARP_SPECIALIZED_TGMM`: tgmm specializes where its lhs is token-major, the
-    weight gradient of `grouped_matmul`). gmm also takes its default tile persistent
-    (`GroupedMatmulConfig.persistent`), with descriptors through them too.
-    """
+    weight gradient of `grouped_matmul`), and gmm's default tile persistent through
+    descriptors. Everywhere also the default tile persistent
+    (`GroupedMatmulConfig.persistent`)."""
     element_bytes = jnp.dtype(_dtype_name(dtype)).itemsize
     make = tgmm_config if transposed else gmm_config
     step = 128 // element_bytes  # 128 bytes of each operand row per reduction step
@@ -394,8 +394,9 @@ def grouped_matmul_candidates(
         make, *shape, element_bytes=element_bytes, compute_capability=compute_capability
     )
     configs = [complete(), *(complete(tiling=t) for t in (DEFAULT_TILING, *tilings))]
-    if not transposed:  # gmm's default tile walked by persistent programs
-        configs.append(dataclasses.replace(configs[0], persistent=True))
+    # The default tile persistent: gmm's programs walk the tile list, tgmm's the rows of a
+    # split of the groups (over a token-major lhs: the weight gradient).
+    configs.append(dataclasses.replace(configs[0], persistent=True))
     _, k, n = shape
     # Float32 compiles unspecialized (`GroupedMatmulConfig.warp_specialize`), and the
     # launch refuses descriptors over rows that are not multiples of 16 bytes.

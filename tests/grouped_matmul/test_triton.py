@@ -59,7 +59,14 @@ from triton_kernels.grouped_matmul.config import (
     tgmm_config,
     warp_specialized_gmm_config,
 )
-from triton_kernels.grouped_matmul.kernels import gmm_grid, gmm_kernel, tgmm_grid, tgmm_kernel
+from triton_kernels.grouped_matmul.kernels import (
+    gmm_grid,
+    gmm_kernel,
+    tgmm_grid,
+    tgmm_kernel,
+    tgmm_walk_grid,
+    tgmm_walk_kernel,
+)
 from triton_kernels.grouped_matmul.schedule import gmm_schedule_kernel
 
 # --- group metadata ----------------------------------------------------------------------
@@ -498,6 +505,61 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
     assert_close(out, expected)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 3])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["zeros", "existing_out"])
+@pytest.mark.parametrize("case", _WRITE_CASES)
+def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits):
+    """`tgmm_walk_kernel` launched bare, its programs walking 1, 2 or 3 splits of the local
+    groups (at most a split a group): every local group's tile holds the sum over its own
+    rows, plus existing_out's tile where it accumulates; an empty group's is zeros (the
+    output starts NaN) or keeps existing_out's. Rows outside the local groups hold NaN
+    and -Inf in lhs and rhs alike and must reach no tile; k = 24, n = 40 and 16-row
+    steps leave partial tiles, and a group's last step starts the next from zero."""
+    rng = np.random.default_rng(24)
+    m, k, n, block = 75, 24, 40, 16
+    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
+    operands = []
+    for width in (k, n):
+        poisoned = np.where(local_rows[:, None], np.asarray(normal(rng, (m, width))), np.nan)
+        poisoned[::5][~local_rows[::5]] = -np.inf
+        operands.append(jnp.asarray(poisoned))
+    lhs, rhs = operands
+    init = normal(rng, (local, k, n)) if accumulate else jnp.full((local, k, n), jnp.nan)
+    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    splits = min(splits, local)
+    out = triton_call(
+        lhs,
+        rhs,
+        init,
+        meta.group_starts,
+        meta.group_ends,
+        meta.chunk_group,
+        meta.chunk_row_start,
+        local,
+        kernel=tgmm_walk_kernel,
+        out_shape=jax.ShapeDtypeStruct((local, k, n), jnp.float32),
+        grid=tgmm_walk_grid(k, n, block, block, splits),
+        input_output_aliases={2: 0},
+        M=m,
+        K=k,
+        N=n,
+        BLOCK_M=block,
+        BLOCK_K=block,
+        BLOCK_N=block,
+        ACCUMULATE=accumulate,
+        INPUT_PRECISION="ieee",
+        SPLITS=splits,
+        GROUP_CHUNK=16,
+        num_warps=4,
+    )
+    existing = init if accumulate else None
+    expected = tgmm_float64(lhs.T, rhs, np.maximum(group_sizes, 0), offset=offset,
+                            num_groups=local, existing=existing)  # fmt: skip
+    assert_close(out, expected)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
@@ -678,6 +740,40 @@ def test_a_persistent_launch_takes_a_program_for_each_cta_the_gpu_holds(monkeypa
         tiles[0], 132, tiles[1], 528, tiles[2], by_shared_memory
     ]  # fmt: skip
     assert [launch.constexprs["PERSISTENT"] for launch in gmms] == [False, True] * 3
+
+
+@pytest.mark.parametrize(
+    "m, k, n, groups, splits",
+    [(8192, 2048, 1408, 64, 2), (32768, 4096, 2048, 32, 1), (4096, 512, 256, 3, 3)],
+)
+def test_the_weight_gradient_walks_as_many_splits_as_one_wave_holds(monkeypatch, m, k, n, groups,
+                                                                    splits):  # fmt: skip
+    """A persistent config reaches the weight gradient's tgmm (token-major lhs) as
+    `tgmm_walk_kernel` on an H100: at m 8192 over 64 groups (64 x 128 x 128 tiles, 64 KiB:
+    three CTAs an SM, 396 at once) 176 tiles take 2 splits; at m 32768 (128 x 128 x 256,
+    one CTA an SM) 256 tiles take 1; a small problem as many as it has groups. Its tile
+    list is its own (64-row steps where gmm's takes 128), and tgmm with `tma` keeps a
+    program a tile."""
+    launches = record_launches(monkeypatch, triton_backend)
+    rng = np.random.default_rng(6)
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
+    sizes = jnp.asarray(np.full(groups, m // groups), jnp.int32)
+    config = tgmm_config(m, k, n, element_bytes=2, compute_capability=90, lhs_token_major=True,
+                         num_groups=groups)  # fmt: skip
+
+    def loss(rhs, tgmm):
+        configs = GroupedMatmulConfigs(tgmm=tgmm)
+        return grouped_matmul(lhs, rhs, sizes, config=configs, implementation="triton").sum()
+
+    with cuda_lowering(90):
+        for tma in (False, True):
+            jax.grad(loss)(rhs, dataclasses.replace(config, persistent=True, tma=tma))
+    walks = [launch for launch in launches if launch.kernel is tgmm_walk_kernel]
+    assert len(walks) == 1 and [launch.kernel for launch in launches].count(tgmm_kernel) == 1
+    k_tiles, n_tiles = -(-k // config.block_k), -(-n // config.block_n)
+    assert walks[0].grid == (k_tiles, n_tiles, splits) and walks[0].constexprs["SPLITS"] == splits
+    schedules = [launch for launch in launches if launch.kernel is gmm_schedule_kernel]
+    assert config.block_m in {s.constexprs["BLOCK_M"] for s in schedules}
 
 
 def test_tma_needs_16_byte_rows_and_a_hopper_gpu():

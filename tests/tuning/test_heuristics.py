@@ -297,14 +297,13 @@ def test_grouped_matmul_candidates(transposed, dtype):
             assert config.block_n <= max(16, 1 << (n - 1).bit_length())
             assert config.block_k <= max(16, 1 << (k - 1).bit_length())
             assert config.block_m <= max(16, 1 << (m - 1).bit_length())
-    # A tiny problem shrinks every tiling to the same config: one candidate, and gmm's
-    # persistent launch of it.
-    tiny = grouped_matmul_candidates((16, 16, 16), dtype=dtype, compute_capability=90)
-    assert [c.persistent for c in tiny] == [False, True]
-    transposed_tiny = grouped_matmul_candidates(
-        (16, 16, 16), dtype=dtype, compute_capability=90, transposed=True
-    )
-    assert len(transposed_tiny) == 1 and not transposed_tiny[0].persistent  # tgmm walks none
+    # A tiny problem shrinks every tiling to the same config: one candidate, and its
+    # persistent launch.
+    for tiny_transposed in (False, True):
+        tiny = grouped_matmul_candidates(
+            (16, 16, 16), dtype=dtype, compute_capability=90, transposed=tiny_transposed
+        )
+        assert [c.persistent for c in tiny] == [False, True]
 
 
 def test_a_lone_feature_name_is_one_feature_not_its_letters():

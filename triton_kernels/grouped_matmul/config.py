@@ -79,8 +79,14 @@ class GroupedMatmulConfig(KernelConfig):
         descriptors once for all its tiles, where a program a tile builds them for each
         (a write to global memory and a fence before its first copy). CUTLASS's grouped
         GEMMs (`torch._grouped_mm`) schedule so. Not with `warp_specialize` (these
-        Tritons partition no loop around the k loop). tgmm ignores it. Off by default:
-        not yet timed on a GPU (A/B rows of `python -m bench gpu-check`).
+        Tritons partition no loop around the k loop). tgmm over a token-major lhs (the
+        weight gradient) without `tma` takes it too (`tgmm_walk_kernel`): a program per
+        (k tile, n tile, split of the groups), as many splits as one wave of programs
+        holds, walks its groups' rows in one loop, so the next group's loads are in
+        flight while one ends (a program per group starts each with a load nothing
+        hides: at m 8192 over 64 groups, two 64-row steps a program); elsewhere tgmm
+        ignores it. Off by default: not yet timed on a GPU (A/B rows of `python -m bench
+        gpu-check`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """

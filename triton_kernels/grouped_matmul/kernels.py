@@ -417,6 +417,124 @@ def tgmm_kernel(
     tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit
+def _tiles_before(
+    group_start_ptr, group_end_ptr, group, BLOCK_M: tl.constexpr, GROUP_CHUNK: tl.constexpr
+):
+    """Entries of the tile list before local group `group`'s first: cdiv(rows, BLOCK_M)
+    of each earlier local group (`GroupMetadata`), summed GROUP_CHUNK groups at a time."""
+    total = group * 0
+    for base in range(0, group, GROUP_CHUNK):
+        groups = base + tl.arange(0, GROUP_CHUNK)
+        earlier = groups < group
+        rows = tl.load(group_end_ptr + groups, mask=earlier, other=0) - tl.load(
+            group_start_ptr + groups, mask=earlier, other=0
+        )
+        total += tl.sum((rows + BLOCK_M - 1) // BLOCK_M, 0)
+    return total
+
+
+@triton.jit
+def _tgmm_walk_rows(
+    lhs_ptr, rhs_ptr, tile, chunk_group_ptr, chunk_row_start_ptr, group_end_ptr,
+    lhs_offsets, rhs_offsets, in_k, in_cols, K: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """(group, last, a, b) of entry `tile` of the list: its group, whether it is the
+    group's last, and its lhs [BLOCK_M, BLOCK_K] and rhs [BLOCK_M, BLOCK_N] rows (rows
+    past the group's end, and ks and cols past K and N, read 0). lhs_offsets,
+    rhs_offsets: the tiles' element offsets from their first row (loop-invariant, so a
+    step adds one scalar row base to them instead of computing every address)."""
+    group = tl.load(chunk_group_ptr + tile)
+    row0 = tl.load(chunk_row_start_ptr + tile)
+    row_end = tl.load(group_end_ptr + group)
+    in_rows = tl.arange(0, BLOCK_M) < row_end - row0
+    first = row0.to(tl.int64)
+    a = tl.load(lhs_ptr + first * K + lhs_offsets,
+                mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
+    b = tl.load(rhs_ptr + first * N + rhs_offsets,
+                mask=in_rows[:, None] & in_cols[None, :], other=0.0)  # fmt: skip
+    return group, row0 + BLOCK_M >= row_end, a, b
+
+
+@triton.jit
+def tgmm_walk_kernel(
+    lhs_ptr,
+    rhs_ptr,
+    init_ptr,
+    group_start_ptr,
+    group_end_ptr,
+    chunk_group_ptr,
+    chunk_row_start_ptr,
+    num_groups,
+    out_ptr,
+    M: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    SPLITS: tl.constexpr,
+    GROUP_CHUNK: tl.constexpr,
+):
+    """`tgmm_kernel`'s product over a token-major lhs, walked: grid (cdiv(K, BLOCK_K),
+    cdiv(N, BLOCK_N), SPLITS) (`tgmm_walk_grid`). Program (k tile, n tile, split s) owns
+    that [BLOCK_K, BLOCK_N] tile of the local groups [s * G // SPLITS, (s + 1) * G //
+    SPLITS) and walks their rows in one loop over their entries of the tile list
+    (`GroupMetadata` with this BLOCK_M: each group's rows from its first, BLOCK_M at a
+    time), storing a group's tile at its last entry and starting the next from zero, so
+    the loads of the next group's rows are in flight while a group ends; a program per
+    (k tile, n tile, group) starts each group with a load nothing hides.
+
+    lhs: [M, K]; rhs: [M, N]; init, out: [G, K, N] (out aliases init); group_start,
+    group_end: int32 [G], rows of each local group; chunk_group, chunk_row_start: the
+    tile list (only its real entries are read). out[g] = init[g] * ACCUMULATE + lhs[rows
+    of g]^T @ rhs[rows of g]; an empty group writes zeros, or keeps init. GROUP_CHUNK:
+    groups summed at once to find a split's first entry (a power of two).
+    """
+    pid_k = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    first_group = split * num_groups // SPLITS
+    end_group = (split + 1) * num_groups // SPLITS
+    first = _tiles_before(group_start_ptr, group_end_ptr, first_group, BLOCK_M, GROUP_CHUNK)
+    end = _tiles_before(group_start_ptr, group_end_ptr, end_group, BLOCK_M, GROUP_CHUNK)
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_k = ks < K
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_cols = cols < N
+    tile_offsets = ks[:, None] * N + cols[None, :]
+    out_mask = in_k[:, None] & in_cols[None, :]
+    # int32: BLOCK_M rows of K or N elements, far below 2**31.
+    offs_m = tl.arange(0, BLOCK_M)
+    lhs_offsets = offs_m[:, None] * K + ks[None, :]
+    rhs_offsets = offs_m[:, None] * N + cols[None, :]
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for tile in range(first, end):
+        group, last, a, b = _tgmm_walk_rows(
+            lhs_ptr, rhs_ptr, tile, chunk_group_ptr, chunk_row_start_ptr, group_end_ptr,
+            lhs_offsets, rhs_offsets, in_k, in_cols, K, N, BLOCK_M,
+        )  # fmt: skip
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
+        if last:
+            offsets = group.to(tl.int64) * (K * N) + tile_offsets
+            result = acc
+            if ACCUMULATE:
+                result += tl.load(init_ptr + offsets, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + offsets, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+            # A zero accumulator at a branch's end: Triton starts the next product without
+            # one (the MMA's use-accumulator flag) instead of selecting zeros into it.
+            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    if not ACCUMULATE:  # empty groups own no entry: their tile is zeros
+        zeros = tl.zeros((BLOCK_K, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+        for group in range(first_group, end_group):
+            if tl.load(group_end_ptr + group) == tl.load(group_start_ptr + group):
+                offsets = tl.cast(group, tl.int64) * (K * N) + tile_offsets
+                tl.store(out_ptr + offsets, zeros, mask=out_mask)
+
+
 def gmm_grid(num_slots: int, n: int, block_n: int, programs: int | None = None) -> tuple[int]:
     """Launch grid of `gmm_kernel`: one program per (tile slot, n tile), n tiles fastest;
     or, for a persistent launch, `programs` (at most one a tile).
@@ -435,3 +553,17 @@ def gmm_grid(num_slots: int, n: int, block_n: int, programs: int | None = None) 
 def tgmm_grid(num_groups: int, k: int, n: int, block_k: int, block_n: int) -> tuple[int, int, int]:
     """Launch grid of `tgmm_kernel`: one program per (k tile, n tile, group)."""
     return (triton.cdiv(k, block_k), triton.cdiv(n, block_n), num_groups)
+
+
+def tgmm_walk_splits(num_groups: int, k: int, n: int, block_k: int, block_n: int,
+                     programs: int) -> int:  # fmt: skip
+    """SPLITS of `tgmm_walk_kernel`: the most that keep its programs within `programs`
+    (the CTAs the GPU holds at once: one wave, whose slowest SM runs at most one program
+    more than another), at least 1 and at most a split a group."""
+    tiles = triton.cdiv(k, block_k) * triton.cdiv(n, block_n)
+    return max(1, min(num_groups, programs // tiles))
+
+
+def tgmm_walk_grid(k: int, n: int, block_k: int, block_n: int, splits: int) -> tuple[int, int, int]:
+    """Launch grid of `tgmm_walk_kernel`: one program per (k tile, n tile, split)."""
+    return (triton.cdiv(k, block_k), triton.cdiv(n, block_n), splits)
