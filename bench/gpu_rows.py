@@ -521,21 +521,27 @@ def persistent_gmm_impl(tma: bool = False) -> Impl:
     return _gmm_jax(fn, "ours triton, gmm persistent" + (" tma" if tma else ""))
 
 
+def _weight_gradient_config(lhs, rhs, groups: int):
+    """The weight gradient's tgmm config by default for this launch target (bf16,
+    token-major lhs: [m, k], rhs: [groups, k, n])."""
+    from jax_bridge.launch.target import launch_target
+    from triton_kernels.grouped_matmul.config import tgmm_config
+
+    (m, k), n = lhs.shape, rhs.shape[2]
+    return tgmm_config(
+        m, k, n, element_bytes=2, compute_capability=launch_target().compute_capability,
+        lhs_token_major=True, num_groups=groups,
+    )  # fmt: skip
+
+
 def persistent_tgmm_impl(groups: int) -> Impl:
     """Ours with the weight gradient's tgmm alone persistent (`tgmm_walk_kernel`: each
     program walks its tile's rows through a split of the groups), at tgmm's default
     tile; gmm's launches keep theirs. Fwd+bwd only."""
     from jax_bridge import GroupedMatmulConfigs, grouped_matmul
-    from jax_bridge.launch.target import launch_target
-    from triton_kernels.grouped_matmul.config import tgmm_config
 
     def fn(lhs, rhs, sizes):
-        (m, k), n = lhs.shape, rhs.shape[2]
-        config = tgmm_config(
-            m, k, n, element_bytes=2, compute_capability=launch_target().compute_capability,
-            lhs_token_major=True, num_groups=groups,
-        )  # fmt: skip
-        config = dataclasses.replace(config, persistent=True)
+        config = dataclasses.replace(_weight_gradient_config(lhs, rhs, groups), persistent=True)
         return grouped_matmul(
             lhs, rhs, sizes, config=GroupedMatmulConfigs(tgmm=config), implementation="triton",
             preferred_element_type=lhs.dtype,
@@ -549,19 +555,13 @@ def tgmm_impl(groups: int, warp_specialized: tuple[int, int, int, int] | None = 
     through tensor descriptors (`tma`), or warp-specialized at (tm, tk, tn, stages)
     (`GroupedMatmulConfigs.tgmm`); gmm's launches keep their defaults."""
     from jax_bridge import GroupedMatmulConfigs, grouped_matmul
-    from jax_bridge.launch.target import launch_target
-    from triton_kernels.grouped_matmul.config import tgmm_config, warp_specialized_gmm_config
+    from triton_kernels.grouped_matmul.config import warp_specialized_gmm_config
 
     def fn(lhs, rhs, sizes):
-        (m, k), n = lhs.shape, rhs.shape[2]
         if warp_specialized:
-            config = warp_specialized_gmm_config(m, k, n, warp_specialized)
+            config = warp_specialized_gmm_config(*lhs.shape, rhs.shape[2], warp_specialized)
         else:
-            config = tgmm_config(
-                m, k, n, element_bytes=2, compute_capability=launch_target().compute_capability,
-                lhs_token_major=True, num_groups=groups,
-            )  # fmt: skip
-            config = dataclasses.replace(config, tma=True)
+            config = dataclasses.replace(_weight_gradient_config(lhs, rhs, groups), tma=True)
         return grouped_matmul(
             lhs, rhs, sizes, config=GroupedMatmulConfigs(tgmm=config), implementation="triton",
             preferred_element_type=lhs.dtype,

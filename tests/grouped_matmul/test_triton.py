@@ -458,6 +458,28 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case
     assert_close(out[local_rows], expected[local_rows])
 
 
+# tgmm's bare launches: m, k, n and the row, k and n tile (partial tiles everywhere).
+_WEIGHT_GRADIENT = (75, 24, 40, 16)
+
+
+def _poisoned_weight_gradient(rng, case: str):
+    """(lhs [m, k], rhs [m, n], metadata, tile constexprs) of a `_WRITE_CASES` layout at
+    `_WEIGHT_GRADIENT`'s sizes: random rows in the local groups, NaN (every fifth -Inf)
+    in every other row of both."""
+    m, k, n, block = _WEIGHT_GRADIENT
+    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
+    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
+    operands = []
+    for width in (k, n):
+        poisoned = np.where(local_rows[:, None], np.asarray(normal(rng, (m, width))), np.nan)
+        poisoned[::5][~local_rows[::5]] = -np.inf
+        operands.append(jnp.asarray(poisoned))
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    tiles = dict(M=m, K=k, N=n, BLOCK_M=block, BLOCK_K=block, BLOCK_N=block)
+    return *operands, meta, tiles
+
+
 @pytest.mark.parametrize("case", _WRITE_CASES)
 @_BY_LOADING
 def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
@@ -467,17 +489,9 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
     pointers mask them, descriptors over a group's rows read past its end as 0. k = 24
     and n = 40 leave partial tiles, 16-row steps partial ones too."""
     rng = np.random.default_rng(22)
-    m, k, n, block = 75, 24, 40, 16
-    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
-    sizes = jnp.asarray(group_sizes, jnp.int32)
-    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
-    operands = []
-    for width in (k, n):
-        poisoned = np.where(local_rows[:, None], np.asarray(normal(rng, (m, width))), np.nan)
-        poisoned[::5][~local_rows[::5]] = -np.inf
-        operands.append(jnp.asarray(poisoned))
-    lhs, rhs = operands
-    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    lhs, rhs, meta, tiles = _poisoned_weight_gradient(rng, case)
+    group_sizes, offset, local, _ = _WRITE_CASES[case]
+    _, k, n, block = _WEIGHT_GRADIENT
     out = triton_call(
         lhs,
         rhs,
@@ -488,12 +502,7 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
         out_shape=jax.ShapeDtypeStruct((local, k, n), jnp.float32),
         grid=tgmm_grid(local, k, n, block, block),
         input_output_aliases={2: 0},
-        M=m,
-        K=k,
-        N=n,
-        BLOCK_M=block,
-        BLOCK_K=block,
-        BLOCK_N=block,
+        **tiles,
         LHS_TOKEN_MAJOR=True,
         ACCUMULATE=False,
         INPUT_PRECISION="ieee",
@@ -516,18 +525,10 @@ def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits):
     and -Inf in lhs and rhs alike and must reach no tile; k = 24, n = 40 and 16-row
     steps leave partial tiles, and a group's last step starts the next from zero."""
     rng = np.random.default_rng(24)
-    m, k, n, block = 75, 24, 40, 16
-    group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
-    sizes = jnp.asarray(group_sizes, jnp.int32)
-    local_rows = (np.arange(m) >= first) & (np.arange(m) < end)
-    operands = []
-    for width in (k, n):
-        poisoned = np.where(local_rows[:, None], np.asarray(normal(rng, (m, width))), np.nan)
-        poisoned[::5][~local_rows[::5]] = -np.inf
-        operands.append(jnp.asarray(poisoned))
-    lhs, rhs = operands
+    lhs, rhs, meta, tiles = _poisoned_weight_gradient(rng, case)
+    group_sizes, offset, local, _ = _WRITE_CASES[case]
+    _, k, n, block = _WEIGHT_GRADIENT
     init = normal(rng, (local, k, n)) if accumulate else jnp.full((local, k, n), jnp.nan)
-    meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
     splits = min(splits, local)
     out = triton_call(
         lhs,
@@ -542,12 +543,7 @@ def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits):
         out_shape=jax.ShapeDtypeStruct((local, k, n), jnp.float32),
         grid=tgmm_walk_grid(k, n, block, block, splits),
         input_output_aliases={2: 0},
-        M=m,
-        K=k,
-        N=n,
-        BLOCK_M=block,
-        BLOCK_K=block,
-        BLOCK_N=block,
+        **tiles,
         ACCUMULATE=accumulate,
         INPUT_PRECISION="ieee",
         SPLITS=splits,

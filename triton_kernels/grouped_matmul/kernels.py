@@ -20,6 +20,14 @@ import triton.language as tl
 
 
 @triton.jit
+def _store_tile(out_ptr, init_ptr, offsets, mask, acc, ACCUMULATE: tl.constexpr):
+    """out[offsets] = acc (+ init[offsets] where ACCUMULATE) in out's dtype, where `mask`."""
+    if ACCUMULATE:
+        acc += tl.load(init_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _gmm_descriptors(
     lhs_ptr, rhs_ptr, num_groups, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -159,10 +167,8 @@ def _gmm_output_tile(
         )  # fmt: skip
 
     out_offsets = rows64[:, None] * N + cols[None, :]
-    out_mask = in_group[:, None] & in_cols[None, :]
-    if ACCUMULATE:
-        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_tile(out_ptr, init_ptr, out_offsets, in_group[:, None] & in_cols[None, :], acc,
+                ACCUMULATE)  # fmt: skip
 
 
 @triton.jit
@@ -411,10 +417,8 @@ def tgmm_kernel(
         )  # fmt: skip
 
     out_offsets = group.to(tl.int64) * (K * N) + ks[:, None] * N + cols[None, :]
-    out_mask = in_k[:, None] & in_cols[None, :]
-    if ACCUMULATE:
-        acc += tl.load(init_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_tile(out_ptr, init_ptr, out_offsets, in_k[:, None] & in_cols[None, :], acc,
+                ACCUMULATE)  # fmt: skip
 
 
 @triton.jit
@@ -520,10 +524,7 @@ def tgmm_walk_kernel(
         acc = tl.dot(tl.trans(a), b, acc, input_precision=INPUT_PRECISION)
         if last:
             offsets = group.to(tl.int64) * (K * N) + tile_offsets
-            result = acc
-            if ACCUMULATE:
-                result += tl.load(init_ptr + offsets, mask=out_mask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + offsets, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+            _store_tile(out_ptr, init_ptr, offsets, out_mask, acc, ACCUMULATE)
             # A zero accumulator at a branch's end: Triton starts the next product without
             # one (the MMA's use-accumulator flag) instead of selecting zeros into it.
             acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
