@@ -25,7 +25,7 @@ from jax_bridge.grouped_matmul.metadata import (
     num_chunk_slots,
 )
 from jax_bridge.grouped_matmul.options import MatmulOptions
-from jax_bridge.launch.report import max_shared_memory_per_cta
+from jax_bridge.launch.report import ctas_per_sm, max_shared_memory_per_cta
 from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
@@ -115,25 +115,27 @@ def _tma(config: GroupedMatmulConfig, k: int, n: int, dtype, op: str = "grouped_
 # Programs of a persistent launch in Triton's interpreter: a few, so that each walks
 # several tiles.
 _INTERPRETER_PROGRAMS = 3
+# The grid is fixed before the kernel compiles: a resident count taken with the most
+# registers a Triton thread may hold is one every program reaches (a program that is not
+# resident waits for another to end: a second wave).
+_MOST_REGISTERS = 255
 
 
 def _persistent_programs(
     config: GroupedMatmulConfig, element_bytes: int, transposed: bool = False
 ) -> int | None:
     """Programs of a persistent launch at `config` (gmm's, or tgmm's walk where
-    `transposed`): None unless `persistent`, else as many as the GPU holds at once by
-    shared memory (`multiprocessor_count()` SMs, each as many CTAs as fit; registers may
-    hold it to fewer, which then wait their turn); `_INTERPRETER_PROGRAMS` there."""
+    `transposed`): None unless `persistent`, else as many as the GPU holds at once
+    (`multiprocessor_count()` SMs, each as many CTAs as shared memory and the most
+    registers allow); `_INTERPRETER_PROGRAMS` there."""
     if not config.persistent:
         return None
     capability = launch_target().compute_capability
     sms = multiprocessor_count()
     if capability is None or sms is None:
         return _INTERPRETER_PROGRAMS
-    per_sm = max_shared_memory_per_cta(capability) // config.shared_memory_bytes(
-        element_bytes, transposed
-    )
-    return sms * max(1, per_sm)
+    shared = config.shared_memory_bytes(element_bytes, transposed)
+    return sms * max(1, ctas_per_sm(capability, config.num_warps, _MOST_REGISTERS, shared))
 
 
 def _init_only(existing_out: jax.Array | None, out_shape: jax.ShapeDtypeStruct) -> jax.Array:
@@ -363,8 +365,8 @@ def _tgmm_walk(
 ) -> jax.Array:
     """tgmm over a token-major lhs [m, k] by `tgmm_walk_kernel`: each program walks the
     rows of a split of the local groups (`meta`: the tile list at `config.block_m`), as
-    many splits as keep its programs within what the GPU holds at once (a few in the
-    interpreter, so that each walks several groups)."""
+    many splits as balance its waves over the programs the GPU holds at once
+    (`tgmm_walk_splits`; a few in the interpreter, so that each walks several groups)."""
     (m, k), n = lhs.shape, rhs.shape[1]
     num_groups = out_shape.shape[0]
     programs = _persistent_programs(config, np.dtype(lhs.dtype).itemsize, transposed=True)

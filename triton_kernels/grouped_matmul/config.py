@@ -81,8 +81,8 @@ class GroupedMatmulConfig(KernelConfig):
         GEMMs (`torch._grouped_mm`) schedule so. Not with `warp_specialize` (these
         Tritons partition no loop around the k loop). tgmm over a token-major lhs (the
         weight gradient) without `tma` takes it too (`tgmm_walk_kernel`): a program per
-        (k tile, n tile, split of the groups), as many splits as one wave of programs
-        holds, walks its groups' rows in one loop, so the next group's loads are in
+        (k tile, n tile, split of the groups), as many splits as balance its waves
+        (`tgmm_walk_splits`), walks its groups' rows in one loop, so the next group's loads are in
         flight while one ends (a program per group starts each with a load nothing
         hides: at m 8192 over 64 groups, two 64-row steps a program); elsewhere tgmm
         ignores it. Off by default: not yet timed on a GPU (A/B rows of `python -m bench

@@ -557,12 +557,17 @@ def tgmm_grid(num_groups: int, k: int, n: int, block_k: int, block_n: int) -> tu
 
 
 def tgmm_walk_splits(num_groups: int, k: int, n: int, block_k: int, block_n: int,
-                     programs: int) -> int:  # fmt: skip
-    """SPLITS of `tgmm_walk_kernel`: the most that keep its programs within `programs`
-    (the CTAs the GPU holds at once: one wave, whose slowest SM runs at most one program
-    more than another), at least 1 and at most a split a group."""
+                     resident: int) -> int:  # fmt: skip
+    """SPLITS of `tgmm_walk_kernel` where the GPU holds `resident` programs at once: the
+    fewest whose waves come within 5% of the best balance. A split's programs take
+    1 / SPLITS of the work and k tiles x n tiles x SPLITS programs run in
+    ceil(programs / resident) waves, so the time goes as waves / SPLITS (at most a split a
+    group): at 176 tiles and 264 resident, 3 splits run 2 full waves (2/3) where 1 or 2
+    leave SMs idle (1); at 256 tiles and 132, 1 split's 2 waves are within 2% of the best."""
     tiles = triton.cdiv(k, block_k) * triton.cdiv(n, block_n)
-    return max(1, min(num_groups, programs // tiles))
+    cost = {s: triton.cdiv(tiles * s, resident) / s for s in range(1, max(num_groups, 1) + 1)}
+    best = min(cost.values())
+    return min(s for s, c in cost.items() if c <= 1.05 * best)
 
 
 def tgmm_walk_grid(k: int, n: int, block_k: int, block_n: int, splits: int) -> tuple[int, int, int]:
