@@ -332,6 +332,8 @@ def grouped_matmul_variant(
         )
     if kernel is tgmm_kernel:  # as the op launches it (Triton fails some tgmm consumers)
         config = config.replace(warp_specialize=tgmm_warp_specializes(config))
+        if config.persistent and layout["LHS_TOKEN_MAJOR"] and not config.tma:
+            return tgmm_walk_variant(compute_capability, problem, config, dtype_name)
     element = TRITON_TYPES[dtype_name]
     types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
     types |= {"init_ptr": "*fp32", "out_ptr": "*fp32", "num_groups": "i32"}
@@ -433,23 +435,32 @@ def persistent_gmm_variant(compute_capability: int, tma: bool) -> KernelVariant:
 
 
 def tgmm_walk_variant(
-    compute_capability: int, problem: tuple[int, int, int] = GMM_PROBLEM
+    compute_capability: int,
+    problem: tuple[int, int, int] = GMM_PROBLEM,
+    config: GroupedMatmulConfig | None = None,
+    dtype_name: str = "bfloat16",
 ) -> KernelVariant:
-    """`tgmm_walk_kernel` (the weight gradient's tgmm, persistent) at the token-major
-    tgmm's default tile for `problem` over `GMM_GROUPS` groups, two splits, bf16 in and
-    out as the weight gradient launches it (its float32 output tile would pass through
-    shared memory beside the pipeline's: 320 KiB at m 32768's 128 x 128 x 256)."""
+    """`tgmm_walk_kernel` (the weight gradient's tgmm, persistent) at `config` (default:
+    the token-major tgmm's default tile for `problem` over `GMM_GROUPS` groups), two
+    splits, its output in its inputs' dtype as the weight gradient launches it (a float32
+    output tile of 16-bit inputs would pass through shared memory beside the pipeline's:
+    320 KiB at m 32768's 128 x 128 x 256)."""
     m, k, n = problem
-    config = tgmm_config(m, k, n, element_bytes=2, compute_capability=compute_capability,
-                         lhs_token_major=True, num_groups=GMM_GROUPS)  # fmt: skip
-    types = {"lhs_ptr": "*bf16", "rhs_ptr": "*bf16", "init_ptr": "*bf16", "out_ptr": "*bf16"}
+    element_bytes = 4 if dtype_name == "float32" else 2
+    if config is None:
+        config = tgmm_config(m, k, n, element_bytes=element_bytes,
+                             compute_capability=compute_capability, lhs_token_major=True,
+                             num_groups=GMM_GROUPS)  # fmt: skip
+    element = f"*{TRITON_TYPES[dtype_name]}"
+    types = {"lhs_ptr": element, "rhs_ptr": element, "init_ptr": element, "out_ptr": element}
     signature = {
         a: types.get(a, "i32" if a == "num_groups" else "*i32")
         for a in tgmm_walk_kernel.arg_names
         if a.endswith("_ptr") or a == "num_groups"
     }
+    precision = "ieee" if dtype_name == "float32" else "tf32"
     constexprs = dict(**config.shape_constexprs(m, k, n), ACCUMULATE=False,
-                      INPUT_PRECISION="tf32", SPLITS=2, GROUP_CHUNK=GMM_GROUPS)  # fmt: skip
+                      INPUT_PRECISION=precision, SPLITS=2, GROUP_CHUNK=GMM_GROUPS)  # fmt: skip
     return KernelVariant(
         name="tgmm_token_major_walk",
         kernel=tgmm_walk_kernel,
@@ -457,7 +468,7 @@ def tgmm_walk_variant(
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        description=f"bfloat16 m={m} k={k} n={n} "
+        description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n} walk",
     )
 

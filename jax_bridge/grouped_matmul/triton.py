@@ -125,15 +125,19 @@ def _persistent_programs(
     config: GroupedMatmulConfig, element_bytes: int, transposed: bool = False
 ) -> int | None:
     """Programs of a persistent launch at `config` (gmm's, or tgmm's walk where
-    `transposed`): None unless `persistent`, else as many as the GPU holds at once
-    (`multiprocessor_count()` SMs, each as many CTAs as shared memory and the most
-    registers allow); `_INTERPRETER_PROGRAMS` there."""
+    `transposed`): as many as the GPU holds at once (`multiprocessor_count()` SMs, each
+    as many CTAs as shared memory and the most registers allow; `_INTERPRETER_PROGRAMS`
+    in the interpreter). None unless `persistent`, and on a GPU whose SMs are not known
+    (a capability without a table entry, lowered without the device): then a program a
+    tile, which a persistent kernel runs as it runs any grid."""
     if not config.persistent:
         return None
+    if launch_target().interpreter:
+        return _INTERPRETER_PROGRAMS
     capability = launch_target().compute_capability
     sms = multiprocessor_count()
     if capability is None or sms is None:
-        return _INTERPRETER_PROGRAMS
+        return None
     shared = config.shared_memory_bytes(element_bytes, transposed)
     return sms * max(1, ctas_per_sm(capability, config.num_warps, _MOST_REGISTERS, shared))
 
@@ -372,6 +376,8 @@ def _tgmm_walk(
     programs = _persistent_programs(config, np.dtype(lhs.dtype).itemsize, transposed=True)
     if launch_target().interpreter:
         splits = max(1, min(num_groups, _INTERPRETER_PROGRAMS))
+    elif programs is None:  # a GPU of unknown size: a split a group, as many as tgmm's
+        splits = max(1, num_groups)
     else:
         splits = tgmm_walk_splits(num_groups, k, n, config.block_k, config.block_n, programs)
     return triton_call(

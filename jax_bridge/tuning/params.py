@@ -166,7 +166,8 @@ class FwdParams(_Params):
         tile's softmax, so that both run at once (`AttentionKernelConfig.overlap_softmax`;
         excludes `warp_specialize`).
       persistent: grouped matmul only: gmm launches a program per CTA the GPU holds, each
-        walking the tile list (`GroupedMatmulConfig.persistent`; excludes
+        walking the tile list, and the weight gradient's tgmm (by pointers) walks the
+        rows of splits of the groups (`GroupedMatmulConfig.persistent`; excludes
         `warp_specialize`).
     """
 

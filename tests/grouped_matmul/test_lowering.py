@@ -8,6 +8,7 @@ default precision must compile the same kernel as `precision="highest"`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -23,9 +24,11 @@ from triton_kernels.catalog import (
     default_variants,
     gmm_tma_variant,
     grouped_matmul_variant,
+    persistent_gmm_variant,
     tgmm_walk_variant,
 )
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
+from triton_kernels.grouped_matmul.kernels import tgmm_kernel, tgmm_walk_kernel
 
 SDS = jax.ShapeDtypeStruct
 M, K, N, GROUPS = 8192, 2048, 1408, 64  # a Mixtral-like expert layer
@@ -122,6 +125,36 @@ def test_weight_gradient_over_long_groups_at_its_default(compute_capability):
         tiles = tuple(variant.constexprs[f"BLOCK_{a}"] for a in "MKN")
         assert (tiles, variant.num_warps) == ((128, 128, 256), 8)
         assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_persistent_gmm_compiles_for_an_h100(tma):
+    """gmm persistent at Hopper's default tile, by pointers and through descriptors (the
+    weights' 3-D): no spill, wgmma not serialized, the same pipeline's shared memory as
+    a program a tile, and with `tma` the bulk tensor copies in the loop."""
+    report = variant_report(persistent_gmm_variant(90, tma), 90)
+    default = variant_report(grouped_matmul_variant("gmm", 90), 90)
+    print(report.summary(), report.instructions_per_mflop)
+    assert not report.spills and report.uses_wgmma and not report.serialized_wgmma
+    assert report.shared_memory_bytes - default.shared_memory_bytes in range(0, 1024)
+    assert (report.sass_opcodes.get("UTMALDG", 0) > 0) == tma, report.summary()
+
+
+def test_a_persistent_config_reaches_the_kernel_the_op_launches():
+    """The catalog (and so `bench tune`'s static pruning) compiles, for a persistent
+    config, the kernel the op launches with it: the walk for the weight gradient by
+    pointers, tgmm a program a tile through descriptors or over a [k, m] lhs, gmm with
+    PERSISTENT."""
+    config = GroupedMatmulConfig(64, 128, 128, persistent=True)
+    launched = {
+        name: grouped_matmul_variant(name, 90, config=config)
+        for name in ("gmm", "tgmm_token_major", "tgmm")
+    }
+    assert launched["gmm"].constexprs["PERSISTENT"] is True
+    assert launched["tgmm_token_major"].kernel is tgmm_walk_kernel
+    assert launched["tgmm"].kernel is tgmm_kernel
+    tma = dataclasses.replace(config, tma=True)
+    assert grouped_matmul_variant("tgmm_token_major", 90, config=tma).kernel is tgmm_kernel
 
 
 @pytest.mark.parametrize("problem", [(8192, 2048, 1408), (32768, 4096, 2048)])

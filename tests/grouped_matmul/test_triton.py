@@ -749,8 +749,9 @@ def test_the_weight_gradient_walks_as_many_splits_as_one_wave_holds(monkeypatch,
     `tgmm_walk_kernel` on an H100: at m 8192 over 64 groups (64 x 128 x 128 tiles, 4
     warps: two CTAs an SM by the most registers, 264 at once) 176 tiles take 3 splits,
     two full waves; at m 32768 (128 x 128 x 256, 8 warps: 132 at once) 256 tiles take 1;
-    a small problem of 4 tiles as many as it has groups. Its tile list is its own
-    (64-row steps where gmm's takes 128), and tgmm with `tma` keeps a program a tile."""
+    a small problem of 4 tiles as many as it has groups. The walk's tile list comes from
+    a schedule launch of its own row step (at m 8192 64 rows, where gmm's takes 128),
+    and tgmm with `tma` keeps a program a tile."""
     launches = record_launches(monkeypatch, triton_backend)
     rng = np.random.default_rng(6)
     lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
@@ -769,8 +770,10 @@ def test_the_weight_gradient_walks_as_many_splits_as_one_wave_holds(monkeypatch,
     assert len(walks) == 1 and [launch.kernel for launch in launches].count(tgmm_kernel) == 1
     k_tiles, n_tiles = -(-k // config.block_k), -(-n // config.block_n)
     assert walks[0].grid == (k_tiles, n_tiles, splits) and walks[0].constexprs["SPLITS"] == splits
-    schedules = [launch for launch in launches if launch.kernel is gmm_schedule_kernel]
-    assert config.block_m in {s.constexprs["BLOCK_M"] for s in schedules}
+    # The launch just before the walk is the schedule of its own tile list.
+    schedule = launches[launches.index(walks[0]) - 1]
+    assert schedule.kernel is gmm_schedule_kernel
+    assert schedule.constexprs["BLOCK_M"] == walks[0].constexprs["BLOCK_M"] == config.block_m
 
 
 @hypothesis.given(
@@ -791,6 +794,29 @@ def test_walk_splits_balance_the_waves(groups, k_tiles, n_tiles, resident):
     best = min(time(s) for s in range(1, groups + 1))
     assert 1 <= splits <= groups and time(splits) <= 1.05 * best
     assert all(time(s) > 1.05 * best for s in range(1, splits))
+
+
+def test_a_persistent_launch_on_a_gpu_of_unknown_size_takes_a_program_a_tile(monkeypatch):
+    """Lowered for a GPU whose SMs are not known (no device, no table entry), a
+    persistent gmm launches a program a tile and the walk a split a group: correct
+    grids, not ones sized for the interpreter."""
+    monkeypatch.setattr(triton_backend, "multiprocessor_count", lambda: None)
+    launches = record_launches(monkeypatch, triton_backend)
+    rng = np.random.default_rng(7)
+    m, k, n, groups = 1024, 256, 384, 4
+    lhs, rhs = normal(rng, (m, k), jnp.bfloat16), normal(rng, (groups, k, n), jnp.bfloat16)
+    sizes = jnp.asarray([300, 0, 500, 224], jnp.int32)
+    config = GroupedMatmulConfig(128, 64, 128, num_warps=8, persistent=True)
+
+    def loss(rhs):
+        return grouped_matmul(lhs, rhs, sizes, config=config, implementation="triton").sum()
+
+    with cuda_lowering(90):
+        jax.grad(loss)(rhs)
+    gmm, walk = (next(x for x in launches if x.kernel is kind)
+                 for kind in (gmm_kernel, tgmm_walk_kernel))  # fmt: skip
+    assert gmm.grid == gmm_grid(num_chunk_slots(m, 128, groups), n, 128)  # the forward
+    assert walk.grid == (k // 64, n // 128, groups) and walk.constexprs["SPLITS"] == groups
 
 
 def test_tma_needs_16_byte_rows_and_a_hopper_gpu():

@@ -73,20 +73,20 @@ class GroupedMatmulConfig(KernelConfig):
         tiles, 256-row tiles, and a single stage (128 x 128 x 256 fits only one beside its
         hand-off tile); tgmm runs unspecialized at `block_k` 64 with `block_n` 256, whose
         consumers Triton fails to compile (`tgmm_warp_specializes`), and with a [k, m] lhs.
-      persistent: gmm launches one program per CTA the GPU holds at once
-        (`persistent_programs`) instead of one a tile, each walking the tile list in the
-        default's order, column tiles fastest; with `tma` a program builds its two tensor
-        descriptors once for all its tiles, where a program a tile builds them for each
-        (a write to global memory and a fence before its first copy). CUTLASS's grouped
-        GEMMs (`torch._grouped_mm`) schedule so. Not with `warp_specialize` (these
-        Tritons partition no loop around the k loop). tgmm over a token-major lhs (the
-        weight gradient) without `tma` takes it too (`tgmm_walk_kernel`): a program per
-        (k tile, n tile, split of the groups), as many splits as balance its waves
-        (`tgmm_walk_splits`), walks its groups' rows in one loop, so the next group's loads are in
-        flight while one ends (a program per group starts each with a load nothing
-        hides: at m 8192 over 64 groups, two 64-row steps a program); elsewhere tgmm
-        ignores it. Off by default: not yet timed on a GPU (A/B rows of `python -m bench
-        gpu-check`).
+      persistent: gmm launches one program per CTA the GPU holds at once (the bridge
+        counts `multiprocessor_count()` SMs times the CTAs that fit) instead of one a
+        tile, each walking the tile list in the default's order, column tiles fastest;
+        with `tma` a program builds its two tensor descriptors once for all its tiles,
+        where a program a tile builds them for each (a write to global memory and a
+        fence before its first copy). CUTLASS's grouped GEMMs (`torch._grouped_mm`)
+        schedule so. Not with `warp_specialize` (these Tritons partition no loop around
+        the k loop). tgmm over a token-major lhs (the weight gradient) without `tma`
+        takes it too (`tgmm_walk_kernel`): a program per (k tile, n tile, split of the
+        groups), as many splits as balance its waves (`tgmm_walk_splits`), walks its
+        groups' rows in one loop, so the next group's loads are in flight while one ends
+        (a program per group starts each with a load nothing hides: at m 8192 over 64
+        groups, two 64-row steps a program); elsewhere tgmm ignores it. Off by default:
+        not yet timed on a GPU (A/B rows of `python -m bench gpu-check`).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """

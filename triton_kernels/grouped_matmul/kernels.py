@@ -253,14 +253,14 @@ def gmm_kernel(
     N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     lhs_desc, rhs_desc = None, None
-    if TMA:
-        lhs_desc, rhs_desc = _gmm_descriptors(
-            lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
-        )
     if PERSISTENT:
         if not ACCUMULATE:
             _zero_rows_outside_groups(
                 out_ptr, group_start_ptr, group_end_ptr, num_groups, M, N, BLOCK_M, BLOCK_N
+            )
+        if TMA:  # once for every tile of the walk
+            lhs_desc, rhs_desc = _gmm_descriptors(
+                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
             )
         tiles = tl.load(num_chunks_ptr) * N_TILES
         for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
@@ -283,6 +283,10 @@ def gmm_kernel(
         if not WARP_SPECIALIZE:
             if not real:
                 return
+        if TMA:  # after a surplus slot's return: it writes no descriptor
+            lhs_desc, rhs_desc = _gmm_descriptors(
+                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
+            )
         _gmm_output_tile(
             lhs_ptr, rhs_ptr, init_ptr, out_ptr, lhs_desc, rhs_desc, group_start_ptr,
             group_end_ptr, chunk_group_ptr, chunk_row_start_ptr, slot, pid_n, real,
@@ -497,6 +501,13 @@ def tgmm_walk_kernel(
     tile list (only its real entries are read). out[g] = init[g] * ACCUMULATE + lhs[rows
     of g]^T @ rhs[rows of g]; an empty group writes zeros, or keeps init. GROUP_CHUNK:
     groups summed at once to find a split's first entry (a power of two).
+    Shared memory (sm_90, Triton 3.6 and 3.9): the a and b tiles are pipelined two
+    buffers deep whatever the launch's num_stages (further stages hold the steps' index
+    loads), and the store in the loop passes the output tile through scratch of its own
+    beside them (8 KiB at 64 x 128 x 128, 32 KiB at 128 x 128 x 256 in bf16; 128 KiB more
+    for a float32 output there, past an H100's limit): `GroupedMatmulConfig.
+    shared_memory_bytes` counts neither, and a launch that does not fit is refused when
+    it compiles (`jax_bridge.launch.kernel_needs`).
     """
     pid_k = tl.program_id(0)
     pid_n = tl.program_id(1)
