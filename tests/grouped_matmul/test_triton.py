@@ -515,12 +515,13 @@ def test_tgmm_kernel_sums_only_its_groups_rows(tma, warp_specialize, case):
     assert_close(out, expected)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3])
+@pytest.mark.parametrize("splits, group_chunk", [(1, 16), (2, 2), (3, 16)])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["zeros", "existing_out"])
 @pytest.mark.parametrize("case", _WRITE_CASES)
-def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits):
+def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits, group_chunk):
     """`tgmm_walk_kernel` launched bare, its programs walking 1, 2 or 3 splits of the local
-    groups (at most a split a group): every local group's tile holds the sum over its own
+    groups (at most a split a group; with 2, a split's first entry counted 2 groups at a
+    time, in several chunks): every local group's tile holds the sum over its own
     rows, plus existing_out's tile where it accumulates; an empty group's is zeros (the
     output starts NaN) or keeps existing_out's. Rows outside the local groups hold NaN
     and -Inf in lhs and rhs alike and must reach no tile; k = 24, n = 40 and 16-row
@@ -548,7 +549,7 @@ def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits):
         ACCUMULATE=accumulate,
         INPUT_PRECISION="ieee",
         SPLITS=splits,
-        GROUP_CHUNK=16,
+        GROUP_CHUNK=group_chunk,
         num_warps=4,
     )
     existing = init if accumulate else None
