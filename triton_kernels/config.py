@@ -31,8 +31,8 @@ class KernelConfig:
     """Base of the kernels' launch configurations; subclasses declare the fields.
 
     Subclasses are frozen dataclasses with `block_*` fields, `num_warps` and
-    `num_stages`, and optionally the bools `tma` and `warp_specialize` (which needs `tma`
-    and 4 warps); `__post_init__` validates them all.
+    `num_stages`, and optionally options declared `bool` (among them `tma` and
+    `warp_specialize`, which needs `tma` and 4 warps); `__post_init__` validates them all.
     """
 
     def __post_init__(self) -> None:
@@ -40,15 +40,16 @@ class KernelConfig:
         for field in dataclasses.fields(self):
             if field.name.startswith("block_"):
                 check_block(getattr(self, field.name), f"{kind}.{field.name}")
+            # Declared `bool` (a string under postponed annotations): a bool it must be.
+            value = getattr(self, field.name)
+            if field.type in (bool, "bool") and not isinstance(value, bool):
+                raise TypeError(f"{kind}.{field.name} must be a bool, got {value!r}.")
         num_warps = getattr(self, "num_warps", 4)
         if isinstance(num_warps, bool) or num_warps not in NUM_WARPS:
             raise ValueError(f"{kind}.num_warps must be one of {NUM_WARPS}, got {num_warps!r}.")
         num_stages = getattr(self, "num_stages", 1)
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"{kind}.num_stages must be an int >= 1, got {num_stages!r}.")
-        for flag in ("tma", "warp_specialize"):
-            if not isinstance(getattr(self, flag, False), bool):
-                raise TypeError(f"{kind}.{flag} must be a bool, got {getattr(self, flag)!r}.")
         if getattr(self, "warp_specialize", False) and not (self.tma and num_warps == 4):
             raise ValueError(
                 f"{kind}.warp_specialize needs tma=True (its producer warpgroup loads through "

@@ -92,11 +92,6 @@ class AttentionKernelConfig(KernelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.overlap_softmax, bool):
-            raise TypeError(
-                f"AttentionKernelConfig.overlap_softmax must be a bool, got "
-                f"{self.overlap_softmax!r}."
-            )
         if self.overlap_softmax and self.warp_specialize:
             raise ValueError(
                 "AttentionKernelConfig: overlap_softmax and warp_specialize exclude each "

@@ -102,10 +102,6 @@ class GroupedMatmulConfig(KernelConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.persistent, bool):
-            raise TypeError(
-                f"GroupedMatmulConfig.persistent must be a bool, got {self.persistent!r}."
-            )
         if self.persistent and self.warp_specialize:
             raise ValueError(
                 "GroupedMatmulConfig: persistent=True excludes warp_specialize=True (Triton "
