@@ -132,14 +132,15 @@ def _persistent_programs(
     tile, which a persistent kernel runs as it runs any grid."""
     if not config.persistent:
         return None
-    if launch_target().interpreter:
+    target = launch_target()
+    if target.interpreter:
         return _INTERPRETER_PROGRAMS
-    capability = launch_target().compute_capability
     sms = multiprocessor_count()
-    if capability is None or sms is None:
+    if target.compute_capability is None or sms is None:
         return None
     shared = config.shared_memory_bytes(element_bytes, transposed)
-    return sms * max(1, ctas_per_sm(capability, config.num_warps, _MOST_REGISTERS, shared))
+    per_sm = ctas_per_sm(target.compute_capability, config.num_warps, _MOST_REGISTERS, shared)
+    return sms * max(1, per_sm)
 
 
 def _init_only(existing_out: jax.Array | None, out_shape: jax.ShapeDtypeStruct) -> jax.Array:
