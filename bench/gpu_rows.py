@@ -1020,10 +1020,36 @@ def _flex_forward_block_sparse(spec: MaskSpec) -> Impl:
     return block_sparse_impl(spec, label="forward 128x64 3 stages", config=flex, passes="forward")
 
 
+def _overlapped_block_sparse(spec: MaskSpec) -> tuple[Impl, Impl]:
+    """A/B rows of the softmax overlap in the block-sparse kernels (`overlap_softmax`,
+    as `_overlapped_forward` and `_overlapped_dkdv` for the varlen ones): the forward's
+    full tiles at `OVERLAPPED_FORWARD_TILE`, the "forward 128x64 3 stages" row's tile,
+    so that the two differ by the overlap alone (forward only); dK/dV at
+    `OVERLAPPED_DKDV_TILE`, its default on sm_90 at d=128, so that it differs from the
+    default by the overlap alone (fwd+bwd). Static report, sm_90, d=128, Triton 3.6: the
+    forward's full-tile loop issues 34 of 34 exp2s beside the next QK^T's wgmma, dK/dV
+    16 of 16 beside dP's (none without), no spill, not serialized."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import (
+        OVERLAPPED_DKDV_TILE,
+        OVERLAPPED_FORWARD_TILE,
+    )
+
+    forward = AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)
+    dkdv = AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)
+    return (
+        block_sparse_impl(spec, label="forward overlapped softmax",
+                          config=AttentionConfigs(forward=forward), passes="forward"),
+        block_sparse_impl(spec, label="dkdv overlapped softmax",
+                          config=AttentionConfigs(backward_dkdv=dkdv), passes="fwd+bwd"),
+    )  # fmt: skip
+
+
 def block_sparse_cases(sizes: Sizes) -> list[Case]:
     """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks;
-    A/B rows of the sparse ones (the window and the documents): one warpgroup a CTA and
-    FlexAttention's forward tile; of the documents also the dQ tile."""
+    A/B rows of the sparse ones (the window and the documents): one warpgroup a CTA,
+    FlexAttention's forward tile and the softmax overlap; of the documents also the dQ
+    tile."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     specs = {
         "causal": (MaskSpec((t,)), True),
@@ -1039,7 +1065,8 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
         if name.startswith("causal") or name.startswith("random"):
             return ()
         dq = (_wide_block_sparse_dq(spec),) if "documents" in name else ()
-        return (_two_ctas_block_sparse(spec), _flex_forward_block_sparse(spec), *dq)
+        overlap = _overlapped_block_sparse(spec)
+        return (_two_ctas_block_sparse(spec), _flex_forward_block_sparse(spec), *overlap, *dq)
 
     return [
         _attention_case("block_sparse", "block_sparse_attention", f"{t} tok {name}", spec, heads,

@@ -274,15 +274,16 @@ def block_sparse_variant(
         group_width=_Q_HEADS, find_bad_rows=finds_bad_rows_in_kernel(compute_capability),
         has_d_lse=True,  # the op's backward always gets lse's cotangent (zeros if unused)
     )  # fmt: skip
+    name_tag, description_tag = _loading_tags(config)
     return KernelVariant(
-        name=f"block_sparse_{kind}",
+        name=f"block_sparse_{kind}{name_tag}",
         kernel=kernel,
         signature=block_sparse_signature(kernel, dtype_name),
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''}"
-        f"{'+alibi' if alibi else ''} {config.block_m}x{config.block_n}",
+        f"{'+alibi' if alibi else ''} {config.block_m}x{config.block_n}{description_tag}",
     )
 
 
@@ -403,6 +404,11 @@ def default_variants(
                     kind, head_dim, 90, config=AttentionKernelConfig(*tile)
                 )
                 variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
+            # and the softmax overlap, at the varlen A/B rows' tiles
+            for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),
+                               ("backward_dkdv", OVERLAPPED_DKDV_TILE)):  # fmt: skip
+                config = AttentionKernelConfig(*tile, overlap_softmax=True)
+                variants.append(block_sparse_variant(kind, head_dim, 90, config=config))
     variants += [grouped_matmul_variant(name, compute_capability) for name in GMM_KERNELS]
     # the weight gradient over longer groups (512 rows each): its own default tile on sm_90
     variants.append(

@@ -267,10 +267,7 @@ def _check_config(
     if implementation == "pallas" and isinstance(config, (BlockSizes, type(None))):
         return config
     if implementation != "pallas" and isinstance(config, AttentionKernelConfig):
-        # One config for every kernel: warp specialization is the forward's alone, the
-        # softmax overlap the forward's and dK/dV's.
-        dkdv = config.replace(warp_specialize=False)
-        config = AttentionConfigs(config, dkdv, dkdv.replace(overlap_softmax=False))
+        config = AttentionConfigs.for_every_kernel(config)
     if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):
         if implementation == "triton" and config is not None and head_dim is not None:
             _check_tma_head_dim(config, head_dim, op)

@@ -113,7 +113,8 @@ def block_sparse_attention(
         `varlen_attention` takes it: an `AttentionConfigs` (each kernel's
         `AttentionKernelConfig`; None fields: the default) or one `AttentionKernelConfig`
         for all three kernels. A kernel's tile given by both `block_sizes` and `config`
-        must agree. `tma`, `warp_specialize`, `overlap_softmax` and `dq_atomic` are the
+        must agree. `overlap_softmax` overlaps the forward's full tiles and every dK/dV
+        tile (`AttentionKernelConfig`); `tma`, `warp_specialize` and `dq_atomic` are the
         varlen kernels' and refused on every backend; XLA ignores the rest (tiles, warps,
         stages: its blocks are `block_sizes`'); Pallas refuses a config (`block_sizes`).
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).

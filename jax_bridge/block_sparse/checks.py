@@ -24,7 +24,7 @@ TRITON_BLOCK_FIELDS = {
     "backward_dkdv": ("block_q_dkv", "block_kv_dkv"),
 }
 # AttentionKernelConfig's options that only the varlen kernels implement.
-_VARLEN_ONLY_OPTIONS = ("tma", "warp_specialize", "overlap_softmax")
+_VARLEN_ONLY_OPTIONS = ("tma", "warp_specialize")
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> None:
@@ -175,17 +175,19 @@ def check_config(
     config: Any, block_sizes: BlockSizes | None, implementation: str
 ) -> AttentionConfigs | None:
     """The Triton kernels' launch configuration as an `AttentionConfigs` (one
-    `AttentionKernelConfig` stands for all three kernels), or None. XLA ignores it (as
+    `AttentionKernelConfig` stands for all three kernels:
+    `AttentionConfigs.for_every_kernel`), or None. XLA ignores it (as
     `varlen_attention`'s XLA path does); Pallas takes `block_sizes` instead. The
-    block-sparse kernels read no tensor descriptors, run no warp-specialized or
-    overlapped loop and keep their own dQ kernel, so those options are refused on every
-    backend; a Triton kernel whose tile both `config` and `block_sizes` give must get
-    the same one (XLA's block_sizes are its own blocks)."""
+    block-sparse kernels read no tensor descriptors, run no warp-specialized loop and
+    keep their own dQ kernel, so those options are refused on every backend (the
+    softmax overlap they take: the forward's full tiles, every dK/dV tile); a Triton
+    kernel whose tile both `config` and `block_sizes` give must get the same one (XLA's
+    block_sizes are its own blocks)."""
     if config is None:
         return None
     if isinstance(config, AttentionKernelConfig):
         _refuse_varlen_options(config, "config")
-        config = AttentionConfigs(forward=config, backward_dkdv=config, backward_dq=config)
+        config = AttentionConfigs.for_every_kernel(config)
     if not isinstance(config, AttentionConfigs):
         raise TypeError(
             f"{OP}: config must be an AttentionConfigs, an AttentionKernelConfig or None, "

@@ -687,12 +687,12 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         (
             dict(
                 config=AttentionConfigs(
-                    backward_dkdv=AttentionKernelConfig(32, 128, 8, 2, overlap_softmax=True)
+                    forward=AttentionKernelConfig(64, 64, 4, 2, tma=True, warp_specialize=True)
                 ),
                 implementation="triton",
             ),
             ValueError,
-            r"config.backward_dkdv.overlap_softmax=True: varlen_attention kernel options",
+            r"config.forward.tma=True, config.forward.warp_specialize=True: varlen_attention",
         ),
         (
             dict(

@@ -35,7 +35,7 @@ from pallas_tpu.splash import (
     PrefixLMMask,
 )
 from tests.attention.helpers import assert_equal_to_rounding
-from tests.block_sparse.test_conformance import _inputs, check
+from tests.block_sparse.test_conformance import _inputs, _loss, _random_block_mask, check
 from tests.launches import record_launches
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
 from triton_kernels.block_sparse.forward import block_sparse_forward_kernel
@@ -274,6 +274,42 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
 
 
+@pytest.mark.parametrize("kind", ["forward", "backward_dkdv"])
+def test_overlapped_softmax_issues_exp2s_beside_an_mma(kind):
+    """`overlap_softmax` at the varlen A/B rows' tiles (sm_90, d=128, bf16, causal): the
+    forward's full-tile loop issues every exp2 while the next tile's QK^T wgmma is in
+    flight (none without the overlap); dK/dV issues them beside dP's under Triton 3.6,
+    whose code the device assembles (3.9's, by its ptxas, waits for dP first); no
+    spill, not serialized."""
+    from jax_bridge.launch.report import variant_report
+    from tests.attention.test_lowering import TRITON_3_6
+    from triton_kernels.catalog import block_sparse_variant
+    from triton_kernels.flash_attention.config import (
+        OVERLAPPED_DKDV_TILE,
+        OVERLAPPED_FORWARD_TILE,
+    )
+
+    tile = {"forward": OVERLAPPED_FORWARD_TILE, "backward_dkdv": OVERLAPPED_DKDV_TILE}[kind]
+    reports = {
+        overlap: variant_report(
+            block_sparse_variant(
+                kind, 128, 90, config=AttentionKernelConfig(*tile, overlap_softmax=overlap)
+            ),
+            90,
+        )
+        for overlap in (False, True)
+    }
+    for report in reports.values():
+        print(report.summary(), report.inner_loop)
+        assert not report.spills and not report.serialized_wgmma, report.summary()
+    assert reports[False].inner_loop.mufu_beside_mma == 0
+    loop = reports[True].inner_loop
+    if kind == "forward":
+        assert loop.mufu_beside_mma == loop.mufu > 0
+    elif TRITON_3_6:
+        assert loop.mufu_beside_mma > 0
+
+
 def _use_rule(monkeypatch, rule: str) -> None:
     """Documents take the INTERVALS rule; "tokens" makes them take the TOKENS one."""
     if rule == "tokens":
@@ -442,3 +478,67 @@ def test_config_gives_the_float64_numbers(config, block_sizes):
     q, k, v, sinks, weights = _inputs(21, 150, num_q_heads=4, num_kv_heads=2, head_dim=32)
     mask = DocumentMask(np.array([0, 1, 60, 150], np.int32), shape=(150, 150), causal=True)
     check("triton", mask, q, k, v, sinks, weights, config=config, block_sizes=block_sizes)
+
+
+def test_overlapped_softmax_reaches_the_forward_and_dkdv_kernels(monkeypatch):
+    """One config with `overlap_softmax` for every kernel gives it to the forward and
+    dK/dV (both of each one's launches), not to dQ (its own config with it is refused
+    where configs are built)."""
+    q, k, v, _, _ = _inputs(3, 40)
+    launches = record_launches(monkeypatch, block_sparse_triton)
+    config = AttentionKernelConfig(16, 16, overlap_softmax=True)
+    jax.grad(lambda q: jnp.sum(block_sparse_attention(
+        q, k, v, CausalMask((40, 40)), implementation="triton", config=config)))(q)  # fmt: skip
+    overlap = {launch.kernel: launch.constexprs.get("OVERLAP_SOFTMAX") for launch in launches}
+    assert overlap == {
+        block_sparse_forward_kernel: True,
+        block_sparse_dq_kernel: None,
+        block_sparse_dkdv_kernel: True,
+    }
+
+
+def _overlap_configs(overlap: bool) -> AttentionConfigs:
+    """16x16 forward and dK/dV tiles (dQ's default), their softmax overlapped or not."""
+    tile = AttentionKernelConfig(16, 16, overlap_softmax=overlap)
+    return AttentionConfigs(forward=tile, backward_dkdv=tile)
+
+
+@pytest.mark.parametrize("case", ["documents-nan", "local-soft-cap", "random-blocks-alibi"])
+def test_overlapped_softmax_gives_the_float64_numbers_and_the_plain_loops(case):
+    """`overlap_softmax` in the forward's and dK/dV's configs (the forward's full tiles
+    each issue QK^T a tile ahead of their softmax; dK/dV issues dP before P's exp2s) on
+    query tiles whose lists hold no full tile, one and many (documents of 1, 59 and 90
+    tokens, a window, random blocks with a fully masked row, with ALiBi: each tile's
+    positions), GQA, sinks: the float64
+    oracle's out, lse and gradients, and the loops' without the overlap bit for bit (the
+    same steps in the same order), with a NaN in one document's V too (rows that see it
+    NaN alike, through the careful relaunch)."""
+    q, k, v, sinks, weights = _inputs(31, 150, num_q_heads=4, num_kv_heads=2, head_dim=32)
+    kwargs = {}
+    if case == "documents-nan":
+        mask = DocumentMask(np.array([0, 1, 60, 150], np.int32), shape=(150, 150), causal=True)
+    elif case == "local-soft-cap":
+        mask, kwargs = LocalMask((150, 150), (40, 0), 0), dict(logits_soft_cap=6.0)
+    else:
+        mask = NumpyMask(_random_block_mask(5, 150, 150, block_q=16, block_kv=16))
+        kwargs = dict(alibi_slopes=jnp.asarray([0.5, 0.25, 0.125, 0.0625], jnp.float32))
+    check("triton", mask, q, k, v, sinks, weights, config=_overlap_configs(True),
+          block_sizes=None, **kwargs)  # fmt: skip
+    if case == "documents-nan":
+        v = v.at[:, 100, 1, 5].set(jnp.nan)
+
+    def run(overlap):
+        options = dict(implementation="triton", config=_overlap_configs(overlap), **kwargs)
+        grad = jax.value_and_grad(
+            _loss(block_sparse_attention, mask, weights, options), (0, 1, 2, 3), has_aux=True
+        )
+        (_, (out, lse)), grads = jax.jit(grad)(q, k, v, sinks)
+        return out, lse, *grads
+
+    overlapped, plain = run(True), run(False)
+    if case == "documents-nan":  # the third document's rows from 100 see it, in kv head 1
+        assert np.isnan(np.asarray(overlapped[0])[0, 100:, 2:]).any(-1).all()
+        assert not np.isnan(np.asarray(overlapped[0])[0, :100]).any()
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), overlapped, plain,
+                               strict=True):  # fmt: skip
+        assert_equal_to_rounding(got, want, f"{name} vs the loops without the overlap")

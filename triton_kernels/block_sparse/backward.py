@@ -347,9 +347,11 @@ def _dkdv_tile_step(
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DP_FIRST: tl.constexpr,
 ):
     """dv += P^T dO and dk += dS^T Q (unscaled) over one query tile; the tile is
-    transposed: rows are keys, columns queries (positions `cols`)."""
+    transposed: rows are keys, columns queries (positions `cols`). DP_FIRST: dP's product
+    issued before P's exp2s (`steps._dkdv_products`)."""
     qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     s2_t, g_t = _modified_scores(
@@ -357,7 +359,7 @@ def _dkdv_tile_step(
     )
     return _dkdv_step(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP,
-        SCORE_MOD_GRAD is not None, INPUT_PRECISION,
+        SCORE_MOD_GRAD is not None, INPUT_PRECISION, DP_FIRST,
     )  # fmt: skip
 
 
@@ -404,7 +406,7 @@ def _dkdv_full_tiles(
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr,
 ):  # fmt: skip
     """(dk, dv) (dk unscaled) over the full query tiles 0..full of query head `head`'s
     list at `base` (hook_head: its number for the score hook), operands as given."""
@@ -420,7 +422,7 @@ def _dkdv_full_tiles(
         dk, dv = _dkdv_tile_step(
             dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST,
         )  # fmt: skip
     return dk, dv
 
@@ -436,7 +438,7 @@ def _dkdv_partial_tiles(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr,
     PREDICATE: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    CAREFUL: tl.constexpr,
+    CAREFUL: tl.constexpr, DP_FIRST: tl.constexpr,
 ):  # fmt: skip
     """(dk, dv) over the partial query tiles full..total of query head `head`'s list at
     `base`, masked by the element rule (transposed: rows are keys). CAREFUL: q's and dO's
@@ -481,7 +483,7 @@ def _dkdv_partial_tiles(
         dk, dv = _dkdv_tile_step(
             dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST,
         )  # fmt: skip
     return dk, dv
 
@@ -539,6 +541,7 @@ def block_sparse_dkdv_kernel(
     SCORE_MOD: tl.constexpr,
     SCORE_MOD_GRAD: tl.constexpr,
     CAREFUL: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """dK, dV of one [BLOCK_N]-row key tile of one kv head of one batch entry.
 
@@ -552,7 +555,8 @@ def block_sparse_dkdv_kernel(
     The table's blocks are [BLOCK_M queries, BLOCK_N keys], as the forward's.
     Two launches, redo_in_ptr and redo_ptr as the forward's (dk_in_ptr, dv_in_ptr: what a
     CAREFUL launch's dk, dv alias): partial tiles read q and dO as given in the first,
-    and the flagged rows as zeros in the second.
+    and the flagged rows as zeros in the second. OVERLAP_SOFTMAX: every tile issues its
+    dP before P's exp2s (`steps._dkdv_products`).
     """
     if _program_redo(redo_in_ptr, CAREFUL):
         return
@@ -589,7 +593,7 @@ def block_sparse_dkdv_kernel(
             dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, tiles_ptr, base, full,
             keys, batch, head, hook_head, q_len, qk_scale_log2, scale_over_cap, cap_log2,
             slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, OVERLAP_SOFTMAX,
         )  # fmt: skip
         dk, dv = _dkdv_partial_tiles(
             dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
@@ -598,7 +602,7 @@ def block_sparse_dkdv_kernel(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M,
             BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
             PREDICATE, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
-            CAREFUL,
+            CAREFUL, OVERLAP_SOFTMAX,
         )  # fmt: skip
     if not CAREFUL:  # the sum is non-finite where either is (or, harmlessly, overflows)
         _flag_redo(redo_ptr, dk + dv)

@@ -287,6 +287,22 @@ def _forward_step(
     and the score hook); a PARTIAL tile's scores are masked by `allowed`. Full tiles of
     RAW_SCORE_MAX calls take the row max on raw q.k (`_online_softmax_step`)."""
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    return _softmax_tile(
+        acc, m_i, l_i, qk, v, allowed, rows, cols, batch, head, qk_scale_log2,
+        scale_over_cap, cap_log2, slope_log2, PARTIAL, HAS_SOFT_CAP, HAS_ALIBI,
+        RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+    )  # fmt: skip
+
+
+@triton.jit
+def _softmax_tile(
+    acc, m_i, l_i, qk, v, allowed, rows, cols, batch, head, qk_scale_log2, scale_over_cap,
+    cap_log2, slope_log2, PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, RAW_SCORE_MAX: tl.constexpr, SCORE_MOD: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_forward_step` past its product: (acc, m_i, l_i) updated with a key tile's raw
+    products qk = q.k^T [BLOCK_M, BLOCK_N] and its values v."""
     if RAW_SCORE_MAX and not PARTIAL:
         acc, m_i, l_i = _online_softmax_step(
             acc, m_i, l_i, qk, v, qk_scale_log2, True, False, INPUT_PRECISION
@@ -363,12 +379,24 @@ def _key_value_tile(
     and v (pointers at this batch entry's and kv head's row 0: kv_base on); with CHECK,
     rows past kv_len read 0 (a full tile lies inside the sequence)."""
     cols = kv_tile * BLOCK_N + offs_n
-    kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
-    k_ptrs = _tile_ptrs(k_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    v_ptrs = _tile_ptrs(v_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    k = _load_rows(k_ptrs, cols < kv_len, d_ok, CHECK, BLOCK_D == HEAD_DIM)
-    v = _load_rows(v_ptrs, cols < kv_len, d_ok, CHECK, BLOCK_D == HEAD_DIM)
+    k = _kv_rows(k_ptr, kv_base, kv_tile, cols < kv_len, offs_n, offs_d, d_ok, KV_STRIDE,
+                 HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, CHECK)  # fmt: skip
+    v = _kv_rows(v_ptr, kv_base, kv_tile, cols < kv_len, offs_n, offs_d, d_ok, KV_STRIDE,
+                 HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, CHECK)  # fmt: skip
     return cols, k, v
+
+
+@triton.jit
+def _kv_rows(
+    x_ptr, kv_base, kv_tile, row_ok, offs_n, offs_d, d_ok, KV_STRIDE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """Key tile `kv_tile`'s [BLOCK_N, BLOCK_D] rows of k or v (x_ptr; `_key_value_tile`
+    says where kv_base points); with CHECK, rows outside row_ok read 0."""
+    kv_row = kv_base + (kv_tile * BLOCK_N).to(tl.int64) * KV_STRIDE
+    ptrs = _tile_ptrs(x_ptr + kv_row, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
+    return _load_rows(ptrs, row_ok, d_ok, CHECK, BLOCK_D == HEAD_DIM)
 
 
 @triton.jit
@@ -397,6 +425,55 @@ def _forward_full_tiles(
             RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
         )  # fmt: skip
     return acc, m_i, l_i
+
+
+@triton.jit
+def _overlapped_full_tiles(
+    acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, head,
+    qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    RAW_SCORE_MAX: tl.constexpr, SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_forward_full_tiles` with each tile's QK^T issued before the previous tile's
+    softmax (OVERLAP_SOFTMAX), as the varlen forward's unmasked tiles
+    (`flash_attention.forward._overlapped_key_tiles`, which says why, and why the first
+    and last tiles run without a branch): the same steps in the same order, so the same
+    numbers. An empty list (full == 0) loads no row (every row of tile 0 masked) and
+    keeps (acc, m_i, l_i)."""
+    KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    some = full > 0
+    kv_tile = tl.load(tiles_ptr + base, mask=some, other=0)
+    k = _kv_rows(k_ptr, kv_base, kv_tile, offs_n < tl.where(some, BLOCK_N, 0), offs_n, offs_d,
+                 d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
+    qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    # Invariant: qk holds the products of the list's tile t - 1, `kv_tile`.
+    for t in range(1, full):
+        kv_next = tl.load(tiles_ptr + base + t)
+        k = _kv_rows(k_ptr, kv_base, kv_next, None, offs_n, offs_d, d_ok, KV_STRIDE,
+                     HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False)  # fmt: skip
+        qk_next = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+        v = _kv_rows(v_ptr, kv_base, kv_tile, None, offs_n, offs_d, d_ok, KV_STRIDE,
+                     HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, False)  # fmt: skip
+        acc, m_i, l_i = _softmax_tile(
+            acc, m_i, l_i, qk, v, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
+            HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+        )  # fmt: skip
+        qk = qk_next
+        kv_tile = kv_next
+    v = _kv_rows(v_ptr, kv_base, kv_tile, offs_n < tl.where(some, BLOCK_N, 0), offs_n, offs_d,
+                 d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
+    acc_last, m_last, l_last = _softmax_tile(
+        acc, m_i, l_i, qk, v, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
+        RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+    )  # fmt: skip
+    acc = tl.where(some, acc_last, acc)
+    return acc, tl.where(some, m_last, m_i), tl.where(some, l_last, l_i)
 
 
 @triton.jit
@@ -581,6 +658,7 @@ def block_sparse_forward_kernel(
     SCORE_MOD: tl.constexpr,
     FIND_BAD_ROWS: tl.constexpr = False,
     CAREFUL: tl.constexpr = False,
+    OVERLAP_SOFTMAX: tl.constexpr = False,
 ):
     """out, lse of one [BLOCK_M]-row query tile of one head of one batch entry.
 
@@ -596,7 +674,8 @@ def block_sparse_forward_kernel(
     kv_len: the real lengths; n_tiles, width: the lists' dims. RAW_SCORE_MAX: full tiles
     take the row max on raw q.k (valid only for softmax_scale > 0 without a soft cap,
     ALiBi or score hook; the bridge decides). SCORE_MOD: the user's
-    `@triton.jit` score hook or None.
+    `@triton.jit` score hook or None. OVERLAP_SOFTMAX: the full tiles each issue their
+    QK^T before the previous tile's softmax (`_overlapped_full_tiles`).
 
     Two launches (`_program_redo`): the first (not CAREFUL) reads V as given in its
     partial tiles and sets redo_ptr's int8 flag (one a program, zeroed ahead) where its
@@ -637,11 +716,20 @@ def block_sparse_forward_kernel(
     m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
 
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
-    acc, m_i, l_i = _forward_full_tiles(
-        acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, hook_head,
-        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM, BLOCK_N,
-        BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
-    )  # fmt: skip
+    if OVERLAP_SOFTMAX:
+        acc, m_i, l_i = _overlapped_full_tiles(
+            acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch,
+            hook_head, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS,
+            HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
+            SCORE_MOD, INPUT_PRECISION,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _forward_full_tiles(
+            acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch,
+            hook_head, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS,
+            HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
+            SCORE_MOD, INPUT_PRECISION,
+        )  # fmt: skip
     acc, m_i, l_i, any_bad = _forward_partial_tiles(
         acc, m_i, l_i, q, k_ptr, v_ptr, v_clean_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base,
         full, total, kv_base, kv_head, rows, batch, hook_head, table_ptr, q_doc_ptr,

@@ -77,7 +77,12 @@ class AttentionKernelConfig(KernelConfig):
         pointers 16 / 11 of 16 exp2s beside it (3.6 / 3.9), at 64x128 with `tma` it
         spills. Not for dQ (its exp2s already run beside dP; refused), exclusive with
         `warp_specialize`; off by default: not yet timed on a GPU (A/B rows of `python
-        -m bench gpu-check`).
+        -m bench gpu-check`). The block-sparse kernels take it too, with the same steps:
+        the forward over its full tiles (`block_sparse.forward._overlapped_full_tiles`),
+        dK/dV over every tile; at these tiles (sm_90, d=128, causal) the forward issues
+        34 / 34 exp2s beside the next QK^T under Triton 3.6 and 3.9, dK/dV 16 / 16
+        beside dP under 3.6 (also assembled by CUDA 13.0's ptxas, as on the device) and
+        none from 3.9's code, where ptxas waits for dP first.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -229,6 +234,14 @@ class AttentionConfigs:
                 f"AttentionConfigs.dq_atomic must be a bool, got {type(self.dq_atomic).__name__}"
             )
         self._check_options()
+
+    @classmethod
+    def for_every_kernel(cls, config: AttentionKernelConfig) -> AttentionConfigs:
+        """One config for all three kernels, each taking the options it runs: warp
+        specialization is the forward's alone, the softmax overlap the forward's and
+        dK/dV's (the dQ kernel's exp2s already run beside its dP)."""
+        dkdv = config.replace(warp_specialize=False)
+        return cls(config, dkdv, dkdv.replace(overlap_softmax=False))
 
     def _check_options(self) -> None:
         """ValueError naming the kernel for an option its kernel cannot run (class doc)."""

@@ -149,12 +149,15 @@ def block_sparse_constexprs(
     tiles (`finds_bad_rows_in_kernel` of the target; the caller passes the bad-row
     arguments to match). CAREFUL is False: the first of the kernel's two launches (the
     bridge's second sets it; `triton_kernels.block_sparse.forward` says why). has_d_lse:
-    the dQ kernel reads lse's cotangent into delta.
+    the dQ kernel reads lse's cotangent into delta. OVERLAP_SOFTMAX (the forward, whose
+    full tiles take it, and dK/dV, every tile) is `config.overlap_softmax`.
     """
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(HAS_SOFT_CAP=soft_cap, HAS_ALIBI=alibi, SCORE_MOD=score_mod, **rule_flags)
     constexprs["CAREFUL"] = False
+    if kind != "backward_dq":
+        constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
     if kind != "forward":
         constexprs["SCORE_MOD_GRAD"] = score_mod_grad
     if kind == "backward_dkdv":  # its flags come from dQ or XLA (see above)
