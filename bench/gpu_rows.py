@@ -1020,6 +1020,20 @@ def _flex_forward_block_sparse(spec: MaskSpec) -> Impl:
     return block_sparse_impl(spec, label="forward 128x64 3 stages", config=flex, passes="forward")
 
 
+def _flex_dkdv_block_sparse(spec: MaskSpec) -> Impl:
+    """An A/B of the block-sparse dK/dV tile: FlexAttention's H100 config at d=128 (64
+    queries a step into a 128-key tile, 8 warps, three stages; `_flex_dkdv_config` for
+    the varlen kernel) against the default 32x128 at two. Static report, sm_90, d=128,
+    causal, Triton 3.6: 389 warp-instructions per MFLOP in its full-tile loop against
+    502, no spill in the loop (64 / 72 B stored / loaded a thread outside it; at two
+    stages it spills in the loop, 128 B; under 3.9 it spills in the loop at either
+    depth). fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    flex = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 128, 8, 3))
+    return block_sparse_impl(spec, label="dkdv 64x128 3 stages", config=flex, passes="fwd+bwd")
+
+
 def _overlapped_block_sparse(spec: MaskSpec) -> tuple[Impl, Impl]:
     """A/B rows of the softmax overlap in the block-sparse kernels (`overlap_softmax`,
     as `_overlapped_forward` and `_overlapped_dkdv` for the varlen ones): the forward's
@@ -1028,7 +1042,9 @@ def _overlapped_block_sparse(spec: MaskSpec) -> tuple[Impl, Impl]:
     `OVERLAPPED_DKDV_TILE`, its default on sm_90 at d=128, so that it differs from the
     default by the overlap alone (fwd+bwd). Static report, sm_90, d=128, Triton 3.6: the
     forward's full-tile loop issues 34 of 34 exp2s beside the next QK^T's wgmma, dK/dV
-    16 of 16 beside dP's (none without), no spill, not serialized."""
+    16 of 16 beside dP's (none without), no spill, not serialized (the careful relaunch,
+    which only programs that met a non-finite value run, spills 32 B outside the
+    forward's loop)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import (
         OVERLAPPED_DKDV_TILE,
@@ -1048,8 +1064,8 @@ def _overlapped_block_sparse(spec: MaskSpec) -> tuple[Impl, Impl]:
 def block_sparse_cases(sizes: Sizes) -> list[Case]:
     """At `sizes.tokens`: causal, causal window, 16 causal documents, random 50% blocks;
     A/B rows of the sparse ones (the window and the documents): one warpgroup a CTA,
-    FlexAttention's forward tile and the softmax overlap; of the documents also the dQ
-    tile."""
+    FlexAttention's forward and dK/dV tiles and the softmax overlap; of the documents
+    also the dQ tile."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     specs = {
         "causal": (MaskSpec((t,)), True),
@@ -1065,8 +1081,9 @@ def block_sparse_cases(sizes: Sizes) -> list[Case]:
         if name.startswith("causal") or name.startswith("random"):
             return ()
         dq = (_wide_block_sparse_dq(spec),) if "documents" in name else ()
+        flex = (_flex_forward_block_sparse(spec), _flex_dkdv_block_sparse(spec))
         overlap = _overlapped_block_sparse(spec)
-        return (_two_ctas_block_sparse(spec), _flex_forward_block_sparse(spec), *overlap, *dq)
+        return (_two_ctas_block_sparse(spec), *flex, *overlap, *dq)
 
     return [
         _attention_case("block_sparse", "block_sparse_attention", f"{t} tok {name}", spec, heads,

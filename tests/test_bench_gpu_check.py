@@ -186,8 +186,8 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
     # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
     # every launch at megablox's tiling (the default before Hopper's), and the weight
     # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
-    # documents two CTAs per SM, FlexAttention's forward tile, the dQ tile and the forward
-    # and dK/dV with their softmax overlapped.
+    # documents two CTAs per SM, FlexAttention's forward and dK/dV tiles, the dQ tile and
+    # the forward and dK/dV with their softmax overlapped.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
@@ -206,6 +206,7 @@ def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
         "ours triton varlen backward 64x64 4 warps", "ours triton block-sparse 64x64 4 warps",
         "ours triton block-sparse forward 128x64 3 stages", "ours triton block-sparse dq 128x128",
         "ours triton block-sparse forward overlapped softmax",
+        "ours triton block-sparse dkdv 64x128 3 stages",
         "ours triton block-sparse dkdv overlapped softmax", "ours triton, gmm persistent",
         "ours triton, gmm persistent tma", "ours triton, tgmm persistent",
     }  # fmt: skip

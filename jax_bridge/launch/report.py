@@ -342,6 +342,31 @@ def static_kernel_report(
       compute_capability: 80 (A100), 90 (H100), ...
       num_warps, num_stages: the launch configuration to compile.
     """
+    compiled = compile_offline(
+        kernel, signature, constexprs, compute_capability=compute_capability,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    statistics, _ = _ptxas(compiled.asm["ptx"], compute_capability)
+    # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
+    return _kernel_report(
+        kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
+        compute_capability, int(compiled.metadata.num_warps), num_stages,
+        int(compiled.metadata.shared),
+    )  # fmt: skip
+
+
+def compile_offline(
+    kernel: triton.JITFunction,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    *,
+    compute_capability: int = 90,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> Any:
+    """`kernel` compiled by Triton for `compute_capability` on this host (no GPU needed):
+    Triton's compiled kernel, whose `asm` holds each stage's code ("ttir", "ttgir",
+    "ptx", "cubin"). Arguments as `static_kernel_report`'s."""
     full_signature = dict(signature)
     full_signature.update({name: "constexpr" for name in constexprs})
     missing = [n for n in kernel.arg_names if n not in full_signature]
@@ -362,18 +387,11 @@ def static_kernel_report(
     # `triton.compile` refuses: compile into a cache of our own instead.
     with triton.knobs.cache.scope(), tempfile.TemporaryDirectory() as cache_dir:
         triton.knobs.cache.dir = cache_dir
-        compiled = triton.compile(
+        return triton.compile(
             source,
             target=GPUTarget("cuda", compute_capability, 32),
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
-    statistics, _ = _ptxas(compiled.asm["ptx"], compute_capability)
-    # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
-    return _kernel_report(
-        kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
-        compute_capability, int(compiled.metadata.num_warps), num_stages,
-        int(compiled.metadata.shared),
-    )  # fmt: skip
 
 
 def ptx_kernel_report(
