@@ -110,6 +110,19 @@ _interpreted: dict[Callable[..., Any], InterpretedFunction] = {}
 _launch_lock = threading.Lock()
 
 
+@contextlib.contextmanager
+def no_interpreted_launch() -> Iterator[None]:
+    """Within: no kernel runs in Triton's interpreter in this process. An interpreted
+    launch patches `triton.language` (its tensors' operators among it) for as long as it
+    runs, and JAX runs the interpreter's callbacks on threads of its own, so an op still
+    in flight can be interpreting while this thread compiles a kernel for a GPU: Triton's
+    code generator would then meet the patched language (an error such as "'block_argument'
+    object has no attribute 'dtype'"). What compiles a kernel for a GPU holds this
+    (`report.compile_offline`, jax_triton's kernel build once `pass_kernel_needs` ran)."""
+    with _launch_lock:
+        yield
+
+
 def interpreted(kernel: triton.JITFunction) -> InterpretedFunction:
     """An interpretable copy of `kernel`, cached per kernel."""
     if kernel.fn not in _interpreted:

@@ -35,6 +35,10 @@ jax_triton's module globals (a kernel that needs neither is built exactly as bef
   take scratch, raises `NotImplementedError` naming the kernel; and it raises ValueError
   naming the kernel where the kernel's shared memory exceeds its target's limit: errors
   at trace time instead of a failed launch on the device.
+
+A third wrapper keeps its kernel build (Python to TTIR to PTX) apart from any launch in
+Triton's interpreter, which patches `triton.language` while it runs
+(`interpreter.no_interpreted_launch`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import functools
 import re
 import threading
 from typing import Any
+
+from jax_bridge.launch.interpreter import no_interpreted_launch
 
 # jaxlib versions whose `TritonKernel` takes the global scratch's size and alignment.
 FIRST_JAXLIB_WITH_SCRATCH = (0, 11, 1)
@@ -173,3 +179,18 @@ def pass_kernel_needs() -> None:
         triton_lib.compile_ttir_to_ptx_inplace
     )
     triton_lib.triton_kernel_call_lib = _NeedsPassingLib(triton_lib.triton_kernel_call_lib)
+    triton_lib.get_or_create_triton_kernel = _apart_from_the_interpreter(
+        triton_lib.get_or_create_triton_kernel
+    )
+
+
+def _apart_from_the_interpreter(build: Any) -> Any:
+    """jax_triton's kernel build (Python to TTIR to PTX), never beside an interpreted
+    launch, which patches `triton.language` while it runs (`no_interpreted_launch`)."""
+
+    @functools.wraps(build)
+    def build_alone(*args: Any, **kwargs: Any) -> Any:
+        with no_interpreted_launch():
+            return build(*args, **kwargs)
+
+    return build_alone

@@ -25,6 +25,8 @@ import triton.compiler
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 
+from jax_bridge.launch.interpreter import no_interpreted_launch
+
 # Per-SM limits by compute capability: (registers, shared memory bytes, resident warps,
 # resident CTAs), from NVIDIA's occupancy tables. 1 KiB of each CTA's shared memory is
 # reserved by the system on sm_80 and later.
@@ -385,7 +387,11 @@ def compile_offline(
     source = triton.compiler.ASTSource(kernel, full_signature, dict(constexprs), aligned_pointers)
     # Importing jax_triton empties TRITON_CACHE_DIR (it disables Triton's cache), which
     # `triton.compile` refuses: compile into a cache of our own instead.
-    with triton.knobs.cache.scope(), tempfile.TemporaryDirectory() as cache_dir:
+    with (
+        no_interpreted_launch(),
+        triton.knobs.cache.scope(),
+        tempfile.TemporaryDirectory() as cache_dir,
+    ):
         triton.knobs.cache.dir = cache_dir
         return triton.compile(
             source,

@@ -6,6 +6,8 @@ a Hopper GPU where there is one."""
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -183,3 +185,44 @@ def test_a_descriptor_kernel_copies_on_a_hopper_gpu(dtype) -> None:
     np.testing.assert_array_equal(
         np.asarray(jax.jit(lambda x: _copy(_descriptor_copy, x, 64, 64))(x)), np.asarray(x)
     )
+
+
+def test_kernel_builds_wait_for_an_interpreted_launch(monkeypatch):
+    """A launch in Triton's interpreter patches `triton.language` while it runs, on
+    whichever thread JAX runs its callback; a compile for a GPU beside it met the patched
+    language (an AttributeError in Triton's code generator, seen once in the device
+    stack's suite). The static report's compile and jax_triton's kernel build (once
+    `pass_kernel_needs` ran) wait for `no_interpreted_launch` instead: neither starts
+    while it is held, both do once it is released."""
+    from jax_triton import triton_lib
+
+    from examples.softmax import softmax_rows_kernel
+    from jax_bridge.launch import report
+    from jax_bridge.launch.interpreter import no_interpreted_launch
+
+    kernel_needs.pass_kernel_needs()
+    started = {"report": threading.Event(), "jax_triton": threading.Event()}
+    compile_ = triton.compile
+
+    def recording_compile(*args, **kwargs):
+        started["report"].set()
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(report.triton, "compile", recording_compile)
+    build = kernel_needs._apart_from_the_interpreter(lambda: started["jax_triton"].set())
+    assert triton_lib.get_or_create_triton_kernel.__wrapped__ is not None
+    signature = {"x_ptr": "*bf16", "num_cols": "i32", "out_ptr": "*bf16"}
+    workers = [
+        threading.Thread(target=build),
+        threading.Thread(
+            target=report.static_kernel_report,
+            args=(softmax_rows_kernel, signature, {"BLOCK_COLS": 1024}),
+        ),
+    ]
+    with no_interpreted_launch():
+        for worker in workers:
+            worker.start()
+        assert not any(event.wait(1.0) for event in started.values())
+    for worker in workers:
+        worker.join(120)
+    assert all(event.is_set() for event in started.values())
