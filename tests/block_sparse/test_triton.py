@@ -528,10 +528,9 @@ def test_overlapped_softmax_gives_the_float64_numbers_and_the_plain_loops(case):
     each issue QK^T a tile ahead of their softmax; dK/dV issues dP before P's exp2s) on
     query tiles whose lists hold no full tile, one and many (documents of 1, 59 and 90
     tokens, a window, random blocks with a fully masked row, with ALiBi: each tile's
-    positions), GQA, sinks: the float64
-    oracle's out, lse and gradients, and the loops' without the overlap bit for bit (the
-    same steps in the same order), with a NaN in one document's V too (rows that see it
-    NaN alike, through the careful relaunch)."""
+    positions), GQA, sinks: the float64 oracle's out, lse and gradients, and the loops'
+    without the overlap bit for bit (the same steps in the same order), with a NaN in one
+    document's V too (rows that see it NaN alike, through the careful relaunch)."""
     q, k, v, sinks, weights = _inputs(31, 150, num_q_heads=4, num_kv_heads=2, head_dim=32)
     kwargs = {}
     if case == "documents-nan":
