@@ -406,10 +406,18 @@ def _forward_full_tiles(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     RAW_SCORE_MAX: tl.constexpr, SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    OVERLAP_SOFTMAX: tl.constexpr,
 ):  # fmt: skip
     """(acc, m_i, l_i) over the full tiles 0..full of the list at `base`: no element mask,
     no bounds (they lie inside both sequences), operands as given. head: as the score
-    hook numbers it."""
+    hook numbers it. OVERLAP_SOFTMAX: by `_overlapped_full_tiles`."""
+    if OVERLAP_SOFTMAX:
+        return _overlapped_full_tiles(
+            acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, head,
+            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD,
+            INPUT_PRECISION,
+        )  # fmt: skip
     KV_STRIDE: tl.constexpr = NUM_KV_HEADS * HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -446,9 +454,10 @@ def _overlapped_full_tiles(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     some = full > 0
+    edge_rows = offs_n < tl.where(some, BLOCK_N, 0)  # the first and last tiles' loads
     kv_tile = tl.load(tiles_ptr + base, mask=some, other=0)
-    k = _kv_rows(k_ptr, kv_base, kv_tile, offs_n < tl.where(some, BLOCK_N, 0), offs_n, offs_d,
-                 d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
+    k = _kv_rows(k_ptr, kv_base, kv_tile, edge_rows, offs_n, offs_d, d_ok, KV_STRIDE,
+                 HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
     qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
     # Invariant: qk holds the products of the list's tile t - 1, `kv_tile`.
     for t in range(1, full):
@@ -465,8 +474,8 @@ def _overlapped_full_tiles(
         )  # fmt: skip
         qk = qk_next
         kv_tile = kv_next
-    v = _kv_rows(v_ptr, kv_base, kv_tile, offs_n < tl.where(some, BLOCK_N, 0), offs_n, offs_d,
-                 d_ok, KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
+    v = _kv_rows(v_ptr, kv_base, kv_tile, edge_rows, offs_n, offs_d, d_ok, KV_STRIDE,
+                 HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, True)  # fmt: skip
     acc_last, m_last, l_last = _softmax_tile(
         acc, m_i, l_i, qk, v, True, rows, kv_tile * BLOCK_N + offs_n, batch, head,
         qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP, HAS_ALIBI,
@@ -716,20 +725,12 @@ def block_sparse_forward_kernel(
     m_i, l_i = _initial_rows(sinks_ptr, head, BLOCK_M, HAS_SINKS)
 
     full, total, base = _list_base(counts_ptr, group, tile, n_tiles, width)
-    if OVERLAP_SOFTMAX:
-        acc, m_i, l_i = _overlapped_full_tiles(
-            acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch,
-            hook_head, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS,
-            HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
-            SCORE_MOD, INPUT_PRECISION,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _forward_full_tiles(
-            acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch,
-            hook_head, qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS,
-            HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX,
-            SCORE_MOD, INPUT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = _forward_full_tiles(
+        acc, m_i, l_i, q, k_ptr, v_ptr, tiles_ptr, base, full, kv_base, rows, batch, hook_head,
+        qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_KV_HEADS, HEAD_DIM, BLOCK_N,
+        BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP, HAS_ALIBI, RAW_SCORE_MAX, SCORE_MOD, INPUT_PRECISION,
+        OVERLAP_SOFTMAX,
+    )  # fmt: skip
     acc, m_i, l_i, any_bad = _forward_partial_tiles(
         acc, m_i, l_i, q, k_ptr, v_ptr, v_clean_ptr, v_bad_ptr, tiles_ptr, codes_ptr, base,
         full, total, kv_base, kv_head, rows, batch, hook_head, table_ptr, q_doc_ptr,
