@@ -156,85 +156,110 @@ def test_without_torch_the_torch_anchors_are_left_out(monkeypatch):
     assert "torch _grouped_mm" in names
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_dry_run_checks_every_row_against_its_anchors(tmp_path: Path, capsys):
-    path = tmp_path / "results" / "dry.json"
-    # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents);
-    # 32x2 causal: the many-document row; 64 tok 16 documents: the block-sparse A/B rows
-    rows = [
-        "16x4 causal", "4x16 causal", "32x2 causal", "m64 G4", "64 tok random 50%",
-        "64 tok 16 documents",
-    ]  # fmt: skip
-    # Without PyTorch's anchors wherever it runs (the GPU machine has torch).
+def _dry_run(path: Path, rows: list[str]) -> list[dict]:
+    """The rows `gpu-check --dry-run` wrote to `path` for `rows`, without PyTorch's anchors
+    wherever it runs (the GPU machine has torch); every row was timed and checked."""
     status = gpu_check.main(["--dry-run", "--no-torch", "--rows", *rows, "--json", str(path)])
     assert status == 0
     document = json.loads(path.read_text())
     assert {"commit", "torch", "jax_cuda_plugin"} <= document["machine"].keys()
     found = document["rows"]
+    # The dense matmul, ours on it and the memory roof do other work than the row: no check.
+    unchecked = {"dense matmul (roofline)", "ours triton, one group", "memory roof (XLA)"}
+    for row in found:
+        assert row["times"] and row["baseline_times"]
+        assert row["ok"] is (None if row["baseline"] in unchecked else True)
+    return found
+
+
+def _passes_of(found: list[dict], anchors: tuple[tuple[str, str], ...]) -> None:
+    # Each (part of an anchor's name, the pass its rows time): "forward" or "fwd+bwd".
+    for kernel, label in anchors:
+        rows = [r for r in found if kernel in r["baseline"]]
+        assert rows and all(r["op"].endswith(label) for r in rows), kernel
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_anchors(
+    tmp_path: Path, capsys
+):
+    path = tmp_path / "results" / "dry.json"
+    # 64 tok 16 documents: the block-sparse row with the A/B anchors
+    found = _dry_run(path, ["m64 G4", "64 tok random 50%", "64 tok 16 documents"])
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
-        "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal", "m64 k32 n16 G4",
-        "64 tok random 50%", "64 tok 16 documents",
+        "m64 k32 n16 G4", "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
-    # --dry-run adds the A/B anchors: on the first two varlen rows three pipeline stages
-    # and dK/dV at Flex's config (the forward at 128x128 three stages deep also on the
-    # row without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward
-    # and the forward of two CTAs per SM, and the forward and dK/dV with their softmax
-    # overlapped, on the many documents the persistent forward at 128x128, on the first
-    # two the warp-specialized forward and dK/dV (the forward also without a bound), on
-    # grouped matmul gmm with TMA, its launches persistent (by pointers and by TMA), the
-    # weight gradient's tgmm persistent (fwd+bwd only),
-    # warp-specialized at both candidate tiles, its groups being small at 64-row tiles,
-    # every launch at megablox's tiling (the default before Hopper's), and the weight
-    # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
-    # documents two CTAs per SM, FlexAttention's forward and dK/dV tiles, the dQ tile and
-    # the forward and dK/dV with their softmax overlapped.
+    # --dry-run adds the A/B anchors: on grouped matmul gmm with TMA, its launches
+    # persistent (by pointers and by TMA), the weight gradient's tgmm persistent (fwd+bwd
+    # only), warp-specialized at both candidate tiles, its groups being small at 64-row
+    # tiles, every launch at megablox's tiling (the default before Hopper's), and the
+    # weight gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the
+    # block-sparse documents two CTAs per SM, FlexAttention's forward and dK/dV tiles, the
+    # dQ tile and the forward and dK/dV with their softmax overlapped.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
-        "ours triton 64x64x256 4 warps", "ours triton varlen dkdv 32x128 by pointers",
-        "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
-        "ours triton varlen forward 128x128 3 stages",
-        "ours triton tiling 128x128x128",
-        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
-        "ours triton varlen dq by atomics", "ours triton, one group",
-        "ours triton warp-specialized 128x64x256 2 stages",
-        "ours triton warp-specialized 128x64x128 5 stages",
-        "ours triton varlen forward warp-specialized", "ours triton, tgmm tma",
-        "ours triton varlen dkdv warp-specialized",
+        "ours triton 64x64x256 4 warps", "ours triton tiling 128x128x128",
+        "ours triton, one group", "ours triton warp-specialized 128x64x256 2 stages",
+        "ours triton warp-specialized 128x64x128 5 stages", "ours triton, tgmm tma",
         "ours triton, tgmm tma warp-specialized 64x128x256 2 stages", "memory roof (XLA)",
-        "ours triton varlen forward overlapped softmax",
-        "ours triton varlen dkdv overlapped softmax",
-        "ours triton varlen backward 64x64 4 warps", "ours triton block-sparse 64x64 4 warps",
+        "ours triton block-sparse 64x64 4 warps",
         "ours triton block-sparse forward 128x64 3 stages", "ours triton block-sparse dq 128x128",
         "ours triton block-sparse forward overlapped softmax",
         "ours triton block-sparse dkdv 64x128 3 stages",
         "ours triton block-sparse dkdv overlapped softmax", "ours triton, gmm persistent",
         "ours triton, gmm persistent tma", "ours triton, tgmm persistent",
     }  # fmt: skip
-    for kernel, label in (
-        ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
-        ("backward 64x64", "fwd+bwd"), ("block-sparse forward 128x64", "forward"),
-        ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
-        ("block-sparse dq 128x128", "fwd+bwd"),
-    ):  # fmt: skip
-        rows = [r for r in found if kernel in r["baseline"]]
-        assert rows and all(r["op"].endswith(label) for r in rows)
-    tgmm_rows = [r for r in found if "tgmm" in r["baseline"]]
-    assert tgmm_rows and all(r["op"].endswith("fwd+bwd") for r in tgmm_rows)
+    _passes_of(found, (
+        ("block-sparse forward 128x64", "forward"), ("block-sparse forward overlapped", "forward"),
+        ("block-sparse dkdv", "fwd+bwd"), ("block-sparse dq 128x128", "fwd+bwd"),
+        ("tgmm", "fwd+bwd"),
+    ))  # fmt: skip
     persistent_rows = {r["op"].split()[-1] for r in found if "gmm persistent" in r["baseline"]}
     assert persistent_rows == {"forward", "fwd+bwd"}  # gmm's launches, tgmm at its default
-    unchecked = {"dense matmul (roofline)", "ours triton, one group", "memory roof (XLA)"}
-    for row in found:
-        assert row["times"] and row["baseline_times"]
-        # The dense matmul, ours on it and the memory roof do other work than the row:
-        # no check.
-        assert row["ok"] is (None if row["baseline"] in unchecked else True)
     out = capsys.readouterr().out
-    assert "dq" in out and "dlhs" in out and "MISMATCH" not in out
+    assert "dlhs" in out and "MISMATCH" not in out
     # The verdicts of the file just written: every A/B anchor has one.
     assert gpu_check.main(["--verdicts", str(path)]) == 0
     verdicts = capsys.readouterr().out
-    assert "ours triton varlen dkdv 64x128 3 stages: " in verdicts
+    assert "ours triton block-sparse dkdv 64x128 3 stages: " in verdicts
     assert "grouped matmul >= 0.9x torch._grouped_mm: 0 of 0 rows" in verdicts  # no torch
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, capsys):
+    path = tmp_path / "results" / "dry.json"
+    # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents);
+    # 32x2 causal: the many-document row
+    found = _dry_run(path, ["16x4 causal", "4x16 causal", "32x2 causal"])
+    assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
+        "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal",
+    }  # fmt: skip
+    # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
+    # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
+    # without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward and
+    # the forward of two CTAs per SM, and the forward and dK/dV with their softmax
+    # overlapped, on the many documents the persistent forward at 128x128, on the first
+    # two the warp-specialized forward and dK/dV (the forward also without a bound).
+    assert {r["baseline"] for r in found} == {
+        "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
+        "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
+        "ours triton varlen forward 128x128 3 stages",
+        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
+        "ours triton varlen dq by atomics", "ours triton varlen forward warp-specialized",
+        "ours triton varlen dkdv warp-specialized",
+        "ours triton varlen forward overlapped softmax",
+        "ours triton varlen dkdv overlapped softmax",
+        "ours triton varlen backward 64x64 4 warps",
+    }  # fmt: skip
+    _passes_of(found, (
+        ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
+        ("backward 64x64", "fwd+bwd"), ("dkdv 64x128 3 stages", "fwd+bwd"),
+        ("forward 128x128 3 stages", "forward"),
+    ))  # fmt: skip
+    out = capsys.readouterr().out
+    assert "dq" in out and "MISMATCH" not in out
+    assert gpu_check.main(["--verdicts", str(path)]) == 0
+    assert "ours triton varlen dkdv 64x128 3 stages: " in capsys.readouterr().out
 
 
 def test_ncu_summary_splits_our_kernels_from_the_rest():

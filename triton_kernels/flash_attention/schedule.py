@@ -93,7 +93,9 @@ def _write_rows(tiles_ptr, first_row, num_rows, tiles, slots, HEAVIEST_FIRST: tl
         rank = rows
     real = rows < real_tiles
     target = tl.where(real, rank, rows)
-    ok = rows < num_rows
+    # `chunk_bound` keeps real_tiles <= num_rows, so a rank never passes the list; the
+    # second term keeps a broken bound from writing past the buffer.
+    ok = (rows < num_rows) & (target < num_rows)
     tl.store(tiles_ptr + 2 * target, tl.where(real, seq, -1), mask=ok)
     tl.store(tiles_ptr + 2 * target + 1, tl.where(real, t, -1), mask=ok)
 
