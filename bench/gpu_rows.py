@@ -830,6 +830,21 @@ def _dq_atomic_backward(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, AttentionConfigs(dq_atomic=True), "dq by atomics", passes="fwd+bwd")
 
 
+def _dq_by_tensor_reduction(spec: MaskSpec) -> Impl:
+    """The dQ-atomic backward (`_dq_atomic_backward`) with its dK/dV tile through tensor
+    descriptors: Q and dO by bulk copies, each step's dQ share added by one bulk tensor
+    reduction instead of 8 vector atomics a thread (`DQ_REDUCE_DKDV_TILE`: the same
+    32x128 tile, 540 against 612 warp-instructions per MFLOP under Triton 3.6). Beside
+    "dq by atomics" it prices the atomics; beside the default, the design. Needs
+    descriptors (with --tma); fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import DQ_REDUCE_DKDV_TILE
+
+    dkdv = AttentionKernelConfig(*DQ_REDUCE_DKDV_TILE, tma=True)
+    configs = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=True)
+    return varlen_impl(spec, configs, "dq by tma reduction", passes="fwd+bwd")
+
+
 def _deep_dkdv_pipeline(spec: MaskSpec) -> Impl:
     """An A/B of the dK/dV kernel's pipeline depth, where it runs by pointers at 32x128
     (calls without a right bound): four stages instead of two, spill-free under Triton 3.6
@@ -938,7 +953,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
 
     # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
     # dQ at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
-    # default before TMA and the backward at one warpgroup a CTA; of those and the row
+    # default before TMA, the backward at one warpgroup a CTA and dQ by bulk tensor
+    # reductions; of those and the row
     # without a right bound, the forward at its default tile three stages deep, a forward
     # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
     # many documents, the persistent forward at 128x128; of the row without a right bound,
@@ -959,7 +975,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
             return ()
         ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
         depth = (_flex_dkdv_config(spec), _deep_forward(spec))
-        tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec)) if USE_TMA else ()
+        tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec),
+               _dq_by_tensor_reduction(spec)) if USE_TMA else ()  # fmt: skip
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [

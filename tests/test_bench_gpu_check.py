@@ -236,7 +236,8 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
     # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
-    # without a right bound), dQ by atomics, the dK/dV tile before TMA, the backward and
+    # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
+    # tile before TMA, the backward and
     # the forward of two CTAs per SM, and the forward and dK/dV with their softmax
     # overlapped, on the many documents the persistent forward at 128x128, on the first
     # two the warp-specialized forward and dK/dV (the forward also without a bound).
@@ -245,7 +246,8 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
         "ours triton varlen forward 128x128 3 stages",
         "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
-        "ours triton varlen dq by atomics", "ours triton varlen forward warp-specialized",
+        "ours triton varlen dq by atomics", "ours triton varlen dq by tma reduction",
+        "ours triton varlen forward warp-specialized",
         "ours triton varlen dkdv warp-specialized",
         "ours triton varlen forward overlapped softmax",
         "ours triton varlen dkdv overlapped softmax",
@@ -254,7 +256,7 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     _passes_of(found, (
         ("forward overlapped", "forward"), ("dkdv overlapped", "fwd+bwd"),
         ("backward 64x64", "fwd+bwd"), ("dkdv 64x128 3 stages", "fwd+bwd"),
-        ("forward 128x128 3 stages", "forward"),
+        ("forward 128x128 3 stages", "forward"), ("dq by tma reduction", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out
     assert "dq" in out and "MISMATCH" not in out

@@ -25,6 +25,7 @@ from triton_kernels.flash_attention.backward import (
     attention_backward_dq_kernel,
 )
 from triton_kernels.flash_attention.config import (
+    DQ_REDUCE_DKDV_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -392,10 +393,16 @@ def default_variants(
                                ("backward_dkdv", WARP_SPECIALIZED_DKDV_TILE)):  # fmt: skip
                 config = AttentionKernelConfig(*tile, tma=True, warp_specialize=True)
                 variants.append(attention_variant(kind, head_dim, 90, config=config))
-        # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`)
+        # the dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`), and on
+        # sm_90 at d=128 with its dQ shares added by bulk tensor reductions (`tma`)
         variants.append(
             attention_variant("backward_dkdv", head_dim, compute_capability, dq_atomic=True)
         )
+        if compute_capability == 90 and head_dim == 128:
+            config = AttentionKernelConfig(*DQ_REDUCE_DKDV_TILE, tma=True)
+            variants.append(
+                attention_variant("backward_dkdv", head_dim, 90, config=config, dq_atomic=True)
+            )
         for kind in BLOCK_SPARSE_KERNELS:
             variants.append(block_sparse_variant(kind, head_dim, compute_capability))
         if compute_capability == 90 and head_dim == 128:  # the A/B row's one warpgroup a CTA

@@ -33,6 +33,7 @@ import numpy as np
 import triton
 import triton.experimental.gluon
 import triton.language as tl
+from triton._C.libtriton import ir as triton_ir
 from triton.runtime import interpreter as triton_interpreter
 from triton.runtime.interpreter import InterpretedFunction
 
@@ -241,17 +242,34 @@ def _round_to_bfloat16(original: Callable[..., Any]) -> Callable[..., Any]:
     return cast
 
 
+def _descriptor_reduce(self, kind, desc, value, indices):
+    """A tensor descriptor's `atomic_add` (Hopper's bulk tensor reduction), which the
+    interpreters of Triton 3.6 and 3.9 lack: element-wise atomic adds of `value` into the
+    descriptor's block at `indices`, its elements outside the descriptor's shape left
+    alone, as the copy engine leaves them. Other reductions are not needed here."""
+    if kind != triton_ir.DESCRIPTOR_REDUCE_KIND.ADD:
+        raise NotImplementedError(f"interpreted descriptor reduction {kind} (only ADD)")
+    pointers, inside = desc.materialize_pointers(indices)
+    element = value.dtype.scalar
+    add = triton_ir.ATOMIC_OP.FADD if element.is_floating() else triton_ir.ATOMIC_OP.ADD
+    if not isinstance(inside, triton_interpreter.TensorHandle):  # Triton 3.6: an array
+        inside = triton_interpreter.TensorHandle(inside, tl.int1)
+    relaxed, gpu = triton_ir.MEM_SEMANTIC.RELAXED, triton_ir.MEM_SYNC_SCOPE.GPU
+    return self.create_atomic_rmw(add, pointers, value, inside, relaxed, gpu)
+
+
 @contextlib.contextmanager
 def _gpu_arithmetic() -> Iterator[None]:
     """Within: the interpreter's bfloat16 and float32 dots and its float32 -> bfloat16
-    casts act like a GPU's."""
+    casts act like a GPU's, and it adds through tensor descriptors."""
     builder = triton_interpreter.InterpreterBuilder
     patches = {
         "create_dot": _gpu_dot(builder.create_dot),
         "cast_impl": _round_to_bfloat16(builder.cast_impl),
         "create_fp_to_fp": _round_to_bfloat16(builder.create_fp_to_fp),
+        "create_descriptor_reduce": _descriptor_reduce,
     }
-    saved = {name: vars(builder)[name] for name in patches}
+    saved = {name: vars(builder).get(name) for name in patches}
     # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
     for name, patched in patches.items():
         setattr(builder, name, patched)
@@ -259,7 +277,10 @@ def _gpu_arithmetic() -> Iterator[None]:
         yield
     finally:
         for name, original in saved.items():
-            setattr(builder, name, original)
+            if original is None:  # added, not replaced
+                delattr(builder, name)
+            else:
+                setattr(builder, name, original)
 
 
 def run_interpreted(

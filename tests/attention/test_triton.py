@@ -529,15 +529,48 @@ def test_dq_atomic_matches_the_reference(name):
     check_case("triton", CASES[name], seed=100 + list(CASES).index(name), config=DQ_ATOMIC)
 
 
-@pytest.mark.parametrize(
-    "array, value, causal", [("v", np.inf, True), ("k", np.inf, False), ("q", np.nan, True)]
+# dQ-atomic with its dK/dV tile through tensor descriptors: on Hopper each step's dQ share
+# is one bulk tensor reduction (interpreted: element-wise adds inside the descriptor).
+DQ_BY_REDUCTION = AttentionConfigs(
+    backward_dkdv=AttentionKernelConfig(16, 16, tma=True), dq_atomic=True
 )
-def test_dq_atomic_keeps_a_poisoned_document_to_itself(array, value, causal):
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "everything",
+        "gqa3_causal_window_alibi_sinks",
+        "bf16_causal_window_sinks",
+        "rows_past_the_last_sequence_sinks",
+        "q_longer_then_shorter",
+    ],
+)
+def test_dq_atomic_by_tma_reduction_matches_the_reference(name):
+    """dQ added through a descriptor over each sequence's rows of the GQA group's heads,
+    a head wide: the conformance cases with every window side, soft cap, ALiBi and sinks,
+    a group of 3, 16 bits, rows past the sequences (which its adds must not reach) and
+    queries longer and shorter than keys, against the oracle."""
+    check_case("triton", CASES[name], seed=200 + list(CASES).index(name), config=DQ_BY_REDUCTION)
+
+
+@pytest.mark.parametrize(
+    "array, value, causal, config",
+    [
+        ("v", np.inf, True, DQ_ATOMIC),
+        ("k", np.inf, False, DQ_ATOMIC),
+        ("q", np.nan, True, DQ_ATOMIC),
+        ("v", np.inf, True, DQ_BY_REDUCTION),
+    ],
+    ids=["v-inf-causal", "k-inf", "q-nan-causal", "v-inf-causal-tma-reduction"],
+)
+def test_dq_atomic_keeps_a_poisoned_document_to_itself(array, value, causal, config):
     """A non-finite value in one document's V or K makes its own dS non-finite; the atomic
-    adds of its key tiles are masked to its own query rows, so every other document's
-    gradients (and padding's zeros) stay those of the clean inputs."""
+    adds of its key tiles are masked to its own query rows (or, by reduction, bounded by
+    its descriptor), so every other document's gradients (and padding's zeros) stay those
+    of the clean inputs."""
     q, k, v, sinks, weights = robustness._inputs()
-    options = dict(causal=causal, config=DQ_ATOMIC)
+    options = dict(causal=causal, config=config)
     _, clean_grads = robustness._value_and_grads("triton", q, k, v, sinks, weights, **options)
     arrays = {"q": q, "k": k, "v": v}
     arrays[array] = arrays[array].at[jnp.asarray(robustness.POISON_ROWS["document"])].set(value)

@@ -20,7 +20,10 @@ float64 numpy attention / grouped matmul for the statistical check:
 (f) `tl.dot` of float32 tiles is as accurate as on the GPU at each `input_precision`:
     "ieee" exact, "tf32" the product of the operands' TF32 truncations (~1e-3 off),
     "tf32x3" within float32 accuracy (the interpreter alone multiplies exactly at all
-    three), non-finite operands kept.
+    three), non-finite operands kept;
+(g) a tensor descriptor's `atomic_add` (Hopper's bulk tensor reduction, which Triton's
+    interpreter lacks) adds every program's block, overlapping ones too, inside the
+    descriptor's shape only, and the interpreter is left as it was.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import triton.language as tl
 from triton.runtime import interpreter as triton_interpreter
 
 from jax_bridge import grouped_matmul, triton_call, varlen_attention
-from jax_bridge.launch.interpreter import tf32_truncated
+from jax_bridge.launch.interpreter import run_interpreted, tf32_truncated
 from jax_bridge.launch.target import interpreting
 
 
@@ -295,3 +298,36 @@ def test_bfloat16_results_are_not_biased_towards_zero(op):
     assert count > 1000, count
     print(f"{op}: {fraction:.3f} of {count} inexact outputs are smaller than float64's")
     assert 0.35 <= fraction <= 0.65, fraction
+
+
+@triton.jit
+def _add_through_a_descriptor(x_ptr, rows, out_ptr, BLOCK: tl.constexpr, WIDTH: tl.constexpr):
+    # Over the first `rows` rows and WIDTH columns of out ([more rows, 2 * WIDTH]); program
+    # p adds its block of x at row p * BLOCK / 2: neighbours overlap by half a block.
+    out = tl.make_tensor_descriptor(
+        out_ptr, shape=[rows, WIDTH], strides=[2 * WIDTH, 1], block_shape=[BLOCK, WIDTH]
+    )
+    p = tl.program_id(0)
+    tile = tl.arange(0, BLOCK)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
+    out.atomic_add([p * (BLOCK // 2), 0], tl.load(x_ptr + p * BLOCK * WIDTH + tile))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_descriptor_atomic_add_adds_inside_the_descriptor_only(dtype):
+    rng = np.random.default_rng(7)
+    block, width, rows, programs = 8, 16, 21, 5  # the last two blocks reach past `rows`
+    x = (rng.standard_normal((programs, block, width)) * 100).astype(dtype)
+    out = (rng.standard_normal((32, 2 * width)) * 100).astype(dtype)
+    expected = out.copy()
+    for p in range(programs):
+        for r in range(block):
+            if p * block // 2 + r < rows:
+                expected[p * block // 2 + r, :width] += x[p, r]
+    builder = triton_interpreter.InterpreterBuilder
+    before = vars(builder).get("create_descriptor_reduce")
+    run_interpreted(
+        _add_through_a_descriptor, (programs,), [x, rows], [out], dict(BLOCK=block, WIDTH=width)
+    )
+    # Bit for bit: the interpreter runs the programs in order, as the loop adds.
+    np.testing.assert_array_equal(out, expected)
+    assert vars(builder).get("create_descriptor_reduce") is before

@@ -148,8 +148,9 @@ def _dkdv_query_tiles(
     delta_seq_ptr: row 0 of the sequence in head first_head's row ([NUM_Q_HEADS, total_q]).
     With DQ_ATOMIC, each step also adds its query tile's dQ share (dS K over this program's
     keys, unscaled) to dq_seq (float32, laid out as q's rows, row 0 of the sequence at
-    head first_head) by atomic adds, in the query rows of the sequence only; the masked
-    loop (APPLY_MASK) then also masks keys past len_k.
+    head first_head; with TMA a descriptor over the sequence's rows, as q_seq) by atomic
+    adds (with TMA one bulk tensor reduction), in the query rows of the sequence only;
+    the masked loop (APPLY_MASK) then also masks keys past len_k.
     The tile is transposed: rows are this program's keys, columns are queries, so
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift). WARP_SPECIALIZE (with TMA): Triton splits
@@ -222,11 +223,15 @@ def _dkdv_query_tiles(
                 dk, dv, s2_t, t_t, 1.0, q, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP,
                 False, INPUT_PRECISION, OVERLAP_SOFTMAX,
             )  # fmt: skip
-            dq_tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
-            dq_ptrs = _tile_ptrs(dq_seq + dq_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
             # Every other sequence's rows, and the next head's dims, stay untouched: a
-            # non-finite dS there (Inf in this sequence's V) must not reach them.
-            tl.atomic_add(dq_ptrs, dq, mask=col_ok[:, None] & d_ok[None, :], sem="relaxed")
+            # non-finite dS there (Inf in this sequence's V) must not reach them (the
+            # descriptor's rows end with the sequence; its block is one head wide).
+            if TMA:
+                dq_seq.atomic_add([m, g * HEAD_DIM], dq)
+            else:
+                dq_tile = m.to(tl.int64) * Q_STRIDE + g * HEAD_DIM
+                dq_ptrs = _tile_ptrs(dq_seq + dq_tile, offs_m, offs_d, Q_STRIDE, ROWS_ALIGNED)
+                tl.atomic_add(dq_ptrs, dq, mask=col_ok[:, None] & d_ok[None, :], sem="relaxed")
         else:
             dk, dv = _dkdv_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP,
@@ -388,6 +393,8 @@ def _dkdv_tile(
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
     dq_seq = dq_accum_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+    if TMA and DQ_ATOMIC:  # added to through the copy engine, as q_seq is read
+        dq_seq = _sequence_rows(dq_seq, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
     if WARP_SPECIALIZE:  # every tile masked, in the band's loop; no middle
         band_start, band_end, middle_start = start, tl.where(live, end, start), end
     else:

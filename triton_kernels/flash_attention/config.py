@@ -208,7 +208,10 @@ class AttentionConfigs:
     adds (FlashAttention-2's backward), instead of running the dQ kernel: two of a tile
     pair's seven products fewer, for the atomics' traffic, a float32 dQ buffer and a pass
     that writes the row statistics; `backward_dq` is then unused. The float32 sums of dQ
-    then run in an order that varies between runs (dK and dV stay deterministic).
+    then run in an order that varies between runs (dK and dV stay deterministic). With
+    `tma` in `backward_dkdv` a step's dQ share goes out as one bulk tensor reduction
+    (Hopper's TMA adds the tile into dQ in L2; the copy engine leaves the rows past the
+    sequence alone) instead of every thread's vector atomics (`DQ_REDUCE_DKDV_TILE`).
 
     Refused here, where the configs are built rather than when a gradient is first traced:
     `warp_specialize` and `overlap_softmax` in `backward_dq` (its exp2s already run beside
@@ -379,6 +382,15 @@ _AMPERE_PERSISTENT_HEAVY: _Table = {
 # on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
 # for wgmma: every wgmma tile tried there spills, 20-3000 B).
 _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
+# That kernel with `tma` (the A/B row "dq by tma reduction", sm_90, d=128): its Q and dO
+# tiles by descriptor and each step's dQ share added by one bulk tensor reduction
+# (UTMAREDG) where the pointer loop issues 8 vector atomics (REDG.ADD.F32x4) a thread,
+# with their [32, 128] tile of 64-bit addresses. Static report, causal, Triton 3.6 / 3.9:
+# 540 / 528 warp-instructions per MFLOP against 612 / 624 by pointers (x 5 products,
+# against 360 x 4 + 417 x 3 for the default's dK/dV and dQ), no spill; 64 x 128 spills
+# in its loop (48 / 28 loop instructions), 64 x 64 at 4 warps too (33 / 5). Not yet
+# timed on a GPU.
+DQ_REDUCE_DKDV_TILE = (32, 128, 8, 2)
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
