@@ -237,10 +237,10 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
     # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
     # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
-    # tile before TMA, the backward and
-    # the forward of two CTAs per SM, and the forward and dK/dV with their softmax
-    # overlapped, on the many documents the persistent forward at 128x128, on the first
-    # two the warp-specialized forward and dK/dV (the forward also without a bound).
+    # tile before TMA, the backward and the forward of two CTAs per SM, and the forward
+    # and dK/dV with their softmax overlapped, on the many documents the persistent
+    # forward at 128x128, on the first two the warp-specialized forward and dK/dV (the
+    # forward also without a bound).
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",

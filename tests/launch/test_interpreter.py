@@ -315,7 +315,7 @@ def _add_through_a_descriptor(x_ptr, rows, out_ptr, BLOCK: tl.constexpr, WIDTH: 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_descriptor_atomic_add_adds_inside_the_descriptor_only(dtype):
     rng = np.random.default_rng(7)
-    block, width, rows, programs = 8, 16, 21, 5  # the last two blocks reach past `rows`
+    block, width, rows, programs = 8, 16, 21, 5  # the last block reaches past `rows`
     x = (rng.standard_normal((programs, block, width)) * 100).astype(dtype)
     out = (rng.standard_normal((32, 2 * width)) * 100).astype(dtype)
     expected = out.copy()
