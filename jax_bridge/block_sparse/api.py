@@ -41,7 +41,7 @@ from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.validation import check_head_dim, check_per_head
+from jax_bridge.core.validation import check_head_dim, check_per_head, naming_op
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.masks import Mask
@@ -177,7 +177,8 @@ def _one_call(options: BlockSparseOptions, q, k, v, mask, sinks, alibi):
     static_mask, mask_arrays = split_mask(mask)
     options = dataclasses.replace(options, mask=static_mask)
     refuse_forward_mode(OP, q, k, v, sinks, works=_REVERSE_MODE_ONLY)
-    return _attention(options, q, k, v, sinks, alibi, mask_arrays)
+    with naming_op(OP):  # the mask's blocks are classified while the backend traces
+        return _attention(options, q, k, v, sinks, alibi, mask_arrays)
 
 
 def _by_head_groups(options: BlockSparseOptions, q, k, v, mask, sinks, alibi):

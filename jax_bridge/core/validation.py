@@ -21,6 +21,7 @@ opposite switch, for debugging: within it the traced checks also raise under pla
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import numbers
 import operator
@@ -34,6 +35,11 @@ from jax.experimental import checkify
 
 # JAX user contexts, hence part of jit's cache key.
 _traced_value_checks = jax.make_user_context(True)
+# The public ops whose checks run now (`naming_op`, outermost first), named in the messages
+# of traced checks.
+_checking_ops: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "checking_ops", default=()
+)
 _debug_checks = jax.make_user_context(False)
 
 
@@ -79,6 +85,11 @@ def require(predicate: Any, message: str) -> None:
     """
     if is_traced(predicate):
         if _traced_value_checks.value:
+            # Raised later, outside `naming_op`: the ops' names go into the message now,
+            # as `naming_op` would have put them, outermost first.
+            for op in reversed(_checking_ops.get()):
+                if not message.startswith(f"{op}:"):
+                    message = f"{op}: {message}"
             checkify.debug_check(predicate, message)
             if _debug_checks.value:
                 jax.debug.callback(functools.partial(_raise_unless, message=message), predicate)
@@ -299,6 +310,7 @@ def naming_op(op: str) -> Iterator[None]:
     Shared checks word their messages by argument (`group_sizes must ...`); the public op
     that called them prefixes its name, once, so the user sees which call was wrong.
     """
+    token = _checking_ops.set((*_checking_ops.get(), op))
     try:
         yield
     except (TypeError, ValueError) as err:
@@ -306,6 +318,8 @@ def naming_op(op: str) -> Iterator[None]:
         if message.startswith(f"{op}:"):
             raise
         raise type(err)(f"{op}: {message}") from None
+    finally:
+        _checking_ops.reset(token)
 
 
 def check_head_dim(op: str, head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:

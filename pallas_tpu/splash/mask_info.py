@@ -258,9 +258,10 @@ def classify_blocks(mask: mask_lib.Mask, block_shape: tuple[int, int]) -> Array:
         return _classify_intervals(jnp if traced else np, *intervals, block_q, ranges)
     if getattr(mask, "traced", False):
         raise ValueError(
-            "classify_blocks: a DocumentMask built from traced arrays needs a kv_sequence "
-            "whose kv blocks each hold consecutive ascending positions (e.g. the "
-            "load-balanced order with chunks a multiple of block_kv), or kv_sequence=None"
+            f"a DocumentMask built from traced arrays needs a kv_sequence whose kv blocks "
+            f"(block_kv={block_kv}) each hold consecutive ascending positions: the "
+            f"load-balanced order with chunks a multiple of {block_kv} (smaller kv blocks "
+            "through the op's block_sizes, or longer chunks), or kv_sequence=None"
         )
     return _classify_dense(mask, block_q, block_kv)
 

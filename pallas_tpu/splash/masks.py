@@ -57,6 +57,12 @@ _BOOL_MESSAGE = "a Mask has no truth value: combine masks with | and &, not `or`
 def _as_positions(values: Array | None, length: int, name: str) -> np.ndarray | None:
     if values is None:
         return None
+    if isinstance(values, jax.core.Tracer):
+        raise TypeError(
+            f"splash mask: {name} must be concrete (numpy, or an array outside jax.jit): it "
+            "decides which blocks the kernels visit when the mask is built; only a "
+            "DocumentMask's cu_seqlens may be traced"
+        )
     positions = np.asarray(values)
     if positions.shape != (length,) or not np.issubdtype(positions.dtype, np.integer):
         raise ValueError(

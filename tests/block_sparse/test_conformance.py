@@ -11,6 +11,8 @@ checked finite everywhere (every element written).
 
 from __future__ import annotations
 
+import dataclasses
+
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -24,6 +26,7 @@ from jax_bridge import (
     ScoreMod,
     block_sparse_attention,
     block_sparse_attention_reference,
+    load_balanced_positions,
     varlen_attention,
 )
 from jax_bridge.block_sparse.api import BACKENDS
@@ -298,6 +301,34 @@ def test_traced_documents_refuse_mask_algebra():
     for name, combine in combined.items():
         with pytest.raises(TypeError, match=f"{name}: a DocumentMask of traced arrays"):
             jax.jit(lambda cu, combine=combine: combine(cu).shape[0])(cu)
+
+
+def _square_blocks(size: int) -> BlockSizes:
+    return BlockSizes(
+        **{f.name: size for f in dataclasses.fields(BlockSizes) if f.type == "int | None"}
+    )
+
+
+def test_traced_documents_refuse_kv_orders_their_blocks_cannot_follow():
+    """Traced documents over a load-balanced order: kv blocks must each hold one chunk of
+    consecutive positions (16-row chunks here). Blocks of 64 are refused naming the op, the
+    block and the fix; blocks of 16 run. The order itself must be concrete: traced, it is
+    refused naming the argument."""
+    q = jnp.asarray(np.random.default_rng(3).standard_normal((1, 128, 2, 16)), jnp.float32)
+    order = np.asarray(load_balanced_positions(128, 4))
+    cu = jnp.array([0, 40, 128], jnp.int32)
+
+    def run(cu, blocks=None, order=order):
+        mask = DocumentMask(cu, shape=(128, 128), causal=True, q_sequence=order, kv_sequence=order)
+        return block_sparse_attention(q, q, q, mask, implementation="xla", block_sizes=blocks)
+
+    with pytest.raises(
+        ValueError, match=r"block_sparse_attention: .*kv_sequence whose kv blocks \(block_kv=64\)"
+    ):
+        jax.jit(lambda cu: run(cu, _square_blocks(64)))(cu)
+    assert jnp.isfinite(jax.jit(lambda cu: run(cu, _square_blocks(16)))(cu)).all()
+    with pytest.raises(TypeError, match="q_sequence must be concrete"):
+        jax.jit(lambda cu, order: run(cu, order=order))(cu, order)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

@@ -11,7 +11,7 @@ from jax.experimental import checkify
 
 import jax_bridge
 from jax_bridge import varlen_attention
-from jax_bridge.core.validation import as_int32
+from jax_bridge.core.validation import as_int32, naming_op, require
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int16, np.int64])
@@ -47,3 +47,32 @@ def test_debug_checks_raise_under_plain_jit():
             jax.errors.JaxRuntimeError, match=r"cu_seqlens_[qk] must be non-decreasing"
         ):
             jax.jit(run)(bad).block_until_ready()
+
+
+def test_traced_checks_name_the_op_as_concrete_ones_do():
+    """A check on a traced value fails after the op returned, outside `naming_op`: its
+    message still begins with the op's name (and the ops around it, outermost first),
+    under checkify and under `debug_checks` alike, and a message that names it already
+    is not named twice."""
+    lhs, rhs = jnp.ones((40, 8)), jnp.ones((3, 8, 5))
+    sizes = np.array([30, 0, 25], np.int32)
+    gmm = jax.jit(lambda g: jax_bridge.grouped_matmul(lhs, rhs, g, implementation="xla"))
+    error, _ = checkify.checkify(gmm)(sizes)
+    assert str(error.get()).startswith("grouped_matmul: group_sizes must sum to at most 40")
+    with (
+        jax_bridge.debug_checks(),
+        pytest.raises(
+            jax.errors.JaxRuntimeError, match=r"ValueError: grouped_matmul: group_sizes must sum"
+        ),
+    ):
+        gmm(sizes).block_until_ready()
+
+    def nested(predicate):
+        with naming_op("outer"), naming_op("inner"), naming_op("inner"):
+            require(predicate, "x must hold")
+        return predicate
+
+    error, _ = checkify.checkify(jax.jit(nested))(jnp.asarray(False))
+    assert str(error.get()).startswith("outer: inner: x must hold")
+    with naming_op("outer"), pytest.raises(ValueError, match=r"^outer: inner: x must hold"):
+        nested(False)
