@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu$(comma)test,test)
 comma := ,
 
-.PHONY: bench test test-all test-device-stack lint gpu-check gpu-tests gpu-check-dry gpu-preflight
+.PHONY: bench test test-all test-device-stack lint gpu-check gpu-tests gpu-check-dry gpu-preflight gpu-ptx-cache
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
@@ -60,6 +60,14 @@ gpu-check-dry: $(STAMP)
 PREFLIGHT_VENV := $(if $(wildcard .venv-device/bin/python),.venv-device,$(VENV))
 gpu-preflight: $(if $(wildcard .venv-device/bin/python),,$(STAMP))
 	JAX_PLATFORMS=cpu $(PREFLIGHT_VENV)/bin/python -m bench gpu-check --compile-for h100
+
+# The PTX of every kernel the device run's rows launch, compiled here by the device's Triton
+# (3.6, in .venv-device: make test-device-stack builds it) into .ptx-cache/, which a device
+# call carries (run's carry=[".ptx-cache"]): there bench/gpu_check.sh uses it and compiles
+# none of those kernels again (jax_bridge/launch/ptx_cache.py).
+gpu-ptx-cache:
+	@test -x .venv-device/bin/python || { echo "make gpu-ptx-cache needs .venv-device (make test-device-stack)"; exit 2; }
+	RAGGED_KERNELS_PTX_CACHE_DIR=$(CURDIR)/.ptx-cache JAX_PLATFORMS=cpu .venv-device/bin/python -m bench gpu-check --compile-for h100
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

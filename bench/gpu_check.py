@@ -268,6 +268,7 @@ def compile_rows(args: argparse.Namespace) -> int:
     kernels = preflight.check_kernels(builds, compiled, args.ptxas)
     text, ok = preflight.summary(compiled, args.compile_for, kernels)
     print(text)
+    print(ptx_cache_line())
     if args.json is not None:
         document = preflight.static_document(compiled, kernels, args.compile_for, release)
         document["machine"] = machine_description({"mode": "compile-for", "rows": args.rows})
@@ -275,6 +276,23 @@ def compile_rows(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0 if ok else 1
+
+
+def ptx_cache_line() -> str:
+    """What this process found in the PTX cache (`jax_bridge.launch.ptx_cache`): a device
+    run carries the kernels `--compile-for h100` compiled on a CPU, so that it compiles
+    none of them again."""
+    from jax_bridge.launch.ptx_cache import ptx_cache_directory, ptx_cache_statistics
+
+    directory = ptx_cache_directory()
+    if directory is None:
+        return "PTX cache: off"
+    counts = ptx_cache_statistics()
+    return (
+        f"PTX cache {directory}: {counts['hits']} kernels found, {counts['misses']} compiled "
+        f"(stored: {counts['misses'] - counts['write_errors']}), {counts['ignored']} bad "
+        "entries ignored"
+    )
 
 
 def _warn_other_commit(run: dict, static: dict) -> None:
@@ -314,6 +332,7 @@ def main(argv: Sequence[str]) -> int:
     wall = time.perf_counter() - start
     print(f"\n## gpu-check (base/ours > 1: ours is faster)\n{format_table(rows)}")
     print(f"\ngpu-check wall time {wall:.1f} s")
+    print(ptx_cache_line())
     if args.json is not None and not args.profile:
         _saver(args, start)(rows)
         print(f"wrote {args.json}")

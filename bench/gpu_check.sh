@@ -78,6 +78,12 @@ gate() {
 }
 
 note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); steps:$steps"
+# The kernels' PTX compiled beforehand on a CPU (`make gpu-ptx-cache`, the device call's
+# carry): the bench rows then compile none of them again (jax_bridge/launch/ptx_cache.py).
+if [ -d .ptx-cache ]; then
+  export RAGGED_KERNELS_PTX_CACHE_DIR="$PWD/.ptx-cache"
+  note "carried PTX cache: $(find .ptx-cache -name '*.json.gz' | wc -l) kernels"
+fi
 if ! "$PY" -c "import jax_triton" 2>/dev/null; then
   "$PY" -m pip install --no-deps --no-index bench/wheels/jax_triton-0.3.1-py3-none-any.whl \
     >"$logs/pip.txt" 2>&1
@@ -115,7 +121,7 @@ if [[ $steps == *" bench "* ]]; then
   timeout $((budget + 30)) "$PY" -m bench gpu-check --budget-s "$budget" --json "$json" \
     $tma_flag ${GPU_CHECK_ARGS:-} >"$logs/gpu_check.txt" 2>&1
   rc=$?
-  note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc"
+  note "bench rows (gpu_check.txt, $(basename "$json")): exit $rc -- $(grep -m1 '^PTX cache' "$logs/gpu_check.txt")"
   # Each A/B anchor against the default and issue 27's bars, into the summary itself.
   if [ -s "$json" ]; then
     "$PY" -m bench gpu-check --verdicts "$json" >"$logs/verdicts.txt" 2>&1

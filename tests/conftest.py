@@ -34,6 +34,9 @@ if (
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Keeps Triton 3.9's default (fused multiply-add on) without its deprecation warning.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+# Kernels compiled for cuda by one test are not found on disk by another (nor by a
+# later run): tests/launch/test_ptx_cache.py turns the PTX cache on where it tests it.
+os.environ.setdefault("RAGGED_KERNELS_PTX_CACHE_DIR", "")
 
 import hypothesis
 import pytest

@@ -49,6 +49,7 @@ import re
 import threading
 from typing import Any
 
+from jax_bridge.launch import ptx_cache
 from jax_bridge.launch.interpreter import no_interpreted_launch
 
 # jaxlib versions whose `TritonKernel` takes the global scratch's size and alignment.
@@ -93,14 +94,38 @@ class _MetadataKeepingBackend:
 
 
 def _recording_compile(compile_to_ptx: Any) -> Any:
+    """jax_triton's TTIR-to-PTX step, recording what the kernel needs and going through
+    the PTX cache (`ptx_cache`: a kernel found there is not compiled)."""
+
     @functools.wraps(compile_to_ptx)
-    def compile_recording_needs(ttir: Any, backend: Any, *rest: Any) -> Any:
+    def compile_recording_needs(ttir: Any, backend: Any, options: Any, *rest: Any) -> Any:
+        # rest: the compute capability (jax_triton 0.3 and 0.4)
+        slot = ptx_cache.slot_for(ttir, backend, options, rest)
+        cached = None if slot is None else ptx_cache.load(*slot)
+        if cached is not None:
+            needs = KernelNeeds(cached.scratch_size, cached.scratch_align, cached.num_warps)
+            _compiled.last = (cached.name, needs)
+            return _compilation_result(cached)
         metadata: dict[str, Any] = {}
-        result = compile_to_ptx(ttir, _MetadataKeepingBackend(backend, metadata), *rest)
-        _compiled.last = (result.name, KernelNeeds.from_metadata(metadata))
+        result = compile_to_ptx(ttir, _MetadataKeepingBackend(backend, metadata), options, *rest)
+        needs = KernelNeeds.from_metadata(metadata)
+        _compiled.last = (result.name, needs)
+        if slot is not None:
+            kernel = ptx_cache.CachedKernel(result.name, result.binary, result.shared_mem_bytes,
+                                            *dataclasses.astuple(needs))  # fmt: skip
+            ptx_cache.store(*slot, kernel)
         return result
 
     return compile_recording_needs
+
+
+def _compilation_result(kernel: ptx_cache.CachedKernel) -> Any:
+    """jax_triton's `CompilationResult` of a cached kernel (no intermediate IRs)."""
+    from jax_triton import triton_lib
+
+    given = dict(binary=kernel.ptx, name=kernel.name, shared_mem_bytes=kernel.shared_mem_bytes)
+    fields = dataclasses.fields(triton_lib.CompilationResult)
+    return triton_lib.CompilationResult(**{f.name: given.get(f.name) for f in fields})
 
 
 def jaxlib_version() -> tuple[int, int, int]:

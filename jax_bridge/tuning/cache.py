@@ -38,27 +38,21 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from jax_bridge.core.cache_dir import CACHE_DIR_ENV, cache_directory
 from jax_bridge.tuning.keys import cache_key, stable_json
 from jax_bridge.tuning.params import BOOL_FIELDS
 
 __all__ = ["CACHE_DIR_ENV", "TuningCache", "default_cache_path"]
 
-CACHE_DIR_ENV = "RAGGED_KERNELS_CACHE_DIR"
 CACHE_FILE = "tuning.json"
 FORMAT = "ragged-kernels-tuning"
 VERSION = 1
 
 
 def default_cache_path() -> Path:
-    """`$RAGGED_KERNELS_CACHE_DIR/tuning.json`, else the XDG cache directory's
-    `ragged-kernels/tuning.json` (`$XDG_CACHE_HOME`, or `~/.cache` when it is unset or
-    not absolute, as the XDG spec says)."""
-    directory = os.environ.get(CACHE_DIR_ENV)
-    if directory:
-        return Path(directory).expanduser() / CACHE_FILE
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "ragged-kernels" / CACHE_FILE
+    """`tuning.json` in the package's cache directory (`cache_directory`:
+    `$RAGGED_KERNELS_CACHE_DIR`, else the XDG cache directory's `ragged-kernels/`)."""
+    return cache_directory() / CACHE_FILE
 
 
 def _entry_problem(entry: Any) -> str | None:

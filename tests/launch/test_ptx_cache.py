@@ -1,0 +1,190 @@
+"""The PTX cache: a kernel lowered for cuda in a fresh process (jax_triton's in-memory
+cache emptied) is found on disk and handed to jaxlib exactly as its compile was, needs
+included (global scratch, the warps a warp-specialized kernel runs); its key sees every
+input of the compile but the paths of the checkout and of Triton; bad entries are
+compiled again, never used."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+
+from jax_bridge import lower_for_cuda
+from jax_bridge.core.cache_dir import CACHE_DIR_ENV
+from jax_bridge.launch import ptx_cache
+from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
+from tests.launch.recording import record_triton_kernels
+from tests.launch.test_kernel_needs import _copy, _descriptor_copy, _matmul, _plain_copy
+
+TRITON_ROOT = Path(triton.__file__).resolve().parent
+PROJECT_ROOT = Path(ptx_cache.__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache directory in use, and this process's counts from zero."""
+    directory = tmp_path / "ptx"
+    monkeypatch.setenv(ptx_cache.PTX_CACHE_ENV, str(directory))
+    monkeypatch.setattr(ptx_cache, "_statistics", collections.Counter())
+    return directory
+
+
+def _lower_fresh(monkeypatch: pytest.MonkeyPatch, case: str) -> list[tuple]:
+    """jaxlib's TritonKernel calls of lowering `case` as a fresh process would (a new
+    function, jax_triton's in-memory kernel cache empty), on a jaxlib that takes the
+    scratch."""
+    recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
+    lower_for_cuda(*_cases()[case])
+    return list(recorded.calls)  # a later recorder records through this one too
+
+
+def _cases():
+    a = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    return {
+        "plain": (lambda x: _copy(_plain_copy, x, 32, 32), x),
+        "descriptors": (lambda x: _copy(_descriptor_copy, x, 32, 32), x),
+        "warp-specialized": (lambda a, b: _matmul(a, b), a, b),
+    }
+
+
+@pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
+@pytest.mark.parametrize("case", ["plain", "descriptors", "warp-specialized"])
+def test_a_kernel_found_in_the_cache_is_built_as_its_compile_was(case, cache, monkeypatch):
+    compiled = _lower_fresh(monkeypatch, case)
+    assert ptx_cache.ptx_cache_statistics() == dict(hits=0, misses=1, ignored=0, write_errors=0)
+    (entry,) = cache.iterdir()
+    found = _lower_fresh(monkeypatch, case)
+    assert ptx_cache.ptx_cache_statistics()["hits"] == 1
+    assert ptx_cache.ptx_cache_statistics()["misses"] == 1
+    # name, warps (12 where warp-specialized), CTAs, shared memory, PTX, TTIR, capability
+    # and the scratch (descriptors): the same arguments, compiled once.
+    assert found == compiled and len(found) == 1
+    assert list(cache.iterdir()) == [entry]
+
+
+@pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda data: {**data, "ptx": data["ptx"].replace(".entry", ".func")},
+        lambda data: {**data, "key": "0" * 64},
+        lambda data: {**data, "num_warps": True},
+        lambda data: {**data, "shared_mem_bytes": "0"},
+        lambda data: {**data, "version": 0},
+        lambda data: [data],
+    ],
+)
+def test_a_bad_entry_is_compiled_again_and_replaced(spoil, cache, monkeypatch):
+    compiled = _lower_fresh(monkeypatch, "descriptors")
+    (entry,) = cache.iterdir()
+    good = entry.read_bytes()
+    data = json.loads(gzip.decompress(good))
+    entry.write_bytes(gzip.compress(json.dumps(spoil(data)).encode()))
+    with pytest.warns(UserWarning, match="PTX cache entry .*compiling the kernel again"):
+        again = _lower_fresh(monkeypatch, "descriptors")
+    assert again == compiled
+    assert ptx_cache.ptx_cache_statistics() == dict(hits=0, misses=2, ignored=1, write_errors=0)
+    assert entry.read_bytes() == good
+
+
+@pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
+def test_an_unreadable_entry_or_directory_costs_a_compile_not_the_call(cache, monkeypatch):
+    compiled = _lower_fresh(monkeypatch, "plain")
+    (entry,) = cache.iterdir()
+    entry.write_bytes(b"not gzip")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert _lower_fresh(monkeypatch, "plain") == compiled
+    blocked = cache.parent / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv(ptx_cache.PTX_CACHE_ENV, str(blocked / "ptx"))
+    with pytest.warns(UserWarning, match="cannot store"):
+        assert _lower_fresh(monkeypatch, "plain") == compiled
+    assert ptx_cache.ptx_cache_statistics()["write_errors"] == 1
+
+
+@pytest.mark.parametrize("value", ["", "0", " 0 "])
+def test_the_cache_is_off_when_its_variable_is_empty_or_0(value, monkeypatch, tmp_path):
+    monkeypatch.setenv(ptx_cache.PTX_CACHE_ENV, value)
+    assert ptx_cache.ptx_cache_directory() is None
+    monkeypatch.delenv(ptx_cache.PTX_CACHE_ENV)
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    assert ptx_cache.ptx_cache_directory() == tmp_path / "ptx"
+    monkeypatch.setenv(ptx_cache.PTX_CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert ptx_cache.ptx_cache_directory() == tmp_path / "elsewhere"
+
+
+def _ttir(*paths: str) -> str:
+    return "\n".join(f'#loc{i} = loc("{path}":{10 + i}:0)' for i, path in enumerate(paths))
+
+
+def test_locations_are_written_from_the_project_and_triton_roots() -> None:
+    """Locations under Triton (which may lie inside the project, in a virtual
+    environment) and under the project lose their roots; others and names are kept."""
+    text = (
+        _ttir(
+            f"{TRITON_ROOT}/language/standard.py",
+            f"{PROJECT_ROOT}/triton_kernels/grouped_matmul/kernels.py",
+            "/elsewhere/kernel.py",
+        )
+        + '\nloc("acc")'
+    )
+    assert (
+        ptx_cache.portable_ttir(text)
+        == _ttir(
+            "<triton>/language/standard.py",
+            "<project>/triton_kernels/grouped_matmul/kernels.py",
+            "/elsewhere/kernel.py",
+        )
+        + '\nloc("acc")'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    num_warps: int = 4
+    num_stages: int = 2
+    extern_libs: tuple = (("libdevice", "/one/install/libdevice.10.bc"),)
+
+
+def test_the_key_sees_every_input_of_the_compile_but_paths(monkeypatch) -> None:
+    hopper = CUDABackend(GPUTarget("cuda", 90, 32))
+    ttir = _ttir(f"{PROJECT_ROOT}/triton_kernels/flash_attention/forward.py")
+    key = ptx_cache.compile_key(ttir, hopper, _Options(), (90,))
+    other_libdevice = _Options(extern_libs=(("libdevice", "/other/libdevice.10.bc"),))
+    assert ptx_cache.compile_key(ttir, hopper, other_libdevice, (90,)) == key
+    others = [
+        ptx_cache.compile_key(ttir.replace(":10:", ":11:"), hopper, _Options(), (90,)),
+        ptx_cache.compile_key(ttir, hopper, _Options(num_warps=8), (90,)),
+        ptx_cache.compile_key(ttir, hopper, _Options(num_stages=3), (90,)),
+        ptx_cache.compile_key(ttir, hopper, _Options(), (80,)),
+        ptx_cache.compile_key(ttir, CUDABackend(GPUTarget("cuda", 80, 32)), _Options(), (90,)),
+    ]
+    assert len({key, *others}) == len(others) + 1
+    # The same project checked out elsewhere (the device's copy of the tree): same key.
+    moved = ttir.replace(str(PROJECT_ROOT), "/another/checkout")
+    assert ptx_cache.compile_key(moved, hopper, _Options(), (90,)) != key
+    monkeypatch.setattr(ptx_cache, "_PROJECT_ROOT", Path("/another/checkout"))
+    assert ptx_cache.compile_key(moved, hopper, _Options(), (90,)) == key
+
+
+@pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
+def test_a_compile_without_a_key_compiles_uncached(cache, monkeypatch):
+    def no_key(*args):
+        raise RuntimeError("ptxas not found")
+
+    monkeypatch.setattr(ptx_cache, "compile_key", no_key)
+    with pytest.warns(UserWarning, match="no key for this compile .*ptxas not found"):
+        (call,) = _lower_fresh(monkeypatch, "plain")
+    assert call[0] == "_plain_copy" and not cache.exists()
