@@ -63,10 +63,12 @@ gpu-preflight: $(if $(wildcard .venv-device/bin/python),,$(STAMP))
 
 # The PTX of every kernel the device run's rows launch, compiled here by the device's Triton
 # (3.6, in .venv-device: make test-device-stack builds it) into .ptx-cache/, which a device
-# call carries (run's carry=[".ptx-cache"]): there bench/gpu_check.sh uses it and compiles
-# none of those kernels again (jax_bridge/launch/ptx_cache.py).
+# call carries (run's carry=[".ptx-cache"]): there bench/gpu_check.sh's bench rows use it and
+# compile none of those kernels again (jax_bridge/launch/ptx_cache.py). Refilled whole: a
+# changed kernel gets a new key, and stale entries would only grow the carry.
 gpu-ptx-cache:
 	@test -x .venv-device/bin/python || { echo "make gpu-ptx-cache needs .venv-device (make test-device-stack)"; exit 2; }
+	rm -rf .ptx-cache
 	RAGGED_KERNELS_PTX_CACHE_DIR=$(CURDIR)/.ptx-cache JAX_PLATFORMS=cpu .venv-device/bin/python -m bench gpu-check --compile-for h100
 
 lint: $(STAMP)

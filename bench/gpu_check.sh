@@ -63,8 +63,8 @@ pack() { tar czf "$OUT/gpu_check_logs.tgz" -C "$OUT" logs && rm -r "$logs"; }
 trap pack EXIT
 # pytest on the device (GPU_TEST_PLATFORMS=cpu to try the script on a CPU), failures with
 # their tracebacks:
-gpu_pytest=(env JAX_PLATFORMS="${GPU_TEST_PLATFORMS:-cuda}" "$PY" -m pytest -q --tb=short
-  -p no:cacheprovider)
+gpu_pytest=(env JAX_PLATFORMS="${GPU_TEST_PLATFORMS:-cuda}" RAGGED_KERNELS_PTX_CACHE_DIR=
+  "$PY" -m pytest -q --tb=short -p no:cacheprovider)
 # gate NAME LIMIT WORKERS MUST LABEL PYTEST_ARGS...: the tests in a process of their own
 # (log $logs/NAME.txt); true if they all passed within LIMIT seconds and one whose name
 # holds MUST ran on the device (PASSED, not skipped).
@@ -80,6 +80,7 @@ gate() {
 note "start on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); steps:$steps"
 # The kernels' PTX compiled beforehand on a CPU (`make gpu-ptx-cache`, the device call's
 # carry): the bench rows then compile none of them again (jax_bridge/launch/ptx_cache.py).
+# The tests compile their own, as without the carry (`gpu_pytest` turns it off).
 if [ -d .ptx-cache ]; then
   export RAGGED_KERNELS_PTX_CACHE_DIR="$PWD/.ptx-cache"
   note "carried PTX cache: $(find .ptx-cache -name '*.json.gz' | wc -l) kernels"

@@ -247,9 +247,10 @@ def _attention_bwd(options: BlockSparseOptions, residuals, cotangents):
     q, k, v, out, lse, sinks, alibi, mask_arrays = residuals
     d_out, d_lse = cotangents
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
-    dq, dk, dv = first_order_only(backward, OP)(
-        q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays
-    )
+    with naming_op(OP):  # traced after the call returned: its checks still name it
+        dq, dk, dv = first_order_only(backward, OP)(
+            q, k, v, out, lse, d_out, d_lse, sinks, alibi, mask_arrays
+        )
     d_sinks = d_alibi = None
     if sinks is not None:
         delta = row_delta(out, d_out, d_lse)

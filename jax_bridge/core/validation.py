@@ -21,7 +21,6 @@ opposite switch, for debugging: within it the traced checks also raise under pla
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import numbers
 import operator
@@ -36,10 +35,9 @@ from jax.experimental import checkify
 # JAX user contexts, hence part of jit's cache key.
 _traced_value_checks = jax.make_user_context(True)
 # The public ops whose checks run now (`naming_op`, outermost first), named in the messages
-# of traced checks.
-_checking_ops: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "checking_ops", default=()
-)
+# of traced checks: a JAX user context, so part of jit's cache key (a jitted helper traced
+# under one op is traced again under another, its messages naming each).
+_checking_ops = jax.make_user_context(())
 _debug_checks = jax.make_user_context(False)
 
 
@@ -87,7 +85,7 @@ def require(predicate: Any, message: str) -> None:
         if _traced_value_checks.value:
             # Raised later, outside `naming_op`: the ops' names go into the message now,
             # as `naming_op` would have put them, outermost first.
-            for op in reversed(_checking_ops.get()):
+            for op in reversed(_checking_ops.value):
                 if not message.startswith(f"{op}:"):
                     message = f"{op}: {message}"
             checkify.debug_check(predicate, message)
@@ -309,17 +307,20 @@ def naming_op(op: str) -> Iterator[None]:
 
     Shared checks word their messages by argument (`group_sizes must ...`); the public op
     that called them prefixes its name, once, so the user sees which call was wrong.
+    Checks on traced values (`require`) put it in their message when traced. Subclasses
+    (JAX's own: a tracer converted to a bool, ...) pass unchanged, with a note naming
+    `op`; other errors untouched.
     """
-    token = _checking_ops.set((*_checking_ops.get(), op))
-    try:
-        yield
-    except (TypeError, ValueError) as err:
-        message = str(err)
-        if message.startswith(f"{op}:"):
-            raise
-        raise type(err)(f"{op}: {message}") from None
-    finally:
-        _checking_ops.reset(token)
+    with _checking_ops((*_checking_ops.value, op)):
+        try:
+            yield
+        except (TypeError, ValueError) as err:
+            message = str(err)
+            if type(err) not in (TypeError, ValueError) or message.startswith(f"{op}:"):
+                if not message.startswith(f"{op}:"):
+                    err.add_note(f"(raised within {op})")
+                raise
+            raise type(err)(f"{op}: {message}") from None
 
 
 def check_head_dim(op: str, head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:

@@ -29,7 +29,8 @@ jax_triton's module globals (a kernel that needs neither is built exactly as bef
 
 * its PTX compile step gets a backend whose `make_ptx` keeps the compile's metadata, so
   the kernel's needs are known when the compile returns (recorded per thread, with the
-  kernel's name: jax_triton builds the kernel object right after compiling it);
+  kernel's name: jax_triton builds the kernel object right after compiling it); the
+  step goes through the PTX cache (`ptx_cache`), which keeps those needs with the PTX;
 * its jaxlib module's `TritonKernel` gets the kernel's own warp count and (from jax_triton
   0.3, which builds the kernel from 7 arguments) its scratch, or, on a jaxlib that cannot
   take scratch, raises `NotImplementedError` naming the kernel; and it raises ValueError
@@ -111,8 +112,11 @@ def _recording_compile(compile_to_ptx: Any) -> Any:
         needs = KernelNeeds.from_metadata(metadata)
         _compiled.last = (result.name, needs)
         if slot is not None:
-            kernel = ptx_cache.CachedKernel(result.name, result.binary, result.shared_mem_bytes,
-                                            *dataclasses.astuple(needs))  # fmt: skip
+            kernel = ptx_cache.CachedKernel(
+                name=result.name, ptx=result.binary, shared_mem_bytes=result.shared_mem_bytes,
+                scratch_size=needs.scratch_size, scratch_align=needs.scratch_align,
+                num_warps=needs.num_warps,
+            )  # fmt: skip
             ptx_cache.store(*slot, kernel)
         return result
 

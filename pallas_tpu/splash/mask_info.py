@@ -259,9 +259,9 @@ def classify_blocks(mask: mask_lib.Mask, block_shape: tuple[int, int]) -> Array:
     if getattr(mask, "traced", False):
         raise ValueError(
             f"a DocumentMask built from traced arrays needs a kv_sequence whose kv blocks "
-            f"(block_kv={block_kv}) each hold consecutive ascending positions: the "
-            f"load-balanced order with chunks a multiple of {block_kv} (smaller kv blocks "
-            "through the op's block_sizes, or longer chunks), or kv_sequence=None"
+            f"({block_kv} rows here) each hold consecutive ascending positions: the "
+            "load-balanced order with chunks a multiple of every kv block size the op uses "
+            "(its block_sizes, the backward's included), or kv_sequence=None"
         )
     return _classify_dense(mask, block_q, block_kv)
 

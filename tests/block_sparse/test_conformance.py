@@ -11,7 +11,7 @@ checked finite everywhere (every element written).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import hypothesis
 import hypothesis.strategies as st
@@ -303,32 +303,50 @@ def test_traced_documents_refuse_mask_algebra():
             jax.jit(lambda cu, combine=combine: combine(cu).shape[0])(cu)
 
 
-def _square_blocks(size: int) -> BlockSizes:
-    return BlockSizes(
-        **{f.name: size for f in dataclasses.fields(BlockSizes) if f.type == "int | None"}
-    )
+def _blocks_of(size: int, backward: int | None = None) -> BlockSizes:
+    """Every block `size` rows; the backward kernels' `backward` where given."""
+    backward = size if backward is None else backward
+    sizes = dict(block_q=size, block_kv=size, block_kv_compute=size)
+    sizes |= {name: backward for name in ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")}
+    return BlockSizes(**sizes, block_q_dq=backward, block_kv_dq=backward)
 
 
-def test_traced_documents_refuse_kv_orders_their_blocks_cannot_follow():
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+def test_traced_documents_refuse_kv_orders_their_blocks_cannot_follow(implementation):
     """Traced documents over a load-balanced order: kv blocks must each hold one chunk of
-    consecutive positions (16-row chunks here). Blocks of 64 are refused naming the op, the
-    block and the fix; blocks of 16 run. The order itself must be concrete: traced, it is
-    refused naming the argument."""
+    consecutive positions (4 shards of 128 rows: 16-row chunks). Blocks of 64 are refused
+    naming the op, the block and the fix, in the forward and where only the backward's
+    are 64; blocks of 16 run. The order itself must be concrete: traced, it is refused
+    naming the argument."""
     q = jnp.asarray(np.random.default_rng(3).standard_normal((1, 128, 2, 16)), jnp.float32)
     order = np.asarray(load_balanced_positions(128, 4))
     cu = jnp.array([0, 40, 128], jnp.int32)
 
-    def run(cu, blocks=None, order=order):
-        mask = DocumentMask(cu, shape=(128, 128), causal=True, q_sequence=order, kv_sequence=order)
-        return block_sparse_attention(q, q, q, mask, implementation="xla", block_sizes=blocks)
+    def loss(cu, q, blocks=None, q_order=order, kv_order=order):
+        mask = DocumentMask(
+            cu, shape=(128, 128), causal=True, q_sequence=q_order, kv_sequence=kv_order
+        )
+        out = block_sparse_attention(
+            q, q, q, mask, implementation=implementation, block_sizes=blocks
+        )
+        return out.sum()
 
-    with pytest.raises(
-        ValueError, match=r"block_sparse_attention: .*kv_sequence whose kv blocks \(block_kv=64\)"
-    ):
-        jax.jit(lambda cu: run(cu, _square_blocks(64)))(cu)
-    assert jnp.isfinite(jax.jit(lambda cu: run(cu, _square_blocks(16)))(cu)).all()
+    def traced(**blocks_and_orders):
+        return jax.jit(functools.partial(loss, **blocks_and_orders))
+
+    refused = r"block_sparse_attention: .*kv_sequence whose kv blocks \(64 rows here\)"
+    with pytest.raises(ValueError, match=refused):
+        traced(blocks=_blocks_of(64)).trace(cu, q)
+    backward_64 = jax.jit(jax.grad(functools.partial(loss, blocks=_blocks_of(16, backward=64)), 1))
+    if implementation == "triton":  # XLA's backward walks the forward's blocks
+        with pytest.raises(ValueError, match=refused):
+            backward_64.trace(cu, q)
+    grad = jax.jit(jax.grad(functools.partial(loss, blocks=_blocks_of(16)), 1))(cu, q)
+    assert jnp.isfinite(grad).all()
     with pytest.raises(TypeError, match="q_sequence must be concrete"):
-        jax.jit(lambda cu, order: run(cu, order=order))(cu, order)
+        jax.jit(lambda cu, order: loss(cu, q, q_order=order))(cu, order)
+    with pytest.raises(TypeError, match="kv_sequence must be concrete"):
+        jax.jit(lambda cu, order: loss(cu, q, kv_order=order))(cu, order)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

@@ -76,3 +76,43 @@ def test_traced_checks_name_the_op_as_concrete_ones_do():
     assert str(error.get()).startswith("outer: inner: x must hold")
     with naming_op("outer"), pytest.raises(ValueError, match=r"^outer: inner: x must hold"):
         nested(False)
+
+
+def test_naming_op_leaves_other_errors_as_they_are_and_restores_its_stack():
+    """JAX's own TypeErrors (their constructors take no message) pass through unchanged,
+    with a note naming the op, other errors untouched; the ops named are back to none
+    after an error."""
+
+    def python_branch(x):
+        with naming_op("some_op"):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        jax.jit(python_branch)(jnp.ones(3))
+    assert "(raised within some_op)" in info.value.__notes__
+    with pytest.raises(KeyError) as info, naming_op("some_op"):
+        raise KeyError("k")
+    assert not hasattr(info.value, "__notes__")
+    error, _ = checkify.checkify(jax.jit(lambda p: require(p, "x must hold") or p))(
+        jnp.asarray(False)
+    )
+    assert str(error.get()).startswith("x must hold")
+
+
+def test_a_jitted_check_names_each_op_that_traces_it():
+    """The ops named are part of jit's cache key: a jitted helper traced under one op is
+    traced again under another, each failure naming its own."""
+
+    @jax.jit
+    def positive(x):
+        require(x > 0, "x must be positive")
+        return x
+
+    for op in ("op_a", "op_b"):
+
+        def call(x, op=op):
+            with naming_op(op):
+                return positive(x)
+
+        error, _ = checkify.checkify(call)(jnp.asarray(-1))
+        assert str(error.get()).startswith(f"{op}: x must be positive")

@@ -28,6 +28,7 @@ from tests.launch.test_kernel_needs import _copy, _descriptor_copy, _matmul, _pl
 
 TRITON_ROOT = Path(triton.__file__).resolve().parent
 PROJECT_ROOT = Path(ptx_cache.__file__).resolve().parents[2]
+assert PROJECT_ROOT == Path(ptx_cache._PROJECT).resolve()
 
 
 @pytest.fixture
@@ -84,14 +85,20 @@ def test_a_kernel_found_in_the_cache_is_built_as_its_compile_was(case, cache, mo
         lambda data: {**data, "shared_mem_bytes": "0"},
         lambda data: {**data, "version": 0},
         lambda data: [data],
+        "flip a bit of the compressed body",  # zlib.error, not an OSError
     ],
 )
 def test_a_bad_entry_is_compiled_again_and_replaced(spoil, cache, monkeypatch):
     compiled = _lower_fresh(monkeypatch, "descriptors")
     (entry,) = cache.iterdir()
     good = entry.read_bytes()
-    data = json.loads(gzip.decompress(good))
-    entry.write_bytes(gzip.compress(json.dumps(spoil(data)).encode()))
+    if isinstance(spoil, str):
+        body = bytearray(good)
+        body[len(body) // 2] ^= 0x10  # within the deflate stream (the header is 10 bytes)
+        entry.write_bytes(bytes(body))
+    else:
+        data = json.loads(gzip.decompress(good))
+        entry.write_bytes(gzip.compress(json.dumps(spoil(data)).encode()))
     with pytest.warns(UserWarning, match="PTX cache entry .*compiling the kernel again"):
         again = _lower_fresh(monkeypatch, "descriptors")
     assert again == compiled
@@ -129,54 +136,74 @@ def _ttir(*paths: str) -> str:
     return "\n".join(f'#loc{i} = loc("{path}":{10 + i}:0)' for i, path in enumerate(paths))
 
 
-def test_locations_are_written_from_the_project_and_triton_roots() -> None:
+def test_locations_are_written_from_the_project_and_triton_roots(tmp_path) -> None:
     """Locations under Triton (which may lie inside the project, in a virtual
-    environment) and under the project lose their roots; others and names are kept."""
-    text = (
-        _ttir(
-            f"{TRITON_ROOT}/language/standard.py",
-            f"{PROJECT_ROOT}/triton_kernels/grouped_matmul/kernels.py",
-            "/elsewhere/kernel.py",
-        )
-        + '\nloc("acc")'
-    )
-    assert (
-        ptx_cache.portable_ttir(text)
-        == _ttir(
-            "<triton>/language/standard.py",
-            "<project>/triton_kernels/grouped_matmul/kernels.py",
-            "/elsewhere/kernel.py",
-        )
-        + '\nloc("acc")'
-    )
+    environment) and under the project lose their roots, reached directly or through a
+    link; others and names are kept."""
+    linked = tmp_path / "linked-checkout"
+    linked.symlink_to(PROJECT_ROOT)
+    paths = [
+        f"{TRITON_ROOT}/language/standard.py",
+        f"{PROJECT_ROOT}/triton_kernels/grouped_matmul/kernels.py",
+        f"{linked}/triton_kernels/grouped_matmul/kernels.py",
+        "/elsewhere/kernel.py",
+    ]
+    portable = [
+        "<triton>/language/standard.py",
+        "<project>/triton_kernels/grouped_matmul/kernels.py",
+        f"{linked}/triton_kernels/grouped_matmul/kernels.py",  # a link the import did not take
+        "/elsewhere/kernel.py",
+    ]
+    names = '\nloc("acc")'
+    assert ptx_cache.portable_ttir(_ttir(*paths) + names) == _ttir(*portable) + names
+    with pytest.MonkeyPatch.context() as patch:  # the project imported through the link
+        patch.setattr(ptx_cache, "_PROJECT", linked)
+        portable[2] = portable[1]
+        assert ptx_cache.portable_ttir(_ttir(*paths) + names) == _ttir(*portable) + names
 
 
 @dataclasses.dataclass(frozen=True)
 class _Options:
     num_warps: int = 4
     num_stages: int = 2
-    extern_libs: tuple = (("libdevice", "/one/install/libdevice.10.bc"),)
+    extern_libs: tuple = ()
 
 
-def test_the_key_sees_every_input_of_the_compile_but_paths(monkeypatch) -> None:
+def test_the_key_sees_every_input_of_the_compile_but_paths(monkeypatch, tmp_path) -> None:
+    """Same key for the same compile in another checkout or install (the device's copy of
+    the tree, its libdevice elsewhere); another key for anything else that changes it."""
+    libdevice = [tmp_path / name / "libdevice.10.bc" for name in ("one", "two", "three")]
+    for path, contents in zip(libdevice, (b"bitcode", b"bitcode", b"other bitcode"), strict=True):
+        path.parent.mkdir()
+        path.write_bytes(contents)
+    options = lambda library=libdevice[0], **fields: _Options(
+        extern_libs=(("libdevice", str(library)),), **fields
+    )
     hopper = CUDABackend(GPUTarget("cuda", 90, 32))
     ttir = _ttir(f"{PROJECT_ROOT}/triton_kernels/flash_attention/forward.py")
-    key = ptx_cache.compile_key(ttir, hopper, _Options(), (90,))
-    other_libdevice = _Options(extern_libs=(("libdevice", "/other/libdevice.10.bc"),))
-    assert ptx_cache.compile_key(ttir, hopper, other_libdevice, (90,)) == key
+    key = ptx_cache.compile_key(ttir, hopper, options(), (90,))
+    assert ptx_cache.compile_key(ttir, hopper, options(libdevice[1]), (90,)) == key
     others = [
-        ptx_cache.compile_key(ttir.replace(":10:", ":11:"), hopper, _Options(), (90,)),
-        ptx_cache.compile_key(ttir, hopper, _Options(num_warps=8), (90,)),
-        ptx_cache.compile_key(ttir, hopper, _Options(num_stages=3), (90,)),
-        ptx_cache.compile_key(ttir, hopper, _Options(), (80,)),
-        ptx_cache.compile_key(ttir, CUDABackend(GPUTarget("cuda", 80, 32)), _Options(), (90,)),
+        ptx_cache.compile_key(ttir.replace(":10:", ":11:"), hopper, options(), (90,)),
+        ptx_cache.compile_key(ttir, hopper, options(num_warps=8), (90,)),
+        ptx_cache.compile_key(ttir, hopper, options(num_stages=3), (90,)),
+        ptx_cache.compile_key(ttir, hopper, options(libdevice[2]), (90,)),
+        ptx_cache.compile_key(ttir, hopper, options(), (80,)),
+        ptx_cache.compile_key(ttir, CUDABackend(GPUTarget("cuda", 80, 32)), options(), (90,)),
     ]
+    with monkeypatch.context() as patch:
+        patch.setattr(ptx_cache, "_software_key", lambda: "another Triton")
+        others.append(ptx_cache.compile_key(ttir, hopper, options(), (90,)))
+    with monkeypatch.context() as patch:
+        import triton.compiler.compiler as triton_compiler
+
+        patch.setattr(triton_compiler, "get_cache_invalidating_env_vars", lambda: {"X": "1"})
+        others.append(ptx_cache.compile_key(ttir, hopper, options(), (90,)))
     assert len({key, *others}) == len(others) + 1
-    # The same project checked out elsewhere (the device's copy of the tree): same key.
     moved = ttir.replace(str(PROJECT_ROOT), "/another/checkout")
-    assert ptx_cache.compile_key(moved, hopper, _Options(), (90,)) != key
-    monkeypatch.setattr(ptx_cache, "_PROJECT_ROOT", Path("/another/checkout"))
-    assert ptx_cache.compile_key(moved, hopper, _Options(), (90,)) == key
+    assert ptx_cache.compile_key(moved, hopper, options(), (90,)) != key
+    monkeypatch.setattr(ptx_cache, "_PROJECT", Path("/another/checkout"))
+    assert ptx_cache.compile_key(moved, hopper, options(), (90,)) == key
 
 
 @pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
@@ -188,3 +215,64 @@ def test_a_compile_without_a_key_compiles_uncached(cache, monkeypatch):
     with pytest.warns(UserWarning, match="no key for this compile .*ptxas not found"):
         (call,) = _lower_fresh(monkeypatch, "plain")
     assert call[0] == "_plain_copy" and not cache.exists()
+
+
+@pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
+def test_without_a_home_the_cache_is_off_with_a_warning(monkeypatch):
+    for name in (ptx_cache.PTX_CACHE_ENV, CACHE_DIR_ENV, "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", no_home)
+    with pytest.warns(UserWarning, match="no key for this compile .*home directory"):
+        (call,) = _lower_fresh(monkeypatch, "plain")
+    assert call[0] == "_plain_copy"
+
+
+def _slot(options, backend=None):
+    backend = CUDABackend(GPUTarget("cuda", 90, 32)) if backend is None else backend
+    return ptx_cache.slot_for(_ttir("/a/kernel.py"), backend, options, (90,))
+
+
+@dataclasses.dataclass
+class _ResultWithScratch:
+    binary: str
+    name: str
+    shared_mem_bytes: int
+    ttgir: str | None
+    llir: str | None
+    global_scratch_size: int
+
+
+def test_compiles_the_cache_cannot_stand_for_bypass_it(cache, monkeypatch):
+    """Debug compiles and jax_triton's IR dumps want the IRs the cache does not keep;
+    Triton's instrumentation adds a pass the key cannot see; a jax_triton whose compile
+    result holds more than the cache keeps (scratch, descriptor metadata) would get it
+    from a hit as None."""
+    from jax_triton import triton_lib
+
+    assert _slot(_Options()) is not None
+    debug = dataclasses.make_dataclass("Debug", [("debug", bool, True)])()
+    assert _slot(debug) is None
+    instrumented = CUDABackend(GPUTarget("cuda", 90, 32))
+    monkeypatch.setattr(instrumented, "instrumentation", object(), raising=False)
+    assert _slot(_Options(), instrumented) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(triton.knobs.compilation, "instrumentation_mode", "consan")
+        assert _slot(_Options()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_lib, "_JAX_TRITON_DUMP_DIR", "/tmp/dump", raising=False)
+        assert _slot(_Options()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_lib, "CompilationResult", _ResultWithScratch)
+        assert _slot(_Options()) is None
+
+
+def test_entries_are_readable_by_others(cache):
+    kernel = ptx_cache.CachedKernel("k", ".entry k(\n)", 0, 0, 1, None)
+    ptx_cache.store(cache, "0" * 64, kernel)
+    (entry,) = cache.iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o644
+    assert ptx_cache.load(cache, "0" * 64) == kernel
