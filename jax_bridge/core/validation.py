@@ -316,11 +316,12 @@ def naming_op(op: str) -> Iterator[None]:
             yield
         except (TypeError, ValueError) as err:
             message = str(err)
-            if type(err) not in (TypeError, ValueError) or message.startswith(f"{op}:"):
-                if not message.startswith(f"{op}:"):
-                    err.add_note(f"(raised within {op})")
-                raise
-            raise type(err)(f"{op}: {message}") from None
+            named = message.startswith(f"{op}:")
+            if type(err) in (TypeError, ValueError) and not named:
+                raise type(err)(f"{op}: {message}") from None
+            if not named:  # a subclass may not take a message alone
+                err.add_note(f"(raised within {op})")
+            raise
 
 
 def check_head_dim(op: str, head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:

@@ -240,11 +240,9 @@ def slot_for(ttir: Any, backend: Any, options: Any, target: Any) -> tuple | None
         return None
     try:
         directory = ptx_cache_directory()
-        return (
-            None
-            if directory is None
-            else (directory, compile_key(str(ttir), backend, options, target))
-        )
+        if directory is None:
+            return None
+        return directory, compile_key(str(ttir), backend, options, target)
     except (OSError, RuntimeError, ImportError) as err:  # no home, Triton's files, ptxas
         warnings.warn(f"PTX cache: no key for this compile ({err}); compiling", stacklevel=3)
         return None
