@@ -46,7 +46,6 @@ Invariants:
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import gzip
@@ -55,13 +54,12 @@ import importlib.metadata
 import json
 import os
 import re
-import tempfile
 import warnings
 import zlib
 from pathlib import Path
 from typing import Any
 
-from jax_bridge.core.cache_dir import cache_directory
+from jax_bridge.core.cache_dir import cache_directory, replace_atomically
 
 __all__ = ["PTX_CACHE_ENV", "CachedKernel", "ptx_cache_directory", "ptx_cache_statistics"]
 
@@ -263,19 +261,10 @@ def store(directory: Path, key: str, kernel: CachedKernel) -> None:
     document = {"format": FORMAT, "version": VERSION, "key": key, **dataclasses.asdict(kernel)}
     payload = gzip.compress(json.dumps(document).encode("utf-8"), mtime=0)
     path = directory / f"{key}{_SUFFIX}"
-    temporary = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.chmod(temporary, 0o644)  # readable by others, as Triton's cache: mkstemp's is 0600
-        os.replace(temporary, path)
-        temporary = None
+        # readable by others, as Triton's cache is (a temporary file's mode is 0600)
+        replace_atomically(path, payload, mode=0o644)
     except OSError as err:
         _statistics["write_errors"] += 1
         warnings.warn(f"PTX cache {directory}: cannot store {path.name} ({err})", stacklevel=2)
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)

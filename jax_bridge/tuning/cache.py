@@ -31,14 +31,12 @@ import dataclasses
 import datetime
 import json
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from jax_bridge.core.cache_dir import CACHE_DIR_ENV, cache_directory
+from jax_bridge.core.cache_dir import CACHE_DIR_ENV, cache_directory, replace_atomically
 from jax_bridge.tuning.keys import cache_key, stable_json
 from jax_bridge.tuning.params import BOOL_FIELDS
 
@@ -192,15 +190,5 @@ class TuningCache:
 
     def _replace(self, document: dict) -> None:
         """Writes `document` to a temporary file beside `path`, then renames it over."""
-        fd, temporary = tempfile.mkstemp(prefix=f".{CACHE_FILE}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(document, f, indent=1, sort_keys=True, allow_nan=False)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
+        text = json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n"
+        replace_atomically(self.path, text.encode("utf-8"))
