@@ -60,6 +60,7 @@ from jax_bridge.host.segment_ids import (
 )
 from jax_bridge.host.sharding import get_corrected_named_sharding
 from jax_bridge.launch.lowering import lower_for_cuda
+from jax_bridge.launch.poisoned_outputs import poisoned_outputs
 from jax_bridge.launch.report import KernelReport, static_kernel_report, variant_report
 from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
@@ -159,6 +160,7 @@ __all__ = [
     "mask_to_segment_ids",
     "moe_feed_forward",
     "pack",
+    "poisoned_outputs",
     "prepare_chunk_indices",
     "prepare_chunk_offsets",
     "prepare_cu_seqlens_from_mask",

@@ -102,6 +102,22 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(line)
 
 
+@pytest.fixture(autouse=True)
+def _poisoned_outputs_on_a_gpu(request):
+    """On a GPU, kernels' outputs start poisoned (NaN, the integer minimum) as on the
+    interpreter, so that an element a kernel leaves unwritten fails the test
+    (`tests/devices.py`: not where a test inspects lowered programs)."""
+    from tests.devices import poisons_outputs
+
+    if not poisons_outputs(request.node.nodeid):
+        yield
+        return
+    from jax_bridge import poisoned_outputs
+
+    with poisoned_outputs():
+        yield
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the whole collection is seen
 def pytest_collection_modifyitems(config, items):
     from tests import budget

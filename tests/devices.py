@@ -12,10 +12,15 @@ those tests run and fail loudly rather than skip.
 A test of what a machine without an accelerator does (`cpu_only`: nothing to tune, the
 host's memory as the device's, a plain GPU lowering refused) is skipped on one; a test of
 the interpreter runs it there too (`jax_bridge.launch.target.interpreting`).
+
+On a GPU every test runs within `jax_bridge.poisoned_outputs()` (the conftest), so that a
+kernel output starts poisoned there as it does on the interpreter, except the tests that
+inspect lowered programs (`UNPOISONED`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import os
 
@@ -60,3 +65,22 @@ def cpu_only(why: str) -> pytest.MarkDecorator:
     """Skips a test on an accelerator (`JAX_PLATFORMS=cuda`): it checks what a machine
     without one does (`why`, in the skip's reason)."""
     return pytest.mark.skipif(jax.default_backend() != "cpu", reason=f"CPU only: {why}")
+
+
+UNPOISONED = (
+    "tests/aot/*",
+    "tests/launch/*",
+    "tests/tuning/*",
+    "tests/test_bench_*",
+    "tests/*/test_lowering.py::*",
+)
+"""Tests (node-id patterns) that inspect lowered programs or launch layers: kernel names,
+aliases, registers, temp memory. They see programs as users get them, never poisoned."""
+
+
+def poisons_outputs(nodeid: str) -> bool:
+    """Whether a test runs within `jax_bridge.poisoned_outputs()`: on a GPU (where outputs
+    otherwise start as their buffers' old contents; the interpreter always poisons them),
+    unless it is `UNPOISONED`."""
+    on_gpu = jax.default_backend() == "gpu"
+    return on_gpu and not any(fnmatch.fnmatchcase(nodeid, p) for p in UNPOISONED)

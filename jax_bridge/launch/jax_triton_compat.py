@@ -25,6 +25,11 @@ whereas in 0.3 both pointers share one buffer: kernels that read through the inp
 what they wrote through the output pointer are not supported (none here do). An output that
 is both aliased and zeroed has no single meaning across versions and is rejected.
 
+An output may also start as a given array (`initial_outputs`: poisoned outputs, for
+tests): on 0.4 its Ref starts as that array; on 0.3 the array is an input the output
+aliases, which the kernel takes as an extra pointer parameter after its inputs, through a
+wrapper that ignores it (`poisoned_outputs.with_ignored_pointers`).
+
 `jax_triton` is imported lazily: it does not import against a CPU-only jaxlib.
 """
 
@@ -41,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.launch.kernel_needs import pass_kernel_needs
+from jax_bridge.launch.poisoned_outputs import with_ignored_pointers
 
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
@@ -76,6 +82,7 @@ def _check(
     n_outputs: int,
     input_output_aliases: dict[int, int],
     zeroed_outputs: tuple[int, ...],
+    initial_outputs: dict[int, jax.Array],
 ) -> None:
     for arg_index, out_index in input_output_aliases.items():
         if not 0 <= arg_index < len(args) or not _is_array(args[arg_index]):
@@ -88,6 +95,10 @@ def _check(
         raise ValueError(f"zeroed_outputs {zeroed_outputs}: there are {n_outputs} outputs")
     if both := set(zeroed_outputs) & set(input_output_aliases.values()):
         raise ValueError(f"outputs {sorted(both)} are both aliased and zeroed")
+    if any(not 0 <= i < n_outputs for i in initial_outputs):
+        raise ValueError(f"initial_outputs {sorted(initial_outputs)}: {n_outputs} outputs")
+    if both := set(initial_outputs) & {*zeroed_outputs, *input_output_aliases.values()}:
+        raise ValueError(f"outputs {sorted(both)} start as given and aliased or zeroed")
 
 
 def call_jax_triton(
@@ -101,6 +112,7 @@ def call_jax_triton(
     input_output_aliases: dict[int, int],
     zeroed_outputs: tuple[int, ...],
     name: str,
+    initial_outputs: dict[int, jax.Array] | None = None,
     **constexprs: Any,
 ) -> tuple[jax.Array, ...]:
     """Launches `kernel` through the installed jax_triton with 0.3 semantics.
@@ -108,12 +120,14 @@ def call_jax_triton(
     The kernel's parameters are `args` (arrays and scalars) in order, then one pointer per
     entry of `out_shapes`, then the `constexprs`. `input_output_aliases` maps an index into
     `args` to an output index: that output starts as the input (on 0.3 it shares its
-    buffer). Outputs in `zeroed_outputs` start as zeros. Returns one array per output.
+    buffer). Outputs in `zeroed_outputs` start as zeros, those in `initial_outputs` (output
+    index: array of its shape) as the array given. Returns one array per output.
     """
     version = jax_triton_api_version()
     if version is None:
         raise ImportError("launching Triton kernels from JAX on a GPU needs jax-triton")
-    _check(args, len(out_shapes), input_output_aliases, zeroed_outputs)
+    initial_outputs = dict(initial_outputs or {})
+    _check(args, len(out_shapes), input_output_aliases, zeroed_outputs, initial_outputs)
     # Neither version passes a kernel's own warp count, nor 0.3 its global scratch.
     pass_kernel_needs()
     launch = _launch_v03 if version < (0, 4) else _launch_v04
@@ -125,8 +139,9 @@ def call_jax_triton(
         name=name,
     )
     return launch(
-        args, kernel, out_shapes, input_output_aliases, zeroed_outputs, options, constexprs
-    )
+        args, kernel, out_shapes, input_output_aliases, zeroed_outputs, initial_outputs,
+        options, constexprs,
+    )  # fmt: skip
 
 
 def _launch_v03(
@@ -135,11 +150,21 @@ def _launch_v03(
     out_shapes: tuple[jax.ShapeDtypeStruct, ...],
     input_output_aliases: dict[int, int],
     zeroed_outputs: tuple[int, ...],
+    initial_outputs: dict[int, jax.Array],
     options: dict[str, Any],
     constexprs: dict[str, Any],
 ) -> tuple[jax.Array, ...]:
     import jax_triton
 
+    if initial_outputs:
+        # 0.3 passes an aliased input as a parameter of its own: the kernel takes these
+        # after its own inputs, in a wrapper that ignores them.
+        kernel = with_ignored_pointers(kernel, len(args), len(initial_outputs))
+        input_output_aliases = {
+            **input_output_aliases,
+            **{len(args) + j: o for j, o in enumerate(initial_outputs)},
+        }
+        args = (*args, *initial_outputs.values())
     args = tuple(_scalar(a, keep_float32=True) for a in args)
     # 0.3 counts only array operands in the input index of an alias.
     array_index = {i: sum(map(_is_array, args[:i])) for i in input_output_aliases}
@@ -169,6 +194,7 @@ def _launch_v04(
     out_shapes: tuple[jax.ShapeDtypeStruct, ...],
     input_output_aliases: dict[int, int],
     zeroed_outputs: tuple[int, ...],
+    initial_outputs: dict[int, jax.Array],
     options: dict[str, Any],
     constexprs: dict[str, Any],
 ) -> tuple[jax.Array, ...]:
@@ -183,6 +209,8 @@ def _launch_v04(
     refs = {o: jax.new_ref(jnp.asarray(args[i])) for i, o in input_output_aliases.items()}
     for o in zeroed_outputs:
         refs[o] = jax.new_ref(jnp.zeros(out_shapes[o].shape, out_shapes[o].dtype))
+    for o, initial in initial_outputs.items():
+        refs[o] = jax.new_ref(initial)
     out_params = params[len(args) :]
     outs = iter(
         jax_triton.triton_call(

@@ -13,6 +13,7 @@ runs is `jax_bridge.launch.target.launch_target()`'s decision:
 On the interpreter path, outputs start as NaN (floating) or the dtype's minimum
 (integer), never zero, so that a kernel which forgets to write an element shows it;
 like on a GPU, only `zeroed_outputs` start at zero and aliased outputs start as their input.
+On a GPU they start so within `poisoned_outputs()` (for tests: it costs a fill a call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ import triton
 
 from jax_bridge.core.vma import varying_like
 from jax_bridge.launch.interpreter import run_interpreted
+from jax_bridge.launch.poisoned_outputs import (
+    poisoned_array,
+    poisoned_host_array,
+    poisoning_outputs,
+)
 from jax_bridge.launch.target import launch_target
 
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
@@ -38,15 +44,6 @@ def float32_or_placeholder(x: jax.Array | None) -> jax.Array:
     """An optional float operand (sinks, ALiBi slopes) as float32, or, when absent, a
     1-element placeholder for a pointer the kernel reads only behind a constexpr flag."""
     return jnp.zeros((1,), jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
-
-
-def _initial_output(shape: jax.ShapeDtypeStruct) -> np.ndarray:
-    dtype = np.dtype(shape.dtype)
-    if jnp.issubdtype(dtype, jnp.inexact):  # jnp knows bfloat16 is floating; np does not
-        return np.full(shape.shape, np.nan, dtype)
-    if dtype == np.bool_:
-        return np.ones(shape.shape, dtype)
-    return np.full(shape.shape, np.iinfo(dtype).min, dtype)
 
 
 def _value_key(value: Any) -> Any:
@@ -125,7 +122,7 @@ class _HostLaunch:
         scalars = dict(self.scalars)
         args = [scalars[i] if i in scalars else next(given) for i in range(self.num_inputs)]
         args = [a.item() if isinstance(a, np.generic) else a for a in args]
-        outputs = [_initial_output(s) for s in self.out_shapes]
+        outputs = [poisoned_host_array(s) for s in self.out_shapes]
         for i in self.zeroed_outputs:
             outputs[i][...] = 0
         for arg_index, out_index in self.input_output_aliases:
@@ -238,9 +235,28 @@ def _gpu_launch(*arrays: jax.Array, rebuild, constexprs, **launch: Any) -> tuple
     target = launch_target()
     return tuple(
         call_jax_triton(
-            *rebuild(arrays), compute_capability=target.compute_capability, **launch, **constexprs
+            *rebuild(arrays),
+            compute_capability=target.compute_capability,
+            initial_outputs=_poisoned_initial_outputs(**launch),
+            **launch,
+            **constexprs,
         )
     )
+
+
+def _poisoned_initial_outputs(
+    *,
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...],
+    input_output_aliases: dict[int, int],
+    zeroed_outputs: tuple[int, ...],
+    **_: Any,
+) -> dict[int, jax.Array]:
+    """Within `poisoned_outputs()`: every output the kernel need not find initialised,
+    poisoned (output index: array); otherwise none."""
+    if not poisoning_outputs():
+        return {}
+    kept = {*zeroed_outputs, *input_output_aliases.values()}
+    return {o: poisoned_array(s) for o, s in enumerate(out_shapes) if o not in kept}
 
 
 def _batched_by_loop(launch: Callable[..., tuple[jax.Array, ...]]) -> Callable[..., Any]:
