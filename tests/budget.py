@@ -179,10 +179,16 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_triton.py::test_warp_specialized_dkdv_gives_*[two-sided-window]", "1"),
     ("tests/attention/test_triton.py::test_dq_atomic_matches_the_reference[*", "QUICK: 5 cases"),
     ("tests/attention/test_lowering.py::test_dkdv_tma_default_has_a_clean_shorter_loop[*", "[1]"),
+    (
+        "tests/launch/test_gpu_launches_interpreted.py::test_*attention[*",
+        "the sm_90 launches interpreted (5-11 s each); QUICK keeps causal sm_90",
+    ),
 )
 
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
 QUICK: tuple[str, ...] = (
+    "tests/launch/test_gpu_launches_interpreted.py::test_varlen_attention[sm_90]",
+    "tests/launch/test_gpu_launches_interpreted.py::test_block_sparse_attention[causal-sm_90]",
     # the TPU kernels compiled for one TPU in bf16 (tests/aot/test_no_host_loops.py compiles
     # every op's Triton path for an H100 in bf16, forward and backward)
     "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",

@@ -1,10 +1,15 @@
-"""jaxlib's `TritonKernel` recorded while a test lowers for cuda: what the launch layer
-hands jaxlib for each kernel (its name, warps, shared memory, PTX, ..., and the global
-scratch where there is one)."""
+"""What the launch layer hands on for a GPU, seen without one: jaxlib's `TritonKernel`
+recorded while a test lowers for cuda (each kernel's name, warps, shared memory, PTX, ...,
+and the global scratch where there is one), and jax_triton's launches run through
+Triton's interpreter as a GPU runs them."""
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import pytest
+
+from jax_bridge.launch.interpreter import run_interpreted
 
 
 class RecordedKernels:
@@ -36,3 +41,47 @@ def record_triton_kernels(monkeypatch: pytest.MonkeyPatch, jaxlib_version: tuple
     monkeypatch.setattr(triton_lib, "_COMPILED_KERNEL_CACHE", {})
     monkeypatch.setattr(kernel_needs, "jaxlib_version", lambda: jaxlib_version)
     return recorder
+
+
+class InterpretedLikeAGpu:
+    """Stands for jax_triton 0.3's `triton_call`: runs the launch it is handed through
+    Triton's interpreter with 0.3's buffers on a GPU: an aliased output starts as its
+    input (array operands counted), a zeroed one at 0, any other as old memory (a value no
+    kernel here writes)."""
+
+    OLD_MEMORY = 7
+
+    def __init__(self):
+        self.kernels = []  # each launch's kernel, in order
+        self.constexprs = []  # and its constexprs
+
+    def __call__(self, *args, kernel, out_shape, input_output_aliases, zeroed_outputs,
+                 grid, num_warps, num_stages, compute_capability, name, **constexprs):  # fmt: skip
+        self.kernels.append(kernel)
+        self.constexprs.append(constexprs)
+        is_array = [isinstance(a, jax.Array) for a in args]
+        args = [a.item() if isinstance(a, np.generic) else a for a in args]  # np.float32
+
+        def run(*arrays):
+            given = iter(np.array(a) for a in arrays)
+            host = [next(given) if array else a for a, array in zip(args, is_array, strict=True)]
+            outputs = [np.full(s.shape, self.OLD_MEMORY, s.dtype) for s in out_shape]
+            for array_index, o in input_output_aliases.items():
+                outputs[o][...] = [a for a in host if isinstance(a, np.ndarray)][array_index]
+            for o in zeroed_outputs:
+                outputs[o][...] = 0
+            run_interpreted(kernel, grid, host, outputs, constexprs)
+            return tuple(outputs)
+
+        arrays = [a for a, array in zip(args, is_array, strict=True) if array]
+        return jax.pure_callback(run, tuple(out_shape), *arrays)
+
+
+def interpret_gpu_launches(monkeypatch: pytest.MonkeyPatch) -> InterpretedLikeAGpu:
+    """jax_triton 0.3's launches run by `InterpretedLikeAGpu` for as long as the test runs
+    (a cuda lowering, `jax_bridge.cuda_lowering`, then computes on this host)."""
+    import jax_triton
+
+    gpu = InterpretedLikeAGpu()
+    monkeypatch.setattr(jax_triton, "triton_call", gpu)
+    return gpu

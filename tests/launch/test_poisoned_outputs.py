@@ -22,7 +22,7 @@ from jax_bridge import cuda_lowering, lower_for_cuda, poisoned_outputs, triton_c
 from jax_bridge.launch import jax_triton_compat as compat
 from jax_bridge.launch.interpreter import run_interpreted
 from jax_bridge.launch.poisoned_outputs import poison_value, with_ignored_pointers
-from tests.launch.recording import record_triton_kernels
+from tests.launch.recording import interpret_gpu_launches, record_triton_kernels
 from tests.launch.test_jax_triton_compat import (
     OUT_SHAPES,
     axpy_kernel,
@@ -102,47 +102,13 @@ def test_the_wrapper_refuses_parameters_named_like_its_own():
         with_ignored_pointers(clash, 2, 1)
 
 
-class _InterpretedLikeAGpu:
-    """Stands for jax_triton 0.3's `triton_call`: runs the launch it is handed through
-    Triton's interpreter with 0.3's buffers on a GPU: an aliased output starts as its
-    input (array operands counted), a zeroed one at 0, any other as old memory (a value no
-    kernel here writes)."""
-
-    OLD_MEMORY = 7
-
-    def __init__(self):
-        self.kernels = []
-
-    def __call__(self, *args, kernel, out_shape, input_output_aliases, zeroed_outputs,
-                 grid, num_warps, num_stages, compute_capability, name, **constexprs):  # fmt: skip
-        self.kernels.append(kernel)
-        is_array = [isinstance(a, jax.Array) for a in args]
-
-        def run(*arrays):
-            given = iter(np.array(a) for a in arrays)
-            host = [next(given) if array else a for a, array in zip(args, is_array, strict=True)]
-            outputs = [np.full(s.shape, self.OLD_MEMORY, s.dtype) for s in out_shape]
-            for array_index, o in input_output_aliases.items():
-                outputs[o][...] = [a for a in host if isinstance(a, np.ndarray)][array_index]
-            for o in zeroed_outputs:
-                outputs[o][...] = 0
-            run_interpreted(kernel, grid, host, outputs, constexprs)
-            return tuple(outputs)
-
-        arrays = [a for a, array in zip(args, is_array, strict=True) if array]
-        return jax.pure_callback(run, tuple(out_shape), *arrays)
-
-
 @pytest.mark.skipif(compat.jax_triton_api_version() != (0, 3), reason="0.3's launch")
 @pytest.mark.parametrize("poisoned", [False, True])
 def test_a_launch_for_the_gpu_starts_its_outputs_poisoned_within_the_context(poisoned, monkeypatch):
     """What jax_triton 0.3 is handed, run as a GPU would: within the context the elements
     the kernel leaves alone read as poison, outside as old memory; the written ones and
     the zeroed output are the same either way."""
-    import jax_triton
-
-    gpu = _InterpretedLikeAGpu()
-    monkeypatch.setattr(jax_triton, "triton_call", gpu)
+    gpu = interpret_gpu_launches(monkeypatch)
     x, count = _inputs()
     with cuda_lowering(90), poisoned_outputs(poisoned):
         outputs = _launch(jnp.asarray(x), jnp.asarray(count))
