@@ -183,9 +183,9 @@ def test_the_wrapper_gets_the_launch_needs_of_the_kernel_it_wraps(case, monkeypa
     calls = {}
     for poisoned in (False, True):
         recorded = record_triton_kernels(monkeypatch, (0, 11, 2))
-        with poisoned_outputs(poisoned):
-            lower_for_cuda(fn, *args)
-        (calls[poisoned],) = recorded.calls[-1:]
+        with poisoned_outputs(poisoned):  # a new function: no lowering cached by jax
+            lower_for_cuda(lambda *a: fn(*a), *args)
+        (calls[poisoned],) = recorded.calls
     plain, wrapped = calls[False], calls[True]
     assert wrapped[0] == f"{plain[0]}_poisoned"
     assert wrapped[1] == plain[1] and wrapped[7:] == plain[7:]  # warps; scratch
