@@ -88,7 +88,8 @@ class Traversal:
 
     def kv_head(self, *args) -> Any:
         h = self.head(*args)
-        return h if self.group == 1 else lax.div(h, self.group)
+        # In h's dtype: under jax_enable_x64 a Python int would be int64, which lax.div refuses.
+        return h if self.group == 1 else lax.div(h, jnp.asarray(self.group, h.dtype))
 
     def q_block(self, *args) -> Any:
         h, row, col = self.cell(*args[:3])

@@ -310,6 +310,14 @@ def test_fully_masked_rows(impl, sinks_kind):
 
 
 @every_implementation
+def test_with_64_bit_types_on(impl):
+    """Under `jax_enable_x64` (as float64 oracles run) the op keeps its dtypes: Pallas's
+    GQA head map had divided an int32 head index by an int64 group size."""
+    with jax.enable_x64(True):
+        check_case(impl, case(CAUSAL, heads=(4, 2), sinks=True, lengths=LENGTHS[:4]), seed=64)
+
+
+@every_implementation
 def test_traced_cu_seqlens_under_jit(impl):
     """One compiled function serves two layouts of the same shapes (the second leaves 3
     query and 4 key rows past cu_seqlens[-1], which attend nothing)."""
