@@ -41,7 +41,7 @@ import numpy as np
 
 from jax_bridge.attention.api import REVERSE_MODE_ONLY, varlen_attention
 from jax_bridge.core.autodiff import refuse_forward_mode
-from jax_bridge.core.validation import is_traced, require_all
+from jax_bridge.core.validation import is_traced, naming_op, require_all
 
 __all__ = ["flash_attention"]
 
@@ -121,20 +121,21 @@ def flash_attention(
         kv_ids = _check_segment_ids(kv_segment_ids, "kv_segment_ids", (batch, kv_seq))
         cu_q, cu_k = segment_ids_to_cu_seqlens(q_ids, kv_ids)
     refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
-    out = varlen_attention(
-        q.reshape(batch * q_seq, *q.shape[2:]),
-        k.reshape(batch * kv_seq, *k.shape[2:]),
-        v.reshape(batch * kv_seq, *v.shape[2:]),
-        cu_q,
-        cu_k,
-        causal=causal,
-        sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap,
-        softmax_scale=softmax_scale,
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        implementation=implementation,
-    )
+    with naming_op(_OP, replacing=("varlen_attention",)):  # its checks: the call was ours
+        out = varlen_attention(
+            q.reshape(batch * q_seq, *q.shape[2:]),
+            k.reshape(batch * kv_seq, *k.shape[2:]),
+            v.reshape(batch * kv_seq, *v.shape[2:]),
+            cu_q,
+            cu_k,
+            causal=causal,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            softmax_scale=softmax_scale,
+            sinks=sinks,
+            alibi_slopes=alibi_slopes,
+            implementation=implementation,
+        )
     return out.reshape(q.shape)
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import check_chunk_size, check_static_int
+from jax_bridge.core.validation import check_chunk_size, check_static_int, naming_op
 
 
 def cdiv(a: Any, b: Any) -> Any:
@@ -160,6 +160,7 @@ def identity_dtype_convert(dtype: Any) -> Callable[[jax.Array], jax.Array]:
     return convert
 
 
+@naming_op("chunk_array")
 def chunk_array(x: jax.Array, chunk_size: int, axis: int = 0, *, fill_value: Any = 0) -> jax.Array:
     """Split ``axis`` of ``x`` into ``[num_chunks, chunk_size]``.
 
@@ -187,6 +188,7 @@ def chunk_array(x: jax.Array, chunk_size: int, axis: int = 0, *, fill_value: Any
     return x.reshape((*x.shape[:axis], num_chunks, chunk_size, *x.shape[axis + 1 :]))
 
 
+@naming_op("unchunk_array")
 def unchunk_array(x: jax.Array, axis: int = 0, length: int | None = None) -> jax.Array:
     """Inverse of :func:`chunk_array`: merge ``[num_chunks, C]`` at ``axis`` and drop padding.
 

@@ -302,25 +302,31 @@ def as_int32(x: Any, name: str) -> jax.Array | np.ndarray:
 
 
 @contextlib.contextmanager
-def naming_op(op: str) -> Iterator[None]:
+def naming_op(op: str, replacing: tuple[str, ...] = ()) -> Iterator[None]:
     """Within: a TypeError or ValueError from a shared check is re-raised naming `op`.
 
     Shared checks word their messages by argument (`group_sizes must ...`); the public op
-    that called them prefixes its name, once, so the user sees which call was wrong.
-    Checks on traced values (`require`) put it in their message when traced. Subclasses
-    (JAX's own: a tracer converted to a bool, ...) pass unchanged, with a note naming
-    `op`; other errors untouched.
+    that called them prefixes its name, once, so the user sees which call was wrong; a
+    message that names one of the ops in `replacing` (a public op `op` is built on) names
+    `op` instead. Checks on traced values (`require`) put it in their message when traced.
+    Subclasses (JAX's own: a tracer converted to a bool, ...) pass unchanged, with a note
+    naming `op`; other errors untouched.
     """
     with _checking_ops((*_checking_ops.value, op)):
         try:
             yield
         except (TypeError, ValueError) as err:
             message = str(err)
-            named = message.startswith(f"{op}:")
-            if type(err) in (TypeError, ValueError) and not named:
-                raise type(err)(f"{op}: {message}") from None
-            if not named:  # a subclass may not take a message alone
-                err.add_note(f"(raised within {op})")
+            for inner in replacing:
+                if message.startswith(f"{inner}:"):
+                    message = f"{op}:{message[len(inner) + 1 :]}"
+            if not message.startswith(f"{op}:"):
+                message = f"{op}: {message}"
+            if message == str(err):
+                raise
+            if type(err) in (TypeError, ValueError):
+                raise type(err)(message) from None
+            err.add_note(f"(raised within {op})")  # a subclass may not take a message alone
             raise
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import check_static_int
+from jax_bridge.core.validation import check_static_int, naming_op
 
 __all__ = [
     "inverse_load_balanced_positions",
@@ -39,6 +39,7 @@ def _check_sizes(seq_len: int, cp_size: int, seq_len_name: str = "seq_len") -> N
         )
 
 
+@naming_op("load_balanced_positions")
 def load_balanced_positions(seq_len: int, cp_size: int) -> np.ndarray:
     """Global position of every token in the load-balanced layout.
 
@@ -62,6 +63,7 @@ def load_balanced_positions(seq_len: int, cp_size: int) -> np.ndarray:
     return positions.reshape(-1).astype(np.int32)
 
 
+@naming_op("inverse_load_balanced_positions")
 def inverse_load_balanced_positions(seq_len: int, cp_size: int) -> np.ndarray:
     """Index in the load-balanced layout of every original position.
 
@@ -72,6 +74,7 @@ def inverse_load_balanced_positions(seq_len: int, cp_size: int) -> np.ndarray:
     return np.argsort(load_balanced_positions(seq_len, cp_size)).astype(np.int32)
 
 
+@naming_op("reorder_sequence")
 def reorder_sequence(
     x: jax.Array, cp_size: int, seq_dim: int = 1, to_contiguous: bool = False
 ) -> jax.Array:

@@ -35,6 +35,7 @@ from jax_bridge.core.validation import (
     check_static_int,
     check_token_capacity,
     is_traced,
+    naming_op,
     require,
 )
 
@@ -104,11 +105,13 @@ def _cu_seqlens_from_mask(mask: jax.Array, out_dtype: np.dtype) -> jax.Array:
     return jnp.concatenate([jnp.zeros((1,), out_dtype), jnp.cumsum(lens, dtype=out_dtype)])
 
 
+@naming_op("prepare_lens")
 def prepare_lens(cu_seqlens: Any) -> jax.Array:
     """Sequence lengths ``[batch]`` from ``cu_seqlens: [batch + 1]``."""
     return _lens(check_cu_seqlens(cu_seqlens))
 
 
+@naming_op("prepare_lens_from_mask")
 def prepare_lens_from_mask(mask: Any) -> jax.Array:
     """Real tokens per row: ``mask: [batch, seq]`` (nonzero = real) -> ``[batch]`` int32.
 
@@ -117,6 +120,7 @@ def prepare_lens_from_mask(mask: Any) -> jax.Array:
     return _lens(_cu_seqlens_from_mask(check_mask(mask), jnp.dtype(jnp.int32)))
 
 
+@naming_op("prepare_cu_seqlens_from_mask")
 def prepare_cu_seqlens_from_mask(mask: Any, out_dtype: Any = jnp.int32) -> jax.Array:
     """``cu_seqlens: [batch + 1]`` (leading 0) of the rows of ``mask: [batch, seq]``."""
     out_dtype = jnp.dtype(out_dtype)
@@ -144,6 +148,7 @@ def token_indices(cu_seqlens: jax.Array, total_tokens: int, column: int | None =
     return out if column is None else out[:, column]
 
 
+@naming_op("prepare_sequence_ids")
 def prepare_sequence_ids(cu_seqlens: Any, total_tokens: int | None = None) -> jax.Array:
     """Index of the sequence owning each packed token.
 
@@ -161,6 +166,7 @@ def prepare_sequence_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
     return token_indices(cu_seqlens, total_tokens, column=0)
 
 
+@naming_op("prepare_position_ids")
 def prepare_position_ids(cu_seqlens: Any, total_tokens: int | None = None) -> jax.Array:
     """Position of each packed token within its own sequence.
 
@@ -177,6 +183,7 @@ def prepare_position_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
     return token_indices(cu_seqlens, total_tokens, column=1)
 
 
+@naming_op("prepare_token_indices")
 def prepare_token_indices(cu_seqlens: Any, total_tokens: int | None = None) -> jax.Array:
     """``(sequence id, position in sequence)`` of each packed token.
 
@@ -199,6 +206,7 @@ def _chunk_offsets(cu_seqlens: jax.Array, chunk_size: int) -> jax.Array:
     return jnp.concatenate([cu_seqlens[:1] * 0, jnp.cumsum(counts, dtype=cu_seqlens.dtype)])
 
 
+@naming_op("prepare_chunk_offsets")
 def prepare_chunk_offsets(cu_seqlens: Any, chunk_size: int) -> jax.Array:
     """Cumulative chunk counts: ``[batch + 1]`` with ``out[0] = 0`` and
     ``out[i + 1] - out[i] = cdiv(len_i, chunk_size)`` (0 for an empty sequence)."""
@@ -218,6 +226,7 @@ def _chunk_indices(chunk_offsets: jax.Array, num_chunks: int) -> jax.Array:
     return jnp.where(real[:, None], jnp.stack([seq, chunk_in_seq], axis=1), FILL_INDEX)
 
 
+@naming_op("chunk_bound")
 def chunk_bound(total_tokens: int, chunk_size: int, num_sequences: int) -> int:
     """A static bound on the chunks of `num_sequences` sequences of `total_tokens` in all.
 
@@ -226,10 +235,14 @@ def chunk_bound(total_tokens: int, chunk_size: int, num_sequences: int) -> int:
     grow with the empty sequences (segment ids make most of theirs empty), and it is at
     most `cdiv(total, C) + num_sequences`. At least 1, so a grid is never empty.
     """
+    total_tokens = check_static_int(total_tokens, "total_tokens")
+    chunk_size = check_chunk_size(chunk_size)
+    num_sequences = check_static_int(num_sequences, "num_sequences")
     nonempty = min(num_sequences, total_tokens)
     return max(1, (total_tokens + nonempty * (chunk_size - 1)) // chunk_size)
 
 
+@naming_op("prepare_chunk_indices")
 def prepare_chunk_indices(
     cu_seqlens: Any,
     chunk_size: int,

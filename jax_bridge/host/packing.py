@@ -22,6 +22,7 @@ from jax_bridge.core.validation import (
     check_static_int,
     check_token_capacity,
     is_traced,
+    naming_op,
     require_all,
 )
 from jax_bridge.host.cu_seqlens import prepare_cu_seqlens_from_mask, prepare_token_indices
@@ -82,6 +83,7 @@ def _unpack(packed: jax.Array, cu_seqlens: jax.Array, fill_value: Any, max_len: 
     return out.reshape((batch, max_len, *packed.shape[1:]))
 
 
+@naming_op("pack")
 def pack(
     x: jax.Array,
     lengths_or_mask: Any,
@@ -142,6 +144,7 @@ def pack(
     return packed, cu_seqlens
 
 
+@naming_op("unpack")
 def unpack(
     packed: jax.Array,
     cu_seqlens: Any,

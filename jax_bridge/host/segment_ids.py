@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from jax_bridge.core.numerics import cdiv
+from jax_bridge.core.validation import naming_op
 
 __all__ = [
     "SegmentMasks",
@@ -69,6 +70,7 @@ def _as_segment_ids(ids: object, name: str) -> jax.Array:
     return array
 
 
+@naming_op("segment_ids_to_mask")
 def segment_ids_to_mask(
     segment_ids: jax.Array | tuple[jax.Array, jax.Array],
     dtype: jnp.dtype = jnp.bool_,
@@ -206,6 +208,7 @@ def _as_mask(mask: object, per_head: bool) -> jax.Array:
     return array if array.dtype == jnp.bool_ else array != 0
 
 
+@naming_op("mask_to_segment_ids")
 def mask_to_segment_ids(mask: jax.Array, per_head: bool = False) -> tuple[jax.Array, jax.Array]:
     """Segment ids that describe `mask`, exactly so when it is a segment mask.
 
@@ -248,6 +251,7 @@ def _segment_ids_of_bool_mask(mask: jax.Array, per_head: bool) -> tuple[jax.Arra
     return q_ids.reshape(*batch_shape, q_len), kv_ids.reshape(*batch_shape, kv_len)
 
 
+@naming_op("is_segment_mask")
 def is_segment_mask(mask: jax.Array, per_head: bool = False) -> jax.Array:
     """Whether `mask` is exactly the mask of some segment ids.
 

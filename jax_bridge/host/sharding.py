@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from jax_bridge.core.validation import naming_op
+
 __all__ = ["get_corrected_named_sharding"]
 
 SpecEntry = str | tuple[str, ...] | None
@@ -44,6 +46,7 @@ def _spec_entries(partition_spec: object) -> list[object]:
     )
 
 
+@naming_op("get_corrected_named_sharding")
 def get_corrected_named_sharding(
     shape: Sequence[int],
     partition_spec: PartitionSpec | Sequence[SpecEntry] | None,

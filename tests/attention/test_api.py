@@ -468,6 +468,15 @@ def test_flash_attention_bad_arguments():
         flash_attention(q, k, v, kv_segment_ids=np.ones((2, 6), np.int32))
     with pytest.raises(ValueError, match="k must have shape"):
         flash_attention(q, k[0], v)
+    # Checks of the packed call it makes name the op the user called.
+    three_heads = padded_inputs(5, 2, 8, 6, 2, 3)[1]
+    with pytest.raises(ValueError, match=r"^flash_attention: q's num_q_heads \(2\) must be a mul"):
+        flash_attention(q, three_heads, three_heads, q_segment_ids=np.ones((2, 8), np.int32),
+                        kv_segment_ids=np.ones((2, 6), np.int32))  # fmt: skip
+    with pytest.raises(ValueError, match=r"^flash_attention: implementation must be one of"):
+        flash_attention(q, k, v, implementation="bogus")
+    with pytest.raises(TypeError, match=r"^flash_attention: sinks must"):
+        flash_attention(q, k, v, sinks=np.ones(2, np.int32))
 
 
 def _contiguous_ids(draw, length):

@@ -78,6 +78,13 @@ def test_traced_checks_name_the_op_as_concrete_ones_do():
         nested(False)
 
 
+def test_naming_op_renames_the_op_a_public_op_is_built_on():
+    with pytest.raises(ValueError, match=r"^outer: x must hold$"), naming_op("outer", ("inner",)):
+        raise ValueError("inner: x must hold")
+    with pytest.raises(TypeError, match=r"^outer: other: y$"), naming_op("outer", ("inner",)):
+        raise TypeError("other: y")
+
+
 def test_naming_op_leaves_other_errors_as_they_are_and_restores_its_stack():
     """JAX's own TypeErrors (their constructors take no message) pass through unchanged,
     with a note naming the op, other errors untouched; the ops named are back to none
