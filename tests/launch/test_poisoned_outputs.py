@@ -223,3 +223,18 @@ def test_the_suite_poisons_on_a_gpu_every_test_but_those_that_read_lowered_progr
         "tests/test_bench_preflight.py::test_preflight",
     ):
         assert not devices.poisons_outputs(inspecting)
+
+
+@pytest.mark.parametrize(
+    "initial, match",
+    [({3: 0}, r"initial_outputs \[3\]: 3 outputs"), ({0: 0}, r"\[0\] start as given and aliased"),
+     ({2: 0}, r"\[2\] start as given and aliased or zeroed")],
+)  # fmt: skip
+def test_an_initial_value_for_no_output_or_an_aliased_or_zeroed_one_is_refused(initial, match):
+    x = jnp.ones(N // 2, jnp.float32)
+    with pytest.raises(ValueError, match=match):
+        compat.call_jax_triton(
+            x, 2.0, x, kernel=axpy_kernel, out_shapes=OUT_SHAPES, grid=(1,), num_warps=4,
+            num_stages=2, compute_capability=90, input_output_aliases={2: 0},
+            zeroed_outputs=(2,), name="axpy", initial_outputs=initial, BLOCK=N // 2,
+        )  # fmt: skip
