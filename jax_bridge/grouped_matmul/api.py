@@ -24,6 +24,7 @@ tgmm kernel reads `lhs` in its `[m, k]` layout, so no transpose is materialised.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -240,10 +241,15 @@ def transposed_grouped_matmul(
 # --- gmm: implementation dispatch and custom_vjp -------------------------------------
 
 
+def _interpreting_if(interpret: bool) -> contextlib.AbstractContextManager:
+    """`interpret=True`: the Triton kernels launch through the interpreter, GPU or not;
+    False leaves where they launch to the caller (an enclosing `interpreting()` holds)."""
+    return interpreting() if interpret else contextlib.nullcontext()
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options: MatmulOptions):
-    # `interpret=True`: the Triton kernels launch through the interpreter, GPU or not.
-    with interpreting(options.interpret):
+    with _interpreting_if(options.interpret):
         return _BACKENDS[options.implementation].gmm(
             lhs, rhs, group_sizes, group_offset, existing_out, options
         )
@@ -297,7 +303,7 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups: int, options):
-    with interpreting(options.interpret):
+    with _interpreting_if(options.interpret):
         return _BACKENDS[options.implementation].tgmm(
             lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options
         )

@@ -300,6 +300,23 @@ def test_a_config_reaches_every_launch_with_the_stages_shared_memory_holds(monke
     ]  # fmt: skip
 
 
+def test_an_enclosing_interpreting_holds_inside_the_op():
+    """`interpreting()` around the op (whose `interpret=False` is the default) runs every
+    kernel, the gradients' too, through the interpreter under a GPU target: the op's own
+    context had switched it off, and the kernels were lowered for the GPU."""
+    rng = np.random.default_rng(31)
+    sizes = jnp.asarray([20, 0, 27], jnp.int32)
+    lhs, rhs, weight = normal(rng, (50, 32)), normal(rng, (3, 32, 16)), normal(rng, (50, 16))
+
+    def loss(lhs, rhs):
+        return jnp.sum(grouped_matmul(lhs, rhs, sizes, implementation="triton") * weight)
+
+    with cuda_lowering(90), interpreting():
+        d_lhs, d_rhs = jax.grad(loss, (0, 1))(lhs, rhs)
+    assert_close(d_lhs, gmm_float64(weight, jnp.swapaxes(rhs, 1, 2), sizes))
+    assert_close(d_rhs, tgmm_float64(lhs.T, weight, sizes, num_groups=3))
+
+
 def test_each_kernel_takes_its_own_config(monkeypatch):
     """`GroupedMatmulConfigs`: gmm's config reaches the forward and the input gradient,
     tgmm's the weight gradient, and a kernel without one launches its default; the
