@@ -10,6 +10,7 @@ tests), `long` (a randomised search on demand). `--emulate-tf32` compiles XLA's 
 dots as XLA:GPU does (tests/tf32.py; `make test-device-stack` runs with it).
 """
 
+import contextlib
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -73,6 +74,15 @@ def pytest_addoption(parser):
         help="with --margins: list the assertions above this margin at the end (default 0.5)",
     )
     parser.addoption(
+        "--as-gpu",
+        type=int,
+        choices=(80, 90),
+        default=None,
+        metavar="CC",
+        help="on a CPU: trace every test's Triton launches for sm_CC at a GPU's defaults, "
+        "outputs poisoned, and run them through the interpreter with a GPU's buffers",
+    )
+    parser.addoption(
         "--emulate-tf32",
         action="store_true",
         help="compile float32 XLA dots below HIGHEST precision in TF32, as XLA:GPU does "
@@ -85,6 +95,13 @@ def pytest_configure(config):
 
     # xdist workers receive the same options: every process appends to the one file.
     margins.configure(config.getoption("--margins"))
+    if config.getoption("--as-gpu"):
+        import jax
+
+        from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
+
+        if jax.default_backend() != "cpu" or jax_triton_api_version() != (0, 3):
+            raise pytest.UsageError("--as-gpu runs on a CPU with jax-triton 0.3 (its stand-in)")
     if config.getoption("--emulate-tf32"):
         from tests import tf32
 
@@ -103,18 +120,28 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(autouse=True)
-def _poisoned_outputs_on_a_gpu(request):
+def _launches_as_on_a_gpu(request, monkeypatch):
     """On a GPU, kernels' outputs start poisoned (NaN, the integer minimum) as on the
-    interpreter, so that an element a kernel leaves unwritten fails the test
-    (`tests/devices.py`: not where a test inspects lowered programs)."""
+    interpreter, so that an element a kernel leaves unwritten fails the test; with
+    `--as-gpu CC` on a CPU, the test's Triton launches are traced for sm_CC at a GPU's
+    defaults, their outputs poisoned, and run by the interpreter with a GPU's buffers
+    (`tests/launch/recording.py`). Neither where a test inspects lowered programs
+    (`tests/devices.py`)."""
     from tests.devices import poisons_outputs
 
-    if not poisons_outputs(request.node.nodeid):
+    as_gpu = request.config.getoption("--as-gpu")
+    if not poisons_outputs(request.node.nodeid, as_gpu):
         yield
         return
-    from jax_bridge import poisoned_outputs
+    from jax_bridge import cuda_lowering, poisoned_outputs
 
-    with poisoned_outputs():
+    with contextlib.ExitStack() as stack:
+        if as_gpu:
+            from tests.launch.recording import interpret_gpu_launches
+
+            interpret_gpu_launches(monkeypatch)
+            stack.enter_context(cuda_lowering(as_gpu))
+        stack.enter_context(poisoned_outputs())
         yield
 
 

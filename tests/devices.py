@@ -15,7 +15,7 @@ the interpreter runs it there too (`jax_bridge.launch.target.interpreting`).
 
 On a GPU every test runs within `jax_bridge.poisoned_outputs()` (the conftest), so that a
 kernel output starts poisoned there as it does on the interpreter, except the tests that
-inspect lowered programs (`UNPOISONED`).
+inspect lowered programs (`UNPOISONED`); so does a run as on a GPU (`pytest --as-gpu 90`).
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ UNPOISONED = (
 aliases, registers, temp memory. They see programs as users get them, never poisoned."""
 
 
-def poisons_outputs(nodeid: str) -> bool:
+def poisons_outputs(nodeid: str, as_gpu: int | None = None) -> bool:
     """Whether a test runs within `jax_bridge.poisoned_outputs()`: on a GPU (where outputs
-    otherwise start as their buffers' old contents; the interpreter always poisons them),
-    unless it is `UNPOISONED`."""
-    on_gpu = jax.default_backend() == "gpu"
+    otherwise start as their buffers' old contents; the interpreter always poisons them)
+    or run as on one (`--as-gpu`), unless it is `UNPOISONED`."""
+    on_gpu = jax.default_backend() == "gpu" or as_gpu is not None
     return on_gpu and not any(fnmatch.fnmatchcase(nodeid, p) for p in UNPOISONED)
