@@ -53,12 +53,10 @@ class InterpretedLikeAGpu:
 
     def __init__(self):
         self.kernels = []  # each launch's kernel, in order
-        self.constexprs = []  # and its constexprs
 
     def __call__(self, *args, kernel, out_shape, input_output_aliases, zeroed_outputs,
                  grid, num_warps, num_stages, compute_capability, name, **constexprs):  # fmt: skip
         self.kernels.append(kernel)
-        self.constexprs.append(constexprs)
         is_array = [isinstance(a, jax.Array) for a in args]
         args = [a.item() if isinstance(a, np.generic) else a for a in args]  # np.float32
 
