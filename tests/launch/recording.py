@@ -47,9 +47,11 @@ class InterpretedLikeAGpu:
     """Stands for jax_triton 0.3's `triton_call`: runs the launch it is handed through
     Triton's interpreter with 0.3's buffers on a GPU: an aliased output starts as its
     input (array operands counted), a zeroed one at 0, any other as old memory (a value no
-    kernel here writes)."""
+    kernel here writes, and unlike the poison: False for bool)."""
 
-    OLD_MEMORY = 7
+    @staticmethod
+    def old_memory(dtype) -> int | bool:
+        return False if np.dtype(dtype) == np.bool_ else 7
 
     def __init__(self):
         self.kernels = []  # each launch's kernel, in order
@@ -63,7 +65,7 @@ class InterpretedLikeAGpu:
         def run(*arrays):
             given = iter(np.array(a) for a in arrays)
             host = [next(given) if array else a for a, array in zip(args, is_array, strict=True)]
-            outputs = [np.full(s.shape, self.OLD_MEMORY, s.dtype) for s in out_shape]
+            outputs = [np.full(s.shape, self.old_memory(s.dtype), s.dtype) for s in out_shape]
             for array_index, o in input_output_aliases.items():
                 outputs[o][...] = [a for a in host if isinstance(a, np.ndarray)][array_index]
             for o in zeroed_outputs:

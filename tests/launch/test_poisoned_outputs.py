@@ -117,7 +117,7 @@ def test_a_launch_for_the_gpu_starts_its_outputs_poisoned_within_the_context(poi
     for out, want, shape in zip(outputs, written, _SHAPES, strict=False):
         out = np.asarray(out)
         np.testing.assert_allclose(out[even], want[even], rtol=1e-6)
-        left = poison_value(shape.dtype) if poisoned else gpu.OLD_MEMORY
+        left = poison_value(shape.dtype) if poisoned else gpu.old_memory(shape.dtype)
         np.testing.assert_array_equal(out[~even], np.full(out[~even].shape, left, shape.dtype))
     np.testing.assert_allclose(outputs[3], [total], rtol=1e-5)
 
