@@ -194,3 +194,49 @@ def test_expert_parallel_transposed_grouped_matmul_gradient(mesh, implementation
     expected = jax.grad(loss(unsharded), (0, 1))(lhs, rhs)
     for name, got, want in zip(("lhs", "rhs"), grads, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def _pallas_attention_over(devices: list, op: str):
+    """`op` (varlen or block-sparse attention, Pallas backend) in a shard_map over
+    `devices`, jitted: one 32-token causal document a device, 2 heads of 16."""
+    shards = len(devices)
+    mesh = Mesh(np.array(devices), ("d",))
+    rng = np.random.default_rng(3)
+    if op == "varlen_attention":
+        q, k, v = (jnp.asarray(rng.standard_normal((32 * shards, 2, 16)), jnp.float32)
+                   for _ in "qkv")  # fmt: skip
+        cu = jnp.tile(jnp.asarray([[0, 32]], jnp.int32), (shards, 1))
+
+        def local(q, k, v, cu):
+            return varlen_attention(q, k, v, cu[0], cu[0], causal=True, implementation="pallas")
+
+        operands = (q, k, v, cu)
+    else:
+        q, k, v = (jnp.asarray(rng.standard_normal((shards, 32, 2, 16)), jnp.float32)
+                   for _ in "qkv")  # fmt: skip
+
+        def local(q, k, v):
+            mask = DocumentMask(np.asarray([0, 32], np.int32), causal=True)
+            return block_sparse_attention(q, k, v, mask, implementation="pallas")
+
+        operands = (q, k, v)
+    specs = (P("d"),) * len(operands)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("d"))), operands
+
+
+@pytest.mark.parametrize("op", ["varlen_attention", "block_sparse_attention"])
+def test_pallas_over_every_cpu_device_is_refused_where_jax_would_hang(op):
+    """JAX 0.10's TPU interpreter never returns inside a shard_map whose mesh holds every
+    CPU device (`pallas_tpu.splash.common`): there the op refuses when traced, naming
+    itself and the way out; a mesh that leaves a device out, or a later JAX, traces."""
+    cpu = jax.devices("cpu")
+    if len(cpu) < 2:
+        pytest.skip("needs 2 CPU devices or more (the conftest gives a CPU run 8)")
+    fewer, _ = _pallas_attention_over(cpu[:-1], op)
+    every, operands = _pallas_attention_over(cpu, op)
+    jax.eval_shape(fewer, *(x[: x.shape[0] * (len(cpu) - 1) // len(cpu)] for x in operands))
+    if jax.__version_info__ >= (0, 11):
+        jax.eval_shape(every, *operands)
+    else:
+        with pytest.raises(ValueError, match=rf"^{op}: .*every CPU device .*Leave a device out"):
+            jax.eval_shape(every, *operands)

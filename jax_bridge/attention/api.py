@@ -30,6 +30,7 @@ from jax_bridge.core.validation import (
     check_qkv_arrays,
     check_static_int,
     is_traced,
+    naming_op,
     require,
 )
 from jax_bridge.core.vma import cotangent_like
@@ -326,7 +327,9 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 
 def _forward(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
     """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
-    out, lse = BACKENDS[options.implementation].forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
+    with naming_op(_OP):  # a backend's refusal at trace time (e.g. Pallas in a shard_map)
+        backend = BACKENDS[options.implementation]
+        out, lse = backend.forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
     return (out, lse) if sinks is None else apply_sink_limits(out, lse, sinks)
 
 
@@ -348,9 +351,10 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     # skip it, but JAX does not support them under an eager shard_map).
     d_out, d_lse = cotangents
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
-    dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
-        q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
-    )
+    with naming_op(_OP):
+        dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
+            q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
+        )
     if sinks is not None:
         d_sinks = cotangent_like(d_sinks.astype(sinks.dtype), sinks)
     # Inside shard_map a cotangent must vary exactly where its primal does; kernel calls

@@ -80,6 +80,7 @@ from jax_bridge.core.validation import (
     check_per_head,
     check_qkv_arrays,
     is_traced,
+    naming_op,
 )
 from jax_bridge.core.vma import cotangent_like, varying_like
 from jax_bridge.host.context_parallel import inverse_load_balanced_positions
@@ -226,9 +227,10 @@ def _forward_step(ring: _Ring, acc: list, q: list, q_ids, q_rank, kv: tuple, kv_
         def attend(acc_i, full, i=i, j=j, pair=pair):
             options, shift = _backend_args(ring, pair, full)
             backend = BACKENDS[options.implementation]
-            part = backend.forward(
-                q[i], k[j], v[j], pair.cu_q, pair.cu_k, None, None, options, shift=shift
-            )
+            with naming_op(_OP):  # a backend's refusal at trace time
+                part = backend.forward(
+                    q[i], k[j], v[j], pair.cu_q, pair.cu_k, None, None, options, shift=shift
+                )
             return _merge(acc_i, part)
 
         branches = [
@@ -293,10 +295,11 @@ def _backward_step(ring: _Ring, grads: tuple, res: tuple, q_rank, kv: tuple, kv_
         def gradients(acc, full, i=i, j=j, pair=pair):
             options, shift = _backend_args(ring, pair, full)
             backend = BACKENDS[options.implementation]
-            dq_p, dk_p, dv_p, _ = backend.backward(
-                q[i], k[j], v[j], out[i], lse[i], d_out[i], None,
-                pair.cu_q, pair.cu_k, None, None, options, shift=shift,
-            )  # fmt: skip
+            with naming_op(_OP):
+                dq_p, dk_p, dv_p, _ = backend.backward(
+                    q[i], k[j], v[j], out[i], lse[i], d_out[i], None,
+                    pair.cu_q, pair.cu_k, None, None, options, shift=shift,
+                )  # fmt: skip
             return tuple(a + b.astype(_F32) for a, b in zip(acc, (dq_p, dk_p, dv_p), strict=True))
 
         branches = [

@@ -467,10 +467,36 @@ def out_struct(shape, dtype, *like: jax.Array) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
 
 
+# JAX 0.10's TPU interpreter never returns inside a shard_map whose mesh holds every CPU
+# device (its device threads wait on each other at 0% CPU: seen with jax 0.10.2 on
+# meshes of 2 of 2, 4 of 4 and 8 of 8 CPU devices; 3 of 4, 4 of 5 and 4 of 8 finish, and
+# jax 0.11.2 finishes on all of them).
+FIRST_JAX_WITHOUT_THE_INTERPRETER_DEADLOCK = (0, 11)
+
+
+def _refuse_the_interpreter_deadlock() -> None:
+    """A ValueError, at trace time, where JAX's TPU interpreter would hang (above)."""
+    if jax.__version_info__ >= FIRST_JAX_WITHOUT_THE_INTERPRETER_DEADLOCK:
+        return
+    if _mesh_platform() != "cpu":
+        return
+    mesh_size = jax.sharding.get_abstract_mesh().size
+    cpu_devices = jax.device_count("cpu")
+    if mesh_size >= cpu_devices:
+        raise ValueError(
+            f"JAX {'.'.join(map(str, jax.__version_info__))}'s Pallas TPU interpreter never "
+            f"returns inside a shard_map whose mesh holds every CPU device ({mesh_size} of "
+            f"{cpu_devices}; fixed in JAX 0.11). Leave a device out of the mesh (e.g. "
+            "--xla_force_host_platform_device_count=2N for a mesh of N), use JAX >= 0.11, "
+            "or implementation='xla' or 'triton'."
+        )
+
+
 def _interpret_mode(interpret: bool, like: tuple[jax.Array, ...]):
     """pallas_call's `interpret=`: off a TPU inside a checked shard_map the plain HLO
     interpreter cannot type its constants (JAX limitation), the TPU interpreter can."""
     if interpret and _most_varying(like) is not None:
+        _refuse_the_interpreter_deadlock()
         return pltpu.InterpretParams()
     return interpret
 
