@@ -216,7 +216,10 @@ def _compiled_summary(mode: str) -> str:
     quick sizes only where to find it (compiling for an H100 and a TPU takes over a minute
     on 2 CPU cores, as long as the quick sections together)."""
     if mode != "full":
-        return "\ncompiled for an H100 and a TPU: python -m bench aot --quick (or bench --full)"
+        return (
+            "\nnot compiled for an H100 and a TPU at quick sizes (over a minute): "
+            "python -m bench aot --quick, or python -m bench --full"
+        )
     try:
         from bench.aot import summary_line
 

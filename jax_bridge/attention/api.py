@@ -24,6 +24,7 @@ from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
     as_int32,
+    check_bool,
     check_cu_seqlens,
     check_head_dim,
     check_per_head,
@@ -182,7 +183,7 @@ def varlen_attention(
         spec=spec,
     )
     refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
-    if not return_lse:
+    if not check_bool(_OP, return_lse, "return_lse"):
         return _attention_output(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
     return _attention(options, q, k, v, cu_q, cu_k, sinks, alibi_slopes)
 
@@ -218,8 +219,7 @@ def _make_spec(
     softmax_scale: Any,
     op: str = _OP,
 ) -> AttentionSpec:
-    if not isinstance(causal, bool | np.bool_):
-        raise TypeError(f"{op}: causal must be a bool, got {causal!r}.")
+    check_bool(op, causal, "causal")
     if sliding_window is not None:
         if not isinstance(sliding_window, tuple | list) or len(sliding_window) != 2:
             raise ValueError(

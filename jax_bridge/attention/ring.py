@@ -76,6 +76,7 @@ from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import (
+    check_bool,
     check_head_dim,
     check_per_head,
     check_qkv_arrays,
@@ -416,6 +417,7 @@ def ring_attention_shard(
         q, k, v, segment_ids, sinks, axis_name, ring_size, causal, sliding_window,
         logits_soft_cap, softmax_scale, sequence_layout, implementation, precision, config,
     )  # fmt: skip
+    return_stats = check_bool(_OP, return_stats, "return_stats")
     out, stats = _ring(ring, q, k, v, ids, sinks)
     return (out, RingStats(stats[0, 0], stats[0, 1])) if return_stats else out
 
@@ -520,6 +522,7 @@ def ring_attention(
         run = _sharded_ring(mesh, axis_name, *has, **static)
     except TypeError:  # an unhashable option: build it for this call only
         run = _sharded_ring.__wrapped__(mesh, axis_name, *has, **static)
+    return_stats = check_bool(_OP, return_stats, "return_stats")
     out, stats = run(q, k, v, segment_ids, sinks)
     return (out, RingStats(stats[:, 0], stats[:, 1])) if return_stats else out
 

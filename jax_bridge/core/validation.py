@@ -189,6 +189,14 @@ def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str
         )
 
 
+def check_bool(op: str, value: Any, name: str) -> bool:
+    """A static switch (`causal`, `return_lse`, ...): a Python or NumPy bool, as a bool. A
+    string or a number would be taken for its truthiness ("no" is true): a TypeError."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{op}: {name} must be a bool, got {value!r}.")
+    return bool(value)
+
+
 def check_per_head(op: str, x: Any, name: str, num_q_heads: int) -> jax.Array | None:
     """None, or a float array of one value per query head (`sinks`, `alibi_slopes`):
     shape [num_q_heads] (ValueError) and a float dtype (TypeError); errors name `op`."""

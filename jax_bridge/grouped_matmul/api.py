@@ -36,7 +36,7 @@ import numpy as np
 from jax_bridge.core.autodiff import refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.validation import naming_op
+from jax_bridge.core.validation import check_bool, naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from jax_bridge.grouped_matmul.options import MatmulOptions
@@ -53,6 +53,7 @@ _REVERSE_MODE = (
 
 def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):
     """Validated `MatmulOptions` of one public call."""
+    interpret = check_bool(op, interpret, "interpret")
     checks.check_tiling_arg(tiling)
     if config is not None and not isinstance(config, GroupedMatmulConfig | GroupedMatmulConfigs):
         raise TypeError(
@@ -60,10 +61,10 @@ def _options(op: str, implementation, interpret, precision, config, tiling, out_
             f"got {type(config).__name__}."
         )
     return MatmulOptions(
-        implementation=_BACKENDS.resolve(implementation, interpret=bool(interpret)),
+        implementation=_BACKENDS.resolve(implementation, interpret=interpret),
         precision=canonicalize_precision(precision, op),
         config=config,
-        interpret=bool(interpret),
+        interpret=interpret,
         preferred_element_type=out_dtype,
         tiling=tuple(tiling) if isinstance(tiling, list) else tiling,
         **kw,
@@ -139,6 +140,7 @@ def grouped_matmul(
       (when concrete) `group_sizes` summing past `m` or an out-of-range `group_offset`.
     """
     with naming_op("grouped_matmul"):
+        transpose_rhs = check_bool("grouped_matmul", transpose_rhs, "transpose_rhs")
         checks.check_operands(lhs, rhs, lhs_doc="[m, k]", rhs_doc="[num_groups, k, n]")
         m, k = lhs.shape
         num_groups = rhs.shape[0]
@@ -163,7 +165,7 @@ def grouped_matmul(
             config,
             tiling,
             out_dtype,
-            transpose_rhs=bool(transpose_rhs),
+            transpose_rhs=transpose_rhs,
         )
     refuse_forward_mode("grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     return _gmm(lhs, rhs, group_sizes, group_offset, existing_out, options)

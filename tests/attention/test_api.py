@@ -221,6 +221,7 @@ BAD_CALLS = {
         "head_dim must be in [16, 256] for implementation='triton', got 8",
     ),
     "config_type": ({"config": (16, 16)}, TypeError, "varlen_attention: config for implementation"),
+    "return_lse_str": ({"return_lse": "no"}, TypeError, "return_lse must be a bool"),
     "cu_int64_overflow": (
         {"cu_seqlens_q": np.array([0, 2, 2**40], np.int64)},
         ValueError,

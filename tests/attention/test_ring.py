@@ -321,6 +321,7 @@ def test_pallas_kernels_in_the_ring():
         (dict(segment_ids=np.tile(np.repeat([1, 2, 1], 16), (BATCH, 1))), ValueError, "contiguous"),
         (dict(segment_ids=np.ones((BATCH, SEQ), np.float32)), TypeError, "integer"),
         (dict(causal=1), TypeError, "causal"),
+        (dict(return_stats="no"), TypeError, "return_stats must be a bool"),
         (dict(sinks=jnp.ones(3)), ValueError, "sinks"),
         (dict(implementation="cuda"), ValueError, "ring_attention: implementation must be"),
         (dict(segment_ids=np.ones(SEQ, np.int32)), ValueError, r"\[batch, seq\] = \(2, 48\)"),

@@ -216,6 +216,9 @@ GMM_ERRORS = {
     "pallas": (dict(implementation="pallas"), ValueError, "pallas"),
     "interpret_xla": (dict(interpret=True, implementation="xla"), ValueError, "interpret"),
     "precision": (dict(precision="bf16"), ValueError, "precision"),
+    # A string is true: taken for its truthiness, "no" would transpose.
+    "transpose_rhs_str": (dict(transpose_rhs="no"), TypeError, "transpose_rhs must be a bool"),
+    "interpret_str": (dict(interpret="no"), TypeError, "grouped_matmul: interpret must be a bool"),
 }
 
 
@@ -231,6 +234,7 @@ TGMM_ERRORS = {
     "num_groups_too_many": (dict(group_offset=0, num_groups=4), ValueError, "group_sizes"),
     "existing_shape": (dict(existing_out=jnp.zeros((2, 16, 8))), ValueError, "existing_out"),
     "sizes_sum_past_m": (dict(group_sizes=jnp.asarray([30, 3, 0], jnp.int32)), ValueError, "sum"),
+    "interpret_int": (dict(interpret=1), TypeError, "transposed_grouped_matmul: interpret must be"),
 }
 
 
