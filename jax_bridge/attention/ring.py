@@ -505,6 +505,7 @@ def ring_attention(
     # Validated before the cache lookup: a cached configuration equal to a bad one
     # (causal=1 == True) must not skip the checks.
     _make_spec(q.shape[3], causal, sliding_window, logits_soft_cap, softmax_scale, op=_OP)
+    return_stats = check_bool(_OP, return_stats, "return_stats")
     precision = canonicalize_precision(precision, _OP)
     static = dict(
         causal=causal,
@@ -522,7 +523,6 @@ def ring_attention(
         run = _sharded_ring(mesh, axis_name, *has, **static)
     except TypeError:  # an unhashable option: build it for this call only
         run = _sharded_ring.__wrapped__(mesh, axis_name, *has, **static)
-    return_stats = check_bool(_OP, return_stats, "return_stats")
     out, stats = run(q, k, v, segment_ids, sinks)
     return (out, RingStats(stats[:, 0], stats[:, 1])) if return_stats else out
 

@@ -469,8 +469,8 @@ def out_struct(shape, dtype, *like: jax.Array) -> jax.ShapeDtypeStruct:
 
 # JAX 0.10's TPU interpreter never returns inside a shard_map whose mesh holds every CPU
 # device (its device threads wait on each other at 0% CPU: seen with jax 0.10.2 on
-# meshes of 2 of 2, 4 of 4 and 8 of 8 CPU devices; 3 of 4, 4 of 5 and 4 of 8 finish, and
-# jax 0.11.2 finishes on all of them).
+# meshes of 2 of 2, 4 of 4 and 8 of 8 CPU devices, where 3 of 4, 4 of 5 and 4 of 8
+# finish; jax 0.11.2 finishes 4 of 4; 0.11.0 and 0.11.1 not tried).
 FIRST_JAX_WITHOUT_THE_INTERPRETER_DEADLOCK = (0, 11)
 
 
