@@ -5,7 +5,8 @@ Data-parallel attention: each device holds its own packed tokens and cu_seqlens;
 unsharded run packs all four shards into one batch (block-sparse attention: one batch
 entry per device, against the op on each entry). Expert-parallel grouped matmul: each
 device holds a quarter of the experts (`group_offset`), every device sees every token, and
-a `psum` over the expert axis combines the rows.
+a `psum` over the expert axis combines the rows. Last, a mesh of every CPU device, which
+the Pallas backend refuses under JAX 0.10 (its TPU interpreter would never return).
 """
 
 import jax
