@@ -61,6 +61,7 @@ from jax_bridge.host.segment_ids import (
 from jax_bridge.host.sharding import get_corrected_named_sharding
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.poisoned_outputs import poisoned_outputs
+from jax_bridge.launch.program_conflicts import ProgramConflictError, program_conflicts_checked
 from jax_bridge.launch.report import KernelReport, static_kernel_report, variant_report
 from jax_bridge.launch.target import cuda_lowering
 from jax_bridge.launch.triton_call import triton_call
@@ -121,6 +122,7 @@ __all__ = [
     "KernelConfig",
     "KernelReport",
     "MoEParams",
+    "ProgramConflictError",
     "RingStats",
     "Routing",
     "ScoreMod",
@@ -169,6 +171,7 @@ __all__ = [
     "prepare_position_ids",
     "prepare_sequence_ids",
     "prepare_token_indices",
+    "program_conflicts_checked",
     "reorder_sequence",
     "resolve_implementation",
     "ring_attention",

@@ -7,7 +7,9 @@ Hypothesis profiles (`HYPOTHESIS_PROFILE=...`), all but `long` derandomized so t
 is reproducible: `ci` (the default, `make test`: a few examples each, enough to cross every
 branch the strategies reach), `thorough` (`make test-all`'s second pass over the property
 tests), `long` (a randomised search on demand). `--emulate-tf32` compiles XLA's float32
-dots as XLA:GPU does (tests/tf32.py; `make test-device-stack` runs with it).
+dots as XLA:GPU does (tests/tf32.py; `make test-device-stack` runs with it). Every
+interpreted Triton launch is checked for memory two of its programs touch in an
+order-dependent way (jax_bridge/launch/program_conflicts.py) unless `--no-conflict-check`.
 """
 
 import contextlib
@@ -83,6 +85,12 @@ def pytest_addoption(parser):
         "outputs poisoned, and run them through the interpreter with a GPU's buffers",
     )
     parser.addoption(
+        "--no-conflict-check",
+        action="store_true",
+        help="do not check interpreted launches for memory two programs touch in an "
+        "order-dependent way (jax_bridge/launch/program_conflicts.py; checked by default)",
+    )
+    parser.addoption(
         "--emulate-tf32",
         action="store_true",
         help="compile float32 XLA dots below HIGHEST precision in TF32, as XLA:GPU does "
@@ -102,6 +110,10 @@ def pytest_configure(config):
 
         if jax.default_backend() != "cpu" or jax_triton_api_version() != (0, 3):
             raise pytest.UsageError("--as-gpu runs on a CPU with jax-triton 0.3 (its stand-in)")
+    if not config.getoption("--no-conflict-check"):
+        from jax_bridge.launch import program_conflicts
+
+        program_conflicts.set_checking(True)
     if config.getoption("--emulate-tf32"):
         from tests import tf32
 

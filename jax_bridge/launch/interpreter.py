@@ -37,6 +37,8 @@ from triton._C.libtriton import ir as triton_ir
 from triton.runtime import interpreter as triton_interpreter
 from triton.runtime.interpreter import InterpretedFunction
 
+from jax_bridge.launch import program_conflicts
+
 # Triton imports gluon lazily the first time it specialises a tensor argument, and gluon
 # asserts at import that `tl`'s helpers are JITFunctions; importing it above, before any
 # swap below, keeps that assertion true.
@@ -319,8 +321,21 @@ def run_interpreted(
         _device_functions_interpreted(kernel, *functions),
         _gpu_arithmetic(),
         _language_patched_once(),
+        _conflicts_checked(kernel, len(args), outputs),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
+
+
+def _conflicts_checked(
+    kernel: triton.JITFunction, num_args: int, outputs: Sequence[np.ndarray]
+) -> contextlib.AbstractContextManager[None]:
+    """`program_conflicts.checked_launch` over the launch's outputs, where checking is on."""
+    if not program_conflicts.checking():
+        return contextlib.nullcontext()
+    # The outputs' parameter names as the kernel spells them (placeholders past its list).
+    names = [*kernel.arg_names[num_args:], *(f"output {i}" for i in range(len(outputs)))]
+    buffers = [program_conflicts.Buffer(names[i], o) for i, o in enumerate(outputs)]
+    return program_conflicts.checked_launch(kernel.fn.__name__, buffers)
 
 
 def _index_of_scalar(self: tl.core.tensor) -> int:

@@ -125,8 +125,11 @@ class _HostLaunch:
         outputs = [poisoned_host_array(s) for s in self.out_shapes]
         for i in self.zeroed_outputs:
             outputs[i][...] = 0
+        # As on a GPU, an aliased input and its output are one buffer: a kernel reading
+        # the input where another program has stored the output reads the stored value.
         for arg_index, out_index in self.input_output_aliases:
             outputs[out_index][...] = args[arg_index]
+            args[arg_index] = outputs[out_index]
         run_interpreted(self.kernel, self.grid, args, outputs, self.constexprs)
         return tuple(outputs)
 
