@@ -15,10 +15,15 @@ atomically update which elements), for every program count and offset hypothesis
 (f) through `triton_call`, an aliased input is the output's buffer, as on a GPU: a program
     reading the input where another stores the output is reported;
 (g) `set_checking` switches it for the process, and a checked launch leaves the
-    interpreter as it found it, a failing one too.
+    interpreter as it found it, a failing one too;
+(h) property: for any programs' read / store / atomic byte sets, a launch is reported iff
+    two programs race on some byte (a brute-force loop over pairs is the oracle), and
+    the pair reported is such a pair.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -223,3 +228,48 @@ def test_the_switch_and_the_interpreter_left_as_found():
     finally:
         program_conflicts.set_checking(previous)
     assert program_conflicts.checking()
+
+
+_KINDS = ("read", "store", "atomic")
+_RACING = {("store", "store"), ("store", "atomic"), ("read", "store"), ("read", "atomic")}
+
+
+@given(
+    st.lists(
+        st.tuples(*(st.sets(st.integers(0, 7), max_size=4) for _ in _KINDS)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_the_verdict_is_that_of_every_pair_of_programs(accesses):
+    """Invariant: a launch is reported iff some byte is touched by two programs p != q
+    as (store, store), (store, atomic) or (read, store / atomic) in either order; the
+    reported pair is such a pair. `accesses[p]`: program p's (read, store, atomic) bytes
+    of an 8-byte buffer, logged in several pieces as a kernel would."""
+    buffer = np.zeros(8, np.uint8)
+    log = program_conflicts._AccessLog([program_conflicts.Buffer("out_ptr", buffer)])
+    for p, sets in enumerate(accesses):
+        for kind, offsets in zip(_KINDS, sets, strict=True):
+            for piece in (sorted(offsets)[::2], sorted(offsets)[1::2], sorted(offsets)):
+                addresses = np.asarray(piece, np.uint64) + np.uint64(buffer.ctypes.data)
+                log.record(kind, (p, 0, 0), addresses)
+
+    def touches(p, kind, byte):
+        return byte in accesses[p][_KINDS.index(kind)]
+
+    def racing(p, q, byte):
+        pairs = [*_RACING, *((b, a) for a, b in _RACING)]
+        return p != q and any(touches(p, a, byte) and touches(q, b, byte) for a, b in pairs)
+
+    programs = range(len(accesses))
+    expected = any(racing(p, q, b) for p in programs for q in programs for b in range(8))
+    try:
+        program_conflicts._Checker("kernel", log).check()
+    except ProgramConflictError as error:
+        assert expected, str(error)
+        found = re.search(r"programs \((\d+), 0, 0\) and \((\d+), 0, 0\) .* out_ptr\[(\d+)\]",
+                          str(error))  # fmt: skip
+        p, q, byte = map(int, found.groups())
+        assert racing(p, q, byte), str(error)
+    else:
+        assert not expected
