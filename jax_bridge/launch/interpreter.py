@@ -321,21 +321,26 @@ def run_interpreted(
         _device_functions_interpreted(kernel, *functions),
         _gpu_arithmetic(),
         _language_patched_once(),
-        _conflicts_checked(kernel, len(args), outputs),
+        _conflicts_checked(kernel, args, outputs),
     ):
         interpreted(kernel)[grid](*launch_args, **constexprs)
 
 
 def _conflicts_checked(
-    kernel: triton.JITFunction, num_args: int, outputs: Sequence[np.ndarray]
+    kernel: triton.JITFunction, args: Sequence[Any], outputs: Sequence[np.ndarray]
 ) -> contextlib.AbstractContextManager[None]:
     """`program_conflicts.checked_launch` over the launch's outputs, where checking is on."""
     if not program_conflicts.checking():
         return contextlib.nullcontext()
     # The outputs' parameter names as the kernel spells them (placeholders past its list).
-    names = [*kernel.arg_names[num_args:], *(f"output {i}" for i in range(len(outputs)))]
+    names = [*kernel.arg_names[len(args) :], *(f"output {i}" for i in range(len(outputs)))]
     buffers = [program_conflicts.Buffer(names[i], o) for i, o in enumerate(outputs)]
-    return program_conflicts.checked_launch(kernel.fn.__name__, buffers)
+    inputs = [
+        program_conflicts.Buffer(name, a)
+        for name, a in zip(kernel.arg_names, args, strict=False)
+        if isinstance(a, np.ndarray)
+    ]
+    return program_conflicts.checked_launch(kernel.fn.__name__, buffers, inputs)
 
 
 def _index_of_scalar(self: tl.core.tensor) -> int:

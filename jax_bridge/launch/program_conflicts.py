@@ -14,8 +14,10 @@ and, when the launch ends, each byte of the launch's output buffers is checked t
   plain access from another program.
 
 A store or an atomic anywhere but the output buffers (an input, or past an allocation's
-end) is an error too: the interpreter would write into host memory. A violation raises
-`ProgramConflictError` naming the kernel, the buffer, the element and two programs.
+end) is an error too, and so is a load outside every input and output (past an end): the
+interpreter reads or writes whatever host memory lies there, where a GPU reads another
+allocation or stops at an illegal address. A violation raises `ProgramConflictError`
+naming the kernel, the buffer, the element and two programs (or the stray address).
 
 Accesses are logged as byte addresses (an element of k bytes is its k bytes), so two
 programs storing to neighbouring bfloat16 elements of one 4-byte word do not conflict,
@@ -36,7 +38,8 @@ from triton.runtime import interpreter as triton_interpreter
 
 
 class ProgramConflictError(RuntimeError):
-    """Two programs of one launch touch the same memory in an order-dependent way."""
+    """Two programs of one launch touch the same memory in an order-dependent way, or a
+    program touches memory outside the launch's buffers."""
 
 
 # Process-wide, not a context variable: JAX runs the interpreter's callbacks on threads of
@@ -99,15 +102,26 @@ def _width(pointers: Any) -> int:
     return max(1, pointers.get_element_ty().primitive_bitwidth // 8)
 
 
+def _within(addresses: np.ndarray, buffers: Sequence[Buffer]) -> np.ndarray:
+    """Which addresses lie inside one of `buffers`."""
+    inside = np.zeros(addresses.shape, bool)
+    for buffer in buffers:
+        inside |= (addresses >= buffer.start) & (addresses < buffer.end)
+    return inside
+
+
 class _AccessLog:
     """Every access of one launch, kept per program as sorted unique byte addresses."""
 
     KINDS = ("read", "store", "atomic")
 
-    def __init__(self, buffers: Sequence[Buffer]):
+    def __init__(self, buffers: Sequence[Buffer], inputs: Sequence[Buffer] = ()):
         self.buffers = list(buffers)
+        self.inputs = list(inputs)
         self.programs: list[tuple[int, int, int]] = []
         self.done: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
+        # The first read outside every buffer, inputs included: (address, program index).
+        self.stray_read: tuple[int, int] | None = None
         self._current: tuple[int, int, int] | None = None
         self._pending: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
 
@@ -117,15 +131,16 @@ class _AccessLog:
             self._current = program
             self.programs.append(program)
         if kind == "read":  # only reads of what a launch may write can conflict
-            addresses = addresses[self._in_buffers(addresses)]
+            writable = self._in_buffers(addresses)
+            stray = ~(writable | _within(addresses, self.inputs))
+            if stray.any() and self.stray_read is None:
+                self.stray_read = int(addresses[stray][0]), len(self.programs) - 1
+            addresses = addresses[writable]
         if addresses.size:
             self._pending[kind].append(addresses)
 
     def _in_buffers(self, addresses: np.ndarray) -> np.ndarray:
-        inside = np.zeros(addresses.shape, bool)
-        for buffer in self.buffers:
-            inside |= (addresses >= buffer.start) & (addresses < buffer.end)
-        return inside
+        return _within(addresses, self.buffers)
 
     def _close_program(self) -> None:
         if self._current is None:
@@ -195,6 +210,13 @@ class _Checker:
         stores = self.log.labelled("store")
         atomics = self.log.labelled("atomic")
         reads = self.log.labelled("read")
+        if self.log.stray_read is not None:
+            address, program = self.log.stray_read
+            raise ProgramConflictError(
+                f"{self.kernel_name}: program {self.log.programs[program]} reads address "
+                f"{address:#x}, outside every input and output of the launch (past an end): "
+                "on a GPU another allocation's bytes, or an illegal address"
+            )
         for addresses, kind in ((stores[0], "stores to"), (atomics[0], "atomically updates")):
             outside = addresses[~self.log._in_buffers(addresses)]
             if outside.size:
@@ -281,11 +303,14 @@ def _counting(method: Callable[..., Any], depth: list[int]) -> Callable[..., Any
 
 
 @contextlib.contextmanager
-def checked_launch(kernel_name: str, buffers: Sequence[Buffer]) -> Iterator[None]:
+def checked_launch(
+    kernel_name: str, buffers: Sequence[Buffer], inputs: Sequence[Buffer] = ()
+) -> Iterator[None]:
     """Within: one interpreted launch (the caller holds the interpreter's launch lock)
-    whose programs may write `buffers` and nothing else; on a normal exit, its accesses
-    are checked (module docstring) and a conflict raises `ProgramConflictError`."""
-    log = _AccessLog(buffers)
+    whose programs may write `buffers` and nothing else, and read those and `inputs`; on a
+    normal exit, its accesses are checked (module docstring) and a conflict raises
+    `ProgramConflictError`."""
+    log = _AccessLog(buffers, inputs)
     builder = triton_interpreter.InterpreterBuilder
     patches = _patched_accesses(log)
     saved = {name: vars(builder)[name] for name in patches}

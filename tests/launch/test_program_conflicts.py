@@ -11,7 +11,7 @@ atomically update which elements), for every program count and offset hypothesis
     is not;
 (d) atomic adds from every program pass (and sum correctly); a plain read or store of an
     atomically updated element from another program is reported;
-(e) a store into an input is reported;
+(e) a store into an input, or a load past the end of every buffer, is reported;
 (f) through `triton_call`, an aliased input is the output's buffer, as on a GPU: a program
     reading the input where another stores the output is reported;
 (g) `set_checking` switches it for the process, and a checked launch leaves the
@@ -183,6 +183,15 @@ def test_a_store_into_an_input_is_reported():
     x = np.arange(16, dtype=np.float32)
     with pytest.raises(ProgramConflictError, match="outside every output buffer"):
         run_interpreted(_store_into_input, (2,), [x], [np.zeros(16, np.float32)], dict(BLOCK=8))
+
+
+def test_a_load_past_an_inputs_end_is_reported():
+    # The input is the first 12 elements of a longer array: elements 12..15 exist on the
+    # host, but a kernel reading them reads past its buffer.
+    host = np.random.default_rng(11).standard_normal(16).astype(np.float32)
+    args, outputs = [host[:12]], [np.zeros(16, np.float32)]
+    with pytest.raises(ProgramConflictError, match=r"program \(1, 0, 0\) reads address"):
+        run_interpreted(_store_blocks, (2,), args, outputs, dict(STRIDE=8, BLOCK=8))
 
 
 @triton.jit
