@@ -21,9 +21,14 @@ naming the kernel, the buffer, the element and two programs (or the stray addres
 
 Accesses are logged as byte addresses (an element of k bytes is its k bytes), so two
 programs storing to neighbouring bfloat16 elements of one 4-byte word do not conflict,
-as they do not on a GPU. A program's own accesses are never a conflict here: its threads'
-order within one program is the compiler's business (a store and a later load of the same
-element by different threads of one program needs a barrier, which this cannot see).
+as they do not on a GPU.
+
+Within one program, a load or a store of bytes the program stored to since its last
+`tl.debug_barrier()` is an error as well: its threads run in no fixed order either, and
+Triton orders global memory between them only at a barrier. Which thread holds which
+element is the compiler's layout, which the interpreter does not have, so a kernel whose
+store and later access share one layout (the same thread each time) is reported too: a
+barrier costs little, and states the order the kernel relies on.
 """
 
 from __future__ import annotations
@@ -122,8 +127,12 @@ class _AccessLog:
         self.done: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
         # The first read outside every buffer, inputs included: (address, program index).
         self.stray_read: tuple[int, int] | None = None
+        # The first access of a program to what it stored since its last barrier:
+        # (kind, address, program index).
+        self.unfenced: tuple[str, int, int] | None = None
         self._current: tuple[int, int, int] | None = None
         self._pending: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
+        self._stored_since_barrier: list[np.ndarray] = []
 
     def record(self, kind: str, program: tuple[int, int, int], addresses: np.ndarray) -> None:
         if program != self._current:
@@ -136,13 +145,33 @@ class _AccessLog:
             if stray.any() and self.stray_read is None:
                 self.stray_read = int(addresses[stray][0]), len(self.programs) - 1
             addresses = addresses[writable]
-        if addresses.size:
-            self._pending[kind].append(addresses)
+        if not addresses.size:
+            return
+        if kind != "atomic":
+            self._note_unfenced(kind, addresses)
+        self._pending[kind].append(addresses)
+
+    def _note_unfenced(self, kind: str, addresses: np.ndarray) -> None:
+        """Notes the first read or store of bytes this program stored since its last
+        barrier; a store joins the bytes later accesses are compared with."""
+        if self.unfenced is None and self._stored_since_barrier:
+            stored = np.concatenate(self._stored_since_barrier)
+            again = addresses[np.isin(addresses, stored)]
+            if again.size:
+                self.unfenced = kind, int(again[0]), len(self.programs) - 1
+        if kind == "store" and self.unfenced is None:
+            self._stored_since_barrier.append(addresses)
+
+    def barrier(self) -> None:
+        """A `tl.debug_barrier()` in the current program: its earlier stores are seen by
+        all its threads from here on."""
+        self._stored_since_barrier.clear()
 
     def _in_buffers(self, addresses: np.ndarray) -> np.ndarray:
         return _within(addresses, self.buffers)
 
     def _close_program(self) -> None:
+        self._stored_since_barrier.clear()
         if self._current is None:
             return
         for kind in self.KINDS:
@@ -224,6 +253,15 @@ class _Checker:
                     f"{self.kernel_name}: a program {kind} address {int(outside[0]):#x}, "
                     "outside every output buffer of the launch (an input, or past an end)"
                 )
+        if self.log.unfenced is not None:
+            kind, address, program = self.log.unfenced
+            raise ProgramConflictError(
+                f"{self.kernel_name}: program {self.log.programs[program]} "
+                f"{'reads' if kind == 'read' else 'stores to'} {self._element(address)}, "
+                "which it stored to earlier with no barrier between (tl.debug_barrier()): on "
+                "a GPU another of its threads may hold that store, not yet visible or landing "
+                "later"
+            )
         shared = _shared_by_two(*stores)
         if shared.size:
             i = shared[0]
@@ -237,16 +275,20 @@ class _Checker:
             if found is not None:
                 self._raise(what, *found)
 
-    def _raise(self, what: str, address: int, first: int, second: int) -> None:
+    def _element(self, address: int) -> str:
+        """The output element holding byte `address`: `name[index] (shape ..., dtype)`."""
         buffer = next(b for b in self.log.buffers if b.start <= address < b.end)
         flat = (address - buffer.start) // buffer.array.itemsize
         index = np.unravel_index(flat, buffer.array.shape) if buffer.array.ndim else ()
+        shape = buffer.array.shape
+        return f"{buffer.name}{list(map(int, index))} (shape {shape}, {buffer.array.dtype})"
+
+    def _raise(self, what: str, address: int, first: int, second: int) -> None:
         programs = self.log.programs
         raise ProgramConflictError(
             f"{self.kernel_name}: programs {programs[first]} and {programs[second]} "
-            f"{what} {buffer.name}{list(map(int, index))} (shape {buffer.array.shape}, "
-            f"{buffer.array.dtype}) in one launch: the result depends on their order, which a "
-            "GPU does not fix"
+            f"{what} {self._element(address)} in one launch: the result depends on their "
+            "order, which a GPU does not fix"
         )
 
 
@@ -279,7 +321,13 @@ def _patched_accesses(log: _AccessLog) -> dict[str, Callable[..., Any]]:
         logged(self, "atomic", ptr, None)
         return cas(self, ptr, *rest, **named)
 
+    def barrier(self, *rest, **named):
+        log.barrier()
+        return fence(self, *rest, **named)
+
+    fence = builder.create_barrier
     patches = {
+        "create_barrier": barrier,
         "create_masked_load": masked_load,
         "create_masked_store": masked_store,
         "create_atomic_rmw": atomic_rmw,

@@ -45,9 +45,9 @@ def record_triton_kernels(monkeypatch: pytest.MonkeyPatch, jaxlib_version: tuple
 
 class InterpretedLikeAGpu:
     """Stands for jax_triton 0.3's `triton_call`: runs the launch it is handed through
-    Triton's interpreter with 0.3's buffers on a GPU: an aliased output starts as its
-    input (array operands counted), a zeroed one at 0, any other as old memory (a value no
-    kernel here writes, and unlike the poison: False for bool)."""
+    Triton's interpreter with 0.3's buffers on a GPU: an aliased output is its input's
+    buffer (array operands counted), a zeroed one starts at 0, any other as old memory (a
+    value no kernel here writes, and unlike the poison: False for bool)."""
 
     @staticmethod
     def old_memory(dtype) -> int | bool:
@@ -66,8 +66,10 @@ class InterpretedLikeAGpu:
             given = iter(np.array(a) for a in arrays)
             host = [next(given) if array else a for a, array in zip(args, is_array, strict=True)]
             outputs = [np.full(s.shape, self.old_memory(s.dtype), s.dtype) for s in out_shape]
+            arrays_at = [i for i, a in enumerate(host) if isinstance(a, np.ndarray)]
             for array_index, o in input_output_aliases.items():
-                outputs[o][...] = [a for a in host if isinstance(a, np.ndarray)][array_index]
+                outputs[o][...] = host[arrays_at[array_index]]
+                host[arrays_at[array_index]] = outputs[o]  # one buffer, as on a GPU
             for o in zeroed_outputs:
                 outputs[o][...] = 0
             run_interpreted(kernel, grid, host, outputs, constexprs)

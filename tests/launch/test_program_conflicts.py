@@ -6,9 +6,10 @@ atomically update which elements), for every program count and offset hypothesis
 (a) programs storing to disjoint elements, including neighbouring bytes of one word and
     lanes that another program touches only with masked-off lanes, pass;
 (b) two programs storing to one element are reported with that element, its buffer and
-    both programs; one program storing to it twice is not;
+    both programs; one program storing to it twice is not, with a barrier between (and is
+    without one: its threads are not ordered either);
 (c) a program reading an element another program stores to is reported; reading its own
-    is not;
+    is not, after a barrier;
 (d) atomic adds from every program pass (and sum correctly); a plain read or store of an
     atomically updated element from another program is reported;
 (e) a store into an input, or a load past the end of every buffer, is reported;
@@ -93,16 +94,20 @@ def test_overlapping_stores_are_reported_with_element_and_programs(programs, ove
 
 
 @triton.jit
-def _store_twice(out_ptr, BLOCK: tl.constexpr):
+def _store_twice(out_ptr, BLOCK: tl.constexpr, BARRIER: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offsets, offsets.to(tl.float32))
+    if BARRIER:
+        tl.debug_barrier()
     tl.store(out_ptr + offsets, offsets.to(tl.float32) * 2)
 
 
-def test_one_program_storing_twice_is_not_a_conflict():
+def test_one_program_storing_twice_needs_a_barrier_between():
     out = np.zeros(24, np.float32)
-    run_interpreted(_store_twice, (3,), [], [out], dict(BLOCK=8))
+    run_interpreted(_store_twice, (3,), [], [out], dict(BLOCK=8, BARRIER=True))
     np.testing.assert_array_equal(out, np.arange(24, dtype=np.float32) * 2)
+    with pytest.raises(ProgramConflictError, match=r"program \(0, 0, 0\) stores to out_ptr\[0\]"):
+        run_interpreted(_store_twice, (3,), [], [out], dict(BLOCK=8, BARRIER=False))
 
 
 @triton.jit
@@ -123,12 +128,17 @@ def test_masked_off_lanes_touch_nothing():
 
 
 @triton.jit
-def _read_neighbour(out_ptr, BLOCK: tl.constexpr, NEIGHBOUR: tl.constexpr):
-    """Program p stores its block, then reads block p + NEIGHBOUR (wrapping)."""
+def _read_neighbour(
+    out_ptr, BLOCK: tl.constexpr, NEIGHBOUR: tl.constexpr, BARRIER: tl.constexpr = True
+):
+    """Program p stores its block, then (after a barrier) reads block p + NEIGHBOUR
+    (wrapping)."""
     p = tl.program_id(0)
     n = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
     tl.store(out_ptr + p * BLOCK + lanes, p.to(tl.float32) + lanes)
+    if BARRIER:
+        tl.debug_barrier()
     seen = tl.load(out_ptr + ((p + NEIGHBOUR) % n) * BLOCK + lanes)
     tl.store(out_ptr + p * BLOCK + lanes, seen + 1)
 
@@ -139,6 +149,8 @@ def test_reading_what_another_program_stores_is_reported(neighbour, conflict):
     constexprs = dict(BLOCK=8, NEIGHBOUR=neighbour)
     if not conflict:
         run_interpreted(_read_neighbour, (4,), [], [out], constexprs)
+        with pytest.raises(ProgramConflictError, match="with no barrier between"):
+            run_interpreted(_read_neighbour, (4,), [], [out], {**constexprs, "BARRIER": False})
         return
     with pytest.raises(ProgramConflictError, match=r"read / store to out_ptr\[0\]"):
         run_interpreted(_read_neighbour, (4,), [], [out], constexprs)
@@ -262,6 +274,7 @@ def test_the_verdict_is_that_of_every_pair_of_programs(accesses):
             for piece in (sorted(offsets)[::2], sorted(offsets)[1::2], sorted(offsets)):
                 addresses = np.asarray(piece, np.uint64) + np.uint64(buffer.ctypes.data)
                 log.record(kind, (p, 0, 0), addresses)
+                log.barrier()  # within a program, any order (the test above)
 
     def touches(p, kind, byte):
         return byte in accesses[p][_KINDS.index(kind)]
