@@ -77,7 +77,7 @@ def program_conflicts_checked() -> Iterator[None]:
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
-    """An array a launch may write: its parameter name and the host array."""
+    """An array a launch reads or writes: its parameter name and the host array."""
 
     name: str
     array: np.ndarray
@@ -132,7 +132,8 @@ class _AccessLog:
         self.unfenced: tuple[str, int, int] | None = None
         self._current: tuple[int, int, int] | None = None
         self._pending: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
-        self._stored_since_barrier: list[np.ndarray] = []
+        # Sorted unique bytes the current program stored to since its last barrier.
+        self._stored_since_barrier = np.empty(0, np.uint64)
 
     def record(self, kind: str, program: tuple[int, int, int], addresses: np.ndarray) -> None:
         if program != self._current:
@@ -154,24 +155,25 @@ class _AccessLog:
     def _note_unfenced(self, kind: str, addresses: np.ndarray) -> None:
         """Notes the first read or store of bytes this program stored since its last
         barrier; a store joins the bytes later accesses are compared with."""
-        if self.unfenced is None and self._stored_since_barrier:
-            stored = np.concatenate(self._stored_since_barrier)
-            again = addresses[np.isin(addresses, stored)]
-            if again.size:
-                self.unfenced = kind, int(again[0]), len(self.programs) - 1
-        if kind == "store" and self.unfenced is None:
-            self._stored_since_barrier.append(addresses)
+        if self.unfenced is not None:
+            return
+        stored = self._stored_since_barrier
+        again = addresses[np.isin(addresses, stored)] if stored.size else stored
+        if again.size:
+            self.unfenced = kind, int(again[0]), len(self.programs) - 1
+        elif kind == "store":
+            self._stored_since_barrier = np.union1d(stored, addresses)
 
     def barrier(self) -> None:
         """A `tl.debug_barrier()` in the current program: its earlier stores are seen by
         all its threads from here on."""
-        self._stored_since_barrier.clear()
+        self._stored_since_barrier = np.empty(0, np.uint64)
 
     def _in_buffers(self, addresses: np.ndarray) -> np.ndarray:
         return _within(addresses, self.buffers)
 
     def _close_program(self) -> None:
-        self._stored_since_barrier.clear()
+        self.barrier()  # the next program's stores start afresh
         if self._current is None:
             return
         for kind in self.KINDS:
