@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -82,37 +83,55 @@ class Buffer:
     name: str
     array: np.ndarray
 
-    @property
+    @functools.cached_property
     def start(self) -> int:
         return self.array.ctypes.data
 
-    @property
+    @functools.cached_property
     def end(self) -> int:
         return self.start + self.array.nbytes
 
 
-def _byte_addresses(pointers: np.ndarray, lanes: np.ndarray | None, width: int) -> np.ndarray:
-    """The bytes a memory access touches: uint64 [n * width], for pointers to `width`-byte
-    elements, only the lanes where `lanes` is true (None: all)."""
+class _Intervals:
+    """The bytes of some buffers, as sorted disjoint [start, end) intervals."""
+
+    def __init__(self, buffers: Sequence[Buffer]):
+        merged: list[list[int]] = []
+        for start, end in sorted((b.start, b.end) for b in buffers if b.end > b.start):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        bounds = np.asarray(merged, np.uint64).reshape(-1, 2)
+        self.starts, self.ends = bounds[:, 0], bounds[:, 1]
+
+    def hold(self, addresses: np.ndarray, width: int = 1) -> np.ndarray:
+        """Which `width`-byte elements starting at `addresses` lie wholly inside."""
+        if not self.starts.size:
+            return np.zeros(addresses.shape, bool)
+        at = np.searchsorted(self.starts, addresses, side="right").astype(np.int64) - 1
+        inside = self.ends[np.maximum(at, 0)] >= addresses + np.uint64(width)
+        return (at >= 0) & inside
+
+
+def _element_starts(pointers: np.ndarray, lanes: np.ndarray | None) -> np.ndarray:
+    """The addresses a memory access's live lanes (`lanes` true; None: all) point at."""
     addresses = np.asarray(pointers, dtype=np.uint64).ravel()
-    if lanes is not None:
-        addresses = addresses[np.broadcast_to(np.asarray(lanes, bool), pointers.shape).ravel()]
-    if width == 1:
+    if lanes is None:
         return addresses
-    return (addresses[:, None] + np.arange(width, dtype=np.uint64)).ravel()
+    return addresses[np.broadcast_to(np.asarray(lanes, bool), pointers.shape).ravel()]
+
+
+def _bytes_of(starts: np.ndarray, width: int) -> np.ndarray:
+    """Every byte of the `width`-byte elements at `starts`."""
+    if width == 1:
+        return starts
+    return (starts[:, None] + np.arange(width, dtype=np.uint64)).ravel()
 
 
 def _width(pointers: Any) -> int:
     """Bytes an element of this pointer tensor's element type spans (int1: one byte)."""
     return max(1, pointers.get_element_ty().primitive_bitwidth // 8)
-
-
-def _within(addresses: np.ndarray, buffers: Sequence[Buffer]) -> np.ndarray:
-    """Which addresses lie inside one of `buffers`."""
-    inside = np.zeros(addresses.shape, bool)
-    for buffer in buffers:
-        inside |= (addresses >= buffer.start) & (addresses < buffer.end)
-    return inside
 
 
 class _AccessLog:
@@ -122,7 +141,8 @@ class _AccessLog:
 
     def __init__(self, buffers: Sequence[Buffer], inputs: Sequence[Buffer] = ()):
         self.buffers = list(buffers)
-        self.inputs = list(inputs)
+        self.outputs = _Intervals(self.buffers)
+        self.readable = _Intervals([*self.buffers, *inputs])
         self.programs: list[tuple[int, int, int]] = []
         self.done: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
         # The first read outside every buffer, inputs included: (address, program index).
@@ -135,17 +155,22 @@ class _AccessLog:
         # Sorted unique bytes the current program stored to since its last barrier.
         self._stored_since_barrier = np.empty(0, np.uint64)
 
-    def record(self, kind: str, program: tuple[int, int, int], addresses: np.ndarray) -> None:
+    def record(
+        self, kind: str, program: tuple[int, int, int], starts: np.ndarray, width: int = 1
+    ) -> None:
+        """Program `program`'s `kind` access to the `width`-byte elements at `starts`."""
         if program != self._current:
             self._close_program()
             self._current = program
             self.programs.append(program)
         if kind == "read":  # only reads of what a launch may write can conflict
-            writable = self._in_buffers(addresses)
-            stray = ~(writable | _within(addresses, self.inputs))
-            if stray.any() and self.stray_read is None:
-                self.stray_read = int(addresses[stray][0]), len(self.programs) - 1
-            addresses = addresses[writable]
+            writable = self.outputs.hold(starts, width)
+            if self.stray_read is None and not writable.all():
+                stray = starts[~(writable | self.readable.hold(starts, width))]
+                if stray.size:
+                    self.stray_read = int(stray[0]), len(self.programs) - 1
+            starts = starts[writable]
+        addresses = _bytes_of(starts, width)
         if not addresses.size:
             return
         if kind != "atomic":
@@ -158,7 +183,11 @@ class _AccessLog:
         if self.unfenced is not None:
             return
         stored = self._stored_since_barrier
-        again = addresses[np.isin(addresses, stored)] if stored.size else stored
+        if stored.size:
+            at = np.minimum(np.searchsorted(stored, addresses), stored.size - 1)
+            again = addresses[stored[at] == addresses]
+        else:
+            again = stored
         if again.size:
             self.unfenced = kind, int(again[0]), len(self.programs) - 1
         elif kind == "store":
@@ -168,9 +197,6 @@ class _AccessLog:
         """A `tl.debug_barrier()` in the current program: its earlier stores are seen by
         all its threads from here on."""
         self._stored_since_barrier = np.empty(0, np.uint64)
-
-    def _in_buffers(self, addresses: np.ndarray) -> np.ndarray:
-        return _within(addresses, self.buffers)
 
     def _close_program(self) -> None:
         self.barrier()  # the next program's stores start afresh
@@ -249,7 +275,7 @@ class _Checker:
                 "on a GPU another allocation's bytes, or an illegal address"
             )
         for addresses, kind in ((stores[0], "stores to"), (atomics[0], "atomically updates")):
-            outside = addresses[~self.log._in_buffers(addresses)]
+            outside = addresses[~self.log.outputs.hold(addresses)]
             if outside.size:
                 raise ProgramConflictError(
                     f"{self.kernel_name}: a program {kind} address {int(outside[0]):#x}, "
@@ -304,8 +330,8 @@ def _patched_accesses(log: _AccessLog) -> dict[str, Callable[..., Any]]:
 
     def logged(self, kind: str, pointers: Any, lanes: Any) -> None:
         kind = "atomic" if atomic_depth[0] else kind
-        addresses = _byte_addresses(pointers.data, lanes, _width(pointers))
-        log.record(kind, tuple(int(i) for i in self.grid_idx), addresses)
+        starts = _element_starts(pointers.data, lanes)
+        log.record(kind, tuple(int(i) for i in self.grid_idx), starts, _width(pointers))
 
     def masked_load(self, ptrs, mask, *rest, **named):
         logged(self, "read", ptrs, mask.data)
