@@ -8,8 +8,10 @@ is reproducible: `ci` (the default, `make test`: a few examples each, enough to 
 branch the strategies reach), `thorough` (`make test-all`'s second pass over the property
 tests), `long` (a randomised search on demand). `--emulate-tf32` compiles XLA's float32
 dots as XLA:GPU does (tests/tf32.py; `make test-device-stack` runs with it). Every
-interpreted Triton launch is checked for memory two of its programs touch in an
-order-dependent way (jax_bridge/launch/program_conflicts.py) unless `--no-conflict-check`.
+interpreted Triton launch is checked for accesses whose result a GPU's concurrency would
+make order-dependent (two programs, or a program's threads without a barrier between) and
+for accesses outside its buffers (jax_bridge/launch/program_conflicts.py), unless
+`--no-conflict-check`.
 """
 
 import contextlib
@@ -87,8 +89,9 @@ def pytest_addoption(parser):
     parser.addoption(
         "--no-conflict-check",
         action="store_true",
-        help="do not check interpreted launches for memory two programs touch in an "
-        "order-dependent way (jax_bridge/launch/program_conflicts.py; checked by default)",
+        help="do not check interpreted launches for order-dependent accesses (two programs, "
+        "a missing barrier) and accesses outside their buffers "
+        "(jax_bridge/launch/program_conflicts.py; checked by default)",
     )
     parser.addoption(
         "--emulate-tf32",
