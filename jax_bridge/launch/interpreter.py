@@ -38,6 +38,7 @@ from triton.runtime import interpreter as triton_interpreter
 from triton.runtime.interpreter import InterpretedFunction
 
 from jax_bridge.launch import program_conflicts
+from jax_bridge.launch.builder_patches import builder_patched
 
 # Triton imports gluon lazily the first time it specialises a tensor argument, and gluon
 # asserts at import that `tl`'s helpers are JITFunctions; importing it above, before any
@@ -265,24 +266,15 @@ def _gpu_arithmetic() -> Iterator[None]:
     """Within: the interpreter's bfloat16 and float32 dots and its float32 -> bfloat16
     casts act like a GPU's, and it adds through tensor descriptors."""
     builder = triton_interpreter.InterpreterBuilder
+    # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
     patches = {
         "create_dot": _gpu_dot(builder.create_dot),
         "cast_impl": _round_to_bfloat16(builder.cast_impl),
         "create_fp_to_fp": _round_to_bfloat16(builder.create_fp_to_fp),
         "create_descriptor_reduce": _descriptor_reduce,
     }
-    saved = {name: vars(builder).get(name) for name in patches}
-    # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
-    for name, patched in patches.items():
-        setattr(builder, name, patched)
-    try:
+    with builder_patched(patches):
         yield
-    finally:
-        for name, original in saved.items():
-            if original is None:  # added, not replaced
-                delattr(builder, name)
-            else:
-                setattr(builder, name, original)
 
 
 def run_interpreted(

@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from triton.runtime import interpreter as triton_interpreter
 
+from jax_bridge.launch.builder_patches import builder_patched
+
 
 class ProgramConflictError(RuntimeError):
     """Two programs of one launch touch the same memory in an order-dependent way, or a
@@ -387,14 +389,6 @@ def checked_launch(
     normal exit, its accesses are checked (module docstring) and a conflict raises
     `ProgramConflictError`."""
     log = _AccessLog(buffers, inputs)
-    builder = triton_interpreter.InterpreterBuilder
-    patches = _patched_accesses(log)
-    saved = {name: vars(builder)[name] for name in patches}
-    for name, patched in patches.items():
-        setattr(builder, name, patched)
-    try:
+    with builder_patched(_patched_accesses(log)):
         yield
-    finally:
-        for name, original in saved.items():
-            setattr(builder, name, original)
     _Checker(kernel_name, log).check()
