@@ -232,7 +232,8 @@ def test_an_aliased_input_is_the_output_buffer():
 
 def test_the_switch_and_the_interpreter_left_as_found():
     builder = triton_interpreter.InterpreterBuilder
-    names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+    names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas",
+             "create_barrier")  # fmt: skip
     before = {name: vars(builder)[name] for name in names}
     out = np.zeros(8, np.float32)
     with pytest.raises(ProgramConflictError):
