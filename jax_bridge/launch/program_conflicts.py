@@ -226,12 +226,6 @@ class _AccessLog:
         return addresses[order], owners[order]
 
 
-def _shared_by_two(addresses: np.ndarray, owners: np.ndarray) -> np.ndarray:
-    """Positions i (in sorted `addresses`) where address i is also the next one's, with
-    another owner."""
-    return np.flatnonzero((addresses[1:] == addresses[:-1]) & (owners[1:] != owners[:-1]))
-
-
 def _owner_range(addresses: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, ...]:
     """(unique addresses, lowest owner, highest owner) of address-sorted accesses."""
     unique, starts = np.unique(addresses, return_index=True)
@@ -242,7 +236,8 @@ def _first_cross_conflict(
     a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
 ) -> tuple[int, int, int] | None:
     """(address, owner in a, owner in b) of the lowest address accessed in `a` by one
-    program and in `b` by another, or None. Both are (addresses, owners), address-sorted."""
+    program and in `b` by another, or None. Both are (addresses, owners), address-sorted;
+    `a` may be `b` (an address two programs touch the same way)."""
     if not (a[0].size and b[0].size):
         return None
     addr_a, low_a, high_a = _owner_range(*a)
@@ -292,11 +287,8 @@ class _Checker:
                 "a GPU another of its threads may hold that store, not yet visible or landing "
                 "later"
             )
-        shared = _shared_by_two(*stores)
-        if shared.size:
-            i = shared[0]
-            self._raise("store to", int(stores[0][i]), int(stores[1][i]), int(stores[1][i + 1]))
         for (a, b), what in (
+            ((stores, stores), "store to"),
             ((stores, atomics), "store to / atomically update"),
             ((reads, stores), "read / store to"),
             ((reads, atomics), "read / atomically update"),
@@ -333,7 +325,7 @@ def _patched_accesses(log: _AccessLog) -> dict[str, Callable[..., Any]]:
     def logged(self, kind: str, pointers: Any, lanes: Any) -> None:
         kind = "atomic" if atomic_depth[0] else kind
         starts = _element_starts(pointers.data, lanes)
-        log.record(kind, tuple(int(i) for i in self.grid_idx), starts, _width(pointers))
+        log.record(kind, self.grid_idx, starts, _width(pointers))
 
     def masked_load(self, ptrs, mask, *rest, **named):
         logged(self, "read", ptrs, mask.data)
