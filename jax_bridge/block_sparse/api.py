@@ -25,7 +25,6 @@ from jax_bridge.block_sparse.checks import (
     check_config,
     check_mask,
     check_qkv,
-    check_return_lse,
     check_scale_and_cap,
     check_score_mod,
 )
@@ -41,7 +40,7 @@ from jax_bridge.block_sparse.score_mod import ScoreMod
 from jax_bridge.core.autodiff import first_order_only, refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.validation import check_head_dim, check_per_head, naming_op
+from jax_bridge.core.validation import check_bool, check_head_dim, check_per_head, naming_op
 from jax_bridge.core.vma import cotangent_like
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.masks import Mask
@@ -99,7 +98,7 @@ def block_sparse_attention(
         (after the soft cap, before the score hook), the indices being the mask's rows
         and columns. Treated as constants: zero gradient. XLA and Triton run it; Pallas
         refuses it.
-      return_lse: (a Python bool) also return the natural-log log-sum-exp of each row.
+      return_lse: (a bool) also return the natural-log log-sum-exp of each row.
       score_mod: a `ScoreMod` (FlexAttention's score_mod): score' = fn(score, batch,
         query head, q position, kv position) on every scaled, soft-capped (ALiBi-shifted)
         score before the mask; gradients flow through it. XLA and Triton (which needs its
@@ -147,7 +146,7 @@ def block_sparse_attention(
     check_head_dim(OP, head_dim, BACKENDS[impl].HEAD_DIMS, impl)
     check_mask(mask, q_len, kv_len, num_q_heads)
     scale, cap = check_scale_and_cap(softmax_scale, logits_soft_cap, head_dim)
-    return_lse = check_return_lse(return_lse)
+    return_lse = check_bool(OP, return_lse, "return_lse")
     check_score_mod(score_mod, impl)
     sinks = check_per_head(OP, sinks, "sinks", num_q_heads)
     alibi_slopes = check_alibi(alibi_slopes, num_q_heads, impl)

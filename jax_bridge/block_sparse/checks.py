@@ -113,13 +113,6 @@ def check_scale_and_cap(softmax_scale: Any, logits_soft_cap: Any, head_dim: int)
     return (head_dim**-0.5 if scale is None else scale), (cap or None)
 
 
-def check_return_lse(return_lse: Any) -> bool:
-    """A Python bool (a string such as "yes" or an array would silently pick a branch)."""
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"{OP}: return_lse must be a Python bool, got {return_lse!r}.")
-    return return_lse
-
-
 def check_alibi(alibi_slopes: Any, num_q_heads: int, implementation: str) -> jax.Array | None:
     """None, or [num_q_heads] float slopes on a backend that runs ALiBi."""
     alibi_slopes = check_per_head(OP, alibi_slopes, "alibi_slopes", num_q_heads)

@@ -435,6 +435,20 @@ def test_non_finite_sinks_follow_one_rule(implementation):
     assert_lse_close(lse[:, 3], want_lse[:, 3], tol)
 
 
+def test_return_lse_takes_a_numpy_bool_as_varlen_attention_does():
+    """`return_lse` is a static switch checked as every op's (`check_bool`): NumPy's bools
+    (what a config read from an array gives) pick the branch a Python bool picks."""
+    q, k, v, _, _ = _inputs(22, 24)
+    mask = CausalMask((24, 24))
+    kwargs = dict(implementation="xla", block_sizes=_blocks("xla"))
+    out, lse = block_sparse_attention(q, k, v, mask, return_lse=np.True_, **kwargs)
+    want, want_lse = block_sparse_attention(q, k, v, mask, return_lse=True, **kwargs)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    alone = block_sparse_attention(q, k, v, mask, return_lse=np.False_, **kwargs)
+    np.testing.assert_array_equal(alone, want)
+
+
 @pytest.mark.parametrize("implementation", ["xla", "triton"])
 def test_large_logits_keep_the_reference_accuracy(implementation):
     """Logits of ~1e4: the output's error against float64 stays within 4x the float32
@@ -694,7 +708,7 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         (dict(logits_soft_cap=float("inf")), ValueError, r"logits_soft_cap must be positive and"),
         (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be a finite non-zero"),
         (dict(softmax_scale=0.0), ValueError, r"softmax_scale must be a finite non-zero float"),
-        (dict(return_lse="yes"), TypeError, r"return_lse must be a Python bool, got 'yes'"),
+        (dict(return_lse="yes"), TypeError, r"return_lse must be a bool, got 'yes'"),
         (
             dict(block_sizes=BlockSizes(100, 100), implementation="xla"),
             ValueError,
