@@ -129,7 +129,7 @@ def varlen_attention(
         (dQ added by float32 atomics from the dK/dV kernel, no dQ kernel; dQ's sums then
         run in no fixed order). With implementation="pallas": a splash `BlockSizes`
         (multiples of 128; None fields default; the packed axes are padded to the
-        blocks). Ignored by XLA.
+        blocks). XLA ignores either kind.
       implementation: "auto" (Triton on GPUs, the Pallas splash kernels on TPUs, XLA
         elsewhere), "triton" (on a CPU it runs through Triton's interpreter: slow),
         "pallas" (off a TPU in Pallas' interpret mode: slow; no `alibi_slopes`; float32
@@ -151,8 +151,9 @@ def varlen_attention(
     and `jax.shard_map` with its default `check_vma=True` (e.g. data parallelism: each
     device its own packed tokens and cu_seqlens).
 
-    Non-finite sinks: a NaN sink makes its head's outputs NaN; a +inf sink takes all of
-    the probability (output 0, lse +inf); -inf is no sink.
+    Non-finite sinks: a NaN sink makes its head's outputs NaN, on every row (padding rows,
+    which see only the sink, and rows that see no key included); a +inf sink takes all
+    of the probability (output 0, lse +inf); -inf is no sink.
 
     Raises:
       TypeError / ValueError naming the offending argument.
@@ -262,11 +263,15 @@ def _window_side(side: Any, window: Any, op: str = _OP) -> int | None:
 def _check_config(
     config: Any, implementation: str, op: str = _OP, head_dim: int | None = None
 ) -> AttentionConfigs | BlockSizes | None:
-    """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both.
-    With `head_dim`, a Triton config's kernels with `tma` are checked against it here,
-    not when a gradient is first traced (a descriptor's tile is a whole row)."""
+    """Triton takes launch configs; Pallas takes splash tile sizes; XLA ignores both (a
+    program written for one accelerator, `implementation="auto"` with its config, also
+    runs on a CPU). With `head_dim`, a Triton config's kernels with `tma` are checked
+    against it here, not when a gradient is first traced (a descriptor's tile is a whole
+    row)."""
     if implementation == "pallas" and isinstance(config, (BlockSizes, type(None))):
         return config
+    if implementation == "xla" and isinstance(config, BlockSizes):
+        return None
     if implementation != "pallas" and isinstance(config, AttentionKernelConfig):
         config = AttentionConfigs.for_every_kernel(config)
     if implementation != "pallas" and (config is None or isinstance(config, AttentionConfigs)):

@@ -220,12 +220,17 @@ def transposed_grouped_matmul(
             if group_offset is not None:
                 raise ValueError("num_groups must be given with group_offset.")
             num_groups = np.shape(group_sizes)[0] if np.ndim(group_sizes) == 1 else 1
+            if num_groups == 0:
+                raise ValueError(
+                    "group_sizes must hold at least one group (num_groups defaults to its "
+                    "length), got shape (0,)."
+                )
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
         out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
         checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
         group_sizes, group_offset = checks.check_groups(
-            group_sizes, group_offset, m=m, num_groups=num_groups
+            group_sizes, group_offset, m=m, num_groups=num_groups, m_of="the columns of lhs [k, m]"
         )
         options = _options(
             "transposed_grouped_matmul",

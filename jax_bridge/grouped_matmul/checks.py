@@ -106,8 +106,11 @@ def check_group_offset(
     return jnp.asarray(offset, jnp.int32)
 
 
-def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: bool) -> jax.Array:
-    """int32 [num_groups_total] (== num_groups without an offset), >= 0, sum <= m."""
+def check_group_sizes(
+    group_sizes: Any, *, m: int, num_groups: int, has_offset: bool, m_of: str = "the rows of lhs"
+) -> jax.Array:
+    """int32 [num_groups_total] (== num_groups without an offset), >= 0, sum <= m
+    (`m_of`: where m is, for the message)."""
     sizes = group_sizes if is_traced(group_sizes) else np.asarray(group_sizes)
     if sizes.ndim != 1:
         raise ValueError(
@@ -134,16 +137,16 @@ def check_group_sizes(group_sizes: Any, *, m: int, num_groups: int, has_offset: 
         total = group_ends(sizes, min(m + 1, 2**31 - 1))[-1]
     else:
         total = np.sum(sizes, dtype=np.int64)
-    require(total <= m, f"group_sizes must sum to at most {m}, the rows of lhs.")
+    require(total <= m, f"group_sizes must sum to at most {m}, {m_of}.")
     return jnp.asarray(sizes)
 
 
 def check_groups(
-    group_sizes: Any, group_offset: Any, *, m: int, num_groups: int
+    group_sizes: Any, group_offset: Any, *, m: int, num_groups: int, m_of: str = "the rows of lhs"
 ) -> tuple[jax.Array, jax.Array | None]:
     """(group_sizes as int32 [num_groups_total], group_offset as an int32 scalar or None)."""
     sizes = check_group_sizes(
-        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None
+        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None, m_of=m_of
     )
     offset = check_group_offset(
         group_offset, num_groups=num_groups, num_groups_total=sizes.shape[0]

@@ -80,10 +80,35 @@ def init_moe_params(
     )
 
 
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _check_router_inputs(x: Any, router: Any) -> None:
+    """x [T, hidden] and router [hidden, E], both floating (a ValueError for a shape, a
+    TypeError for anything else; `naming_op` prefixes the op)."""
+    for name, array, doc in (("x", x, "[tokens, hidden]"), ("router", router, "[hidden, E]")):
+        if not _is_array(array):
+            raise TypeError(f"{name} must be an array of shape {doc}, got {type(array).__name__}.")
+        if array.ndim != 2:
+            raise ValueError(f"{name} must have shape {doc}, got shape {tuple(array.shape)}.")
+        if not jnp.issubdtype(array.dtype, jnp.floating):
+            raise TypeError(f"{name} must have a floating dtype, got {array.dtype}.")
+    if router.shape[0] != x.shape[1]:
+        raise ValueError(
+            f"router must have shape [hidden={x.shape[1]}, E] (hidden: the columns of x), "
+            f"got shape {tuple(router.shape)}."
+        )
+
+
 def _check_block(op: str, x: Any, params: Any, top_k: Any) -> int:
     """Shapes and dtypes of one block call (global arrays); returns top_k."""
     if not isinstance(params, MoEParams):
         raise TypeError(f"{op}: params must be MoEParams, got {type(params).__name__}.")
+    weights = ((f"params.{f.name}", getattr(params, f.name)) for f in dataclasses.fields(params))
+    for name, array in (("x", x), *weights):
+        if not _is_array(array):
+            raise TypeError(f"{op}: {name} must be an array, got {type(array).__name__}.")
     if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(
             f"{op}: x must be a floating array of shape [tokens, hidden], got "
@@ -134,6 +159,7 @@ def top_k_router(
       softmax of the k chosen logits, summing to 1 per token).
     """
     with naming_op("top_k_router"):
+        _check_router_inputs(x, router)
         precision = canonicalize_precision(precision, "top_k_router")
         top_k = check_static_int(top_k, "top_k", minimum=1)
         if top_k > router.shape[1]:

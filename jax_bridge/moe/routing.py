@@ -57,6 +57,17 @@ class Routing(NamedTuple):
         return self.group_sizes.shape[0]
 
 
+def _rows_array(x: Any, name: str, shape_doc: str) -> jax.Array:
+    """`x` as a JAX array of rank 2 (`shape_doc`): a NumPy array becomes one, so that it
+    can be gathered by the traced indices of a jit or vmap; a list or a scalar is refused
+    (TypeError), as every op refuses them."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array of shape {shape_doc}, got {type(x)}.")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}.")
+    return jnp.asarray(x)
+
+
 def _check_expert_ids(expert_ids: Any, tokens: int, num_experts: int) -> jax.Array:
     """expert_ids as int32 [T, K]; values in [0, E) (now when concrete, else checkify)."""
     ids = expert_ids if is_traced(expert_ids) else np.asarray(expert_ids)
@@ -98,10 +109,7 @@ def route(x: jax.Array, expert_ids: jax.Array, num_experts: int) -> Routing:
       for shapes and dtypes.
     """
     with naming_op("route"):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"x must be an array of shape [tokens, hidden], got {type(x)}.")
-        if x.ndim != 2:
-            raise ValueError(f"x must have shape [tokens, hidden], got shape {tuple(x.shape)}.")
+        x = _rows_array(x, "x", "[tokens, hidden]")
         num_experts = check_static_int(num_experts, "num_experts", minimum=1)
         ids = _check_expert_ids(expert_ids, x.shape[0], num_experts)
     tokens, top_k = ids.shape
@@ -149,15 +157,17 @@ def unroute(y_sorted: jax.Array, routing: Routing, weights: jax.Array | None = N
         if not isinstance(routing, Routing):
             raise TypeError(f"routing must be the Routing of route(), got {type(routing)}.")
         tokens, top_k = routing.inverse.shape
-        if not hasattr(y_sorted, "shape") or y_sorted.ndim != 2:
-            shape = tuple(getattr(y_sorted, "shape", ()))
-            raise ValueError(f"y_sorted must have shape [tokens * top_k, d], got shape {shape}.")
+        y_sorted = _rows_array(y_sorted, "y_sorted", "[tokens * top_k, d]")
         if y_sorted.shape[0] != tokens * top_k:
             raise ValueError(
                 f"y_sorted has {y_sorted.shape[0]} rows, but routing sorted {tokens * top_k} "
                 f"(tokens={tokens} x top_k={top_k})."
             )
         if weights is not None:
+            if not hasattr(weights, "shape") or not hasattr(weights, "dtype"):
+                raise TypeError(
+                    f"weights must be None or an array [tokens, top_k], got {type(weights)}."
+                )
             if not jnp.issubdtype(weights.dtype, jnp.floating):
                 raise TypeError(f"weights must have a floating dtype, got {weights.dtype}.")
             if tuple(weights.shape) != (tokens, top_k):

@@ -22,11 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
-from jax_bridge import AttentionConfigs, flash_attention, varlen_attention
+from jax_bridge import AttentionConfigs, AttentionKernelConfig, flash_attention, varlen_attention
 from jax_bridge.attention.padded import segment_ids_to_cu_seqlens
 from jax_bridge.attention.reference import allowed_mask
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.backend import compiling_for_platform
+from pallas_tpu.splash import BlockSizes
 from tests.attention.helpers import (
     assert_close,
     attention_tolerance,
@@ -311,6 +312,19 @@ def test_flash_attention_conventions_are_accepted():
         logits_soft_cap=0.0,
     )
     np.testing.assert_array_equal(np.asarray(conventions), plain)
+
+
+def test_xla_ignores_a_config_of_either_accelerator():
+    """A program written for TPUs (`implementation="auto"` with splash `BlockSizes`) or
+    GPUs (an `AttentionConfigs`) also runs where "auto" means XLA: same numbers as no
+    config. Triton still refuses a `BlockSizes` (it needs its own launch configs)."""
+    q, k, v, cu_q, cu_k, _ = _inputs(18)
+    run = functools.partial(varlen_attention, q, k, v, cu_q, cu_k, causal=True)
+    plain = np.asarray(run(implementation="xla"))
+    for config in (BlockSizes(block_q=128), AttentionConfigs(), AttentionKernelConfig(16, 16)):
+        np.testing.assert_array_equal(np.asarray(run(implementation="xla", config=config)), plain)
+    with pytest.raises(TypeError, match="varlen_attention: config for implementation='triton'"):
+        run(implementation="triton", config=BlockSizes())
 
 
 @pytest.mark.parametrize("head_dim", [8, 300])

@@ -233,7 +233,16 @@ TGMM_ERRORS = {
     "offset_without_num_groups": (dict(group_offset=1), ValueError, "num_groups"),
     "num_groups_too_many": (dict(group_offset=0, num_groups=4), ValueError, "group_sizes"),
     "existing_shape": (dict(existing_out=jnp.zeros((2, 16, 8))), ValueError, "existing_out"),
-    "sizes_sum_past_m": (dict(group_sizes=jnp.asarray([30, 3, 0], jnp.int32)), ValueError, "sum"),
+    "sizes_sum_past_m": (
+        dict(group_sizes=jnp.asarray([30, 3, 0], jnp.int32)),
+        ValueError,
+        r"transposed_grouped_matmul: group_sizes must sum to at most 32, the columns of lhs",
+    ),
+    "no_groups": (
+        dict(group_sizes=jnp.zeros((0,), jnp.int32)),
+        ValueError,
+        r"group_sizes must hold at least one group .*got shape \(0,\)",
+    ),
     "interpret_int": (dict(interpret=1), TypeError, "transposed_grouped_matmul: interpret must be"),
 }
 

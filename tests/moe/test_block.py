@@ -105,6 +105,39 @@ def test_init_moe_params_shapes_and_scale():
     assert small.router.dtype == jnp.bfloat16
 
 
+@pytest.mark.parametrize(
+    "case, error, match",
+    [
+        ("router rows", ValueError, r"top_k_router: router must have shape \[hidden=32, E\]"),
+        ("x rank", ValueError, r"top_k_router: x must have shape \[tokens, hidden\]"),
+        ("x batched", ValueError, r"top_k_router: x must have shape \[tokens, hidden\]"),
+        ("router rank", ValueError, r"top_k_router: router must have shape \[hidden, E\]"),
+        ("int", TypeError, "top_k_router: x must have a floating dtype, got int32"),
+        ("list", TypeError, "top_k_router: router must be an array of shape"),
+        ("top_k", ValueError, r"top_k_router: top_k must lie in \[1, 8\], got 9"),
+    ],
+)
+def test_top_k_router_checks_its_arguments(case, error, match):
+    """Shapes and dtypes are the docstring's (x [T, hidden], router [hidden, E],
+    floating): a wrong one is refused naming the op, never run with broadcasting."""
+    x, params = problem(1, tokens=4)
+    router, top_k = params.router, 2
+    if case == "router rows":
+        router = router[:5]
+    elif case in ("x rank", "x batched"):
+        x = x[0] if case == "x rank" else x[None]
+    elif case == "router rank":
+        router = router[None]
+    elif case == "int":
+        x, router = x.astype(jnp.int32), router.astype(jnp.int32)
+    elif case == "list":
+        router = np.asarray(router).tolist()
+    else:
+        top_k = 9
+    with pytest.raises(error, match=match):
+        top_k_router(x, router, top_k)
+
+
 def _bad(params: MoEParams, **change) -> MoEParams:
     return MoEParams(**{**vars(params), **change})
 
@@ -114,6 +147,8 @@ def _bad(params: MoEParams, **change) -> MoEParams:
     [
         ("x rank", ValueError, r"moe_feed_forward: x must be a floating array of shape"),
         ("x int", ValueError, r"moe_feed_forward: x must be a floating array"),
+        ("x list", TypeError, r"moe_feed_forward: x must be an array, got list"),
+        ("router list", TypeError, r"moe_feed_forward: params.router must be an array"),
         ("params type", TypeError, "moe_feed_forward: params must be MoEParams"),
         ("router", ValueError, r"params.router must have shape \[hidden=32"),
         ("w_up", ValueError, r"params.w_up must have shape \[num_experts=8, hidden=32, ffn\]"),
@@ -128,10 +163,13 @@ def _bad(params: MoEParams, **change) -> MoEParams:
 def test_bad_arguments_name_the_op_and_the_argument(case, error, match):
     x, params = problem(0, tokens=4)
     top_k = {"top_k 0": 0, "top_k 9": 9, "top_k float": 2.0}.get(case, 2)
-    x = {"x rank": x[0], "x int": x.astype(jnp.int32)}.get(case, x)
+    x = {"x rank": x[0], "x int": x.astype(jnp.int32), "x list": np.asarray(x).tolist()}.get(
+        case, x
+    )
     params = {
         "params type": tuple(vars(params).values()),
         "router": _bad(params, router=params.router[:5]),
+        "router list": _bad(params, router=np.asarray(params.router).tolist()),
         "w_up": _bad(params, w_up=params.w_up[:, :5]),
         "ffn": _bad(params, w_up=params.w_up[:, :, :3]),
         "w_down": _bad(params, w_down=params.w_down[:7]),

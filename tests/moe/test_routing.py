@@ -142,6 +142,28 @@ def test_jit_vmap_and_grad():
     assert_close(d_w, Float64Product(d_w_value, d_w_magnitude, x.shape[1] + 2), name="d_w")
 
 
+def test_numpy_data_is_routed_by_traced_ids_under_jit_and_vmap():
+    """x, y_sorted and weights as NumPy arrays closed over by a jit or a vmap whose ids
+    are traced: they are gathered by traced indices, as JAX arrays would be."""
+    x, ids, weights = _inputs(3, 7, 2, 4)
+    want = route(jnp.asarray(x), ids, 4)
+
+    def there_and_back(ids):
+        r = route(x, ids, 4)
+        return r.sorted_x, unroute(r.sorted_x, r, weights)
+
+    sorted_x, combined = jax.jit(there_and_back)(ids)
+    np.testing.assert_array_equal(sorted_x, want.sorted_x)
+    np.testing.assert_array_equal(combined, unroute(want.sorted_x, want, weights))
+    batched = jax.vmap(lambda i: route(x, i, 4).sorted_x)(np.stack([ids, ids[::-1]]))
+    np.testing.assert_array_equal(batched[0], want.sorted_x)
+    np.testing.assert_array_equal(batched[1], route(x, ids[::-1], 4).sorted_x)
+    y = np.asarray(want.sorted_x)  # NumPy rows, traced routing
+    np.testing.assert_array_equal(
+        jax.jit(lambda r: unroute(y, r, weights))(want), unroute(y, want, weights)
+    )
+
+
 def test_traced_out_of_range_ids_are_in_no_group_and_checkify_reports_them():
     x, ids, _ = _inputs(2, 10, 1, 4)
     ids[3, 0], ids[7, 0] = 4, -1
@@ -155,6 +177,7 @@ def test_traced_out_of_range_ids_are_in_no_group_and_checkify_reports_them():
 
 BAD_ROUTE = [
     (dict(x=np.zeros(4, np.float32)), ValueError, "route: x must have shape"),
+    (dict(x=[[1.0, 2.0]] * 4), TypeError, "route: x must be an array of shape"),
     (dict(ids=np.zeros(4, np.float32)), TypeError, "route: expert_ids must have an integer"),
     (dict(ids=np.zeros(4, bool)), TypeError, "route: expert_ids must have an integer"),
     (dict(ids=np.zeros(3, np.int32)), ValueError, r"expert_ids must have shape .*tokens=4"),
@@ -193,3 +216,7 @@ def test_unroute_rejects_bad_arguments():
         unroute(r.sorted_x, r, weights[:, :1])
     with pytest.raises(TypeError, match="unroute: weights must have a floating dtype"):
         unroute(r.sorted_x, r, ids)
+    with pytest.raises(TypeError, match="unroute: y_sorted must be an array of shape"):
+        unroute(np.asarray(r.sorted_x).tolist(), r)
+    with pytest.raises(TypeError, match="unroute: weights must be None or an array"):
+        unroute(r.sorted_x, r, weights.tolist())
