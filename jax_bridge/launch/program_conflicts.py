@@ -8,27 +8,39 @@ program reading what another stores) passes on the CPU and fails, sometimes, on 
 device. Within `checked_launch` every memory access of the launch is logged by program
 and, when the launch ends, each byte of the launch's output buffers is checked to be:
 
-* stored to (plain stores) by at most one program,
+* stored to by at most one program,
 * read by no program other than the one that stores to it, and
-* if updated by atomics (any number of programs may), neither stored to nor read by a
-  plain access from another program.
+* if updated by atomics that commute (add, max, min, and, or, xor; any number of
+  programs may), updated by one such operation only, and neither stored to nor read by
+  another program.
+
+Stores here include the atomics whose result depends on their order (exchange,
+compare-and-swap, `tl.atomic_store`) and atomics of `scope="cta"`, atomic only among the
+threads of one program; reads include atomic loads and polls. So a launch whose programs
+synchronise through memory (a lock, a flag one sets and another polls) is reported too:
+whether its result is order-independent is beyond what an access log can tell.
 
 A store or an atomic anywhere but the output buffers (an input, or past an allocation's
-end) is an error too, and so is a load outside every input and output (past an end): the
-interpreter reads or writes whatever host memory lies there, where a GPU reads another
-allocation or stops at an illegal address. A violation raises `ProgramConflictError`
-naming the kernel, the buffer, the element and two programs (or the stray address).
+end) is an error too, and so is a load outside every input and output (past an end):
+raised before the access runs, since the interpreter would read or write whatever host
+memory lies there (or crash), where a GPU reads another allocation or stops at an illegal
+address. A violation raises `ProgramConflictError` naming the kernel, the buffer, the
+element and two programs (or the stray address).
 
 Accesses are logged as byte addresses (an element of k bytes is its k bytes), so two
 programs storing to neighbouring bfloat16 elements of one 4-byte word do not conflict,
 as they do not on a GPU.
 
-Within one program, a load or a store of bytes the program stored to since its last
-`tl.debug_barrier()` is an error as well: its threads run in no fixed order either, and
-Triton orders global memory between them only at a barrier. Which thread holds which
-element is the compiler's layout, which the interpreter does not have, so a kernel whose
-store and later access share one layout (the same thread each time) is reported too: a
-barrier costs little, and states the order the kernel relies on.
+Within one program, a load or a store of bytes the program stored to or updated
+atomically since its last `tl.debug_barrier()`, and an atomic on bytes it stored to, are
+errors as well, and so is one store whose lanes put different values in one element: its
+threads run in no fixed order either, and Triton orders global memory between them only
+at a barrier. Which thread holds which element is the compiler's layout, which the
+interpreter does not have, so a kernel whose store and later access share one layout
+(the same thread each time) is reported too: a barrier costs little, and states the order
+the kernel relies on. A store after a load of the same bytes is not checked: reading an
+element and storing what was computed from it is the common, safe case, and the log does
+not know what a value was computed from.
 """
 
 from __future__ import annotations
@@ -136,80 +148,125 @@ def _width(pointers: Any) -> int:
     return max(1, pointers.get_element_ty().primitive_bitwidth // 8)
 
 
+# Atomic read-modify-writes whose result is the same in any order (up to rounding, for
+# floats): programs may all apply one of them to a byte. (XCHG is not among them.)
+_COMMUTING = frozenset({"ADD", "FADD", "MAX", "MIN", "UMAX", "UMIN", "AND", "OR", "XOR"})
+
+
 class _AccessLog:
-    """Every access of one launch, kept per program as sorted unique byte addresses."""
+    """Every access of one launch, kept per program as sorted unique byte addresses, by
+    kind: "read", "store" and "atomic <OP>" for each commuting operation (`_atomic_kind`)."""
 
-    KINDS = ("read", "store", "atomic")
-
-    def __init__(self, buffers: Sequence[Buffer], inputs: Sequence[Buffer] = ()):
+    def __init__(self, kernel_name: str, buffers: Sequence[Buffer], inputs: Sequence[Buffer] = ()):
+        self.kernel_name = kernel_name
         self.buffers = list(buffers)
         self.outputs = _Intervals(self.buffers)
         self.readable = _Intervals([*self.buffers, *inputs])
         self.programs: list[tuple[int, int, int]] = []
-        self.done: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
-        # The first read outside every buffer, inputs included: (address, program index).
-        self.stray_read: tuple[int, int] | None = None
+        # kind -> (program index, its sorted unique bytes) of every program that has some.
+        self.done: dict[str, list[tuple[int, np.ndarray]]] = {}
         # The first access of a program to what it stored since its last barrier:
-        # (kind, address, program index).
+        # (what it did, address, program index).
         self.unfenced: tuple[str, int, int] | None = None
         self._current: tuple[int, int, int] | None = None
-        self._pending: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
-        # Sorted unique bytes the current program stored to since its last barrier.
-        self._stored_since_barrier = np.empty(0, np.uint64)
+        self._pending: dict[str, list[np.ndarray]] = {}
+        # Sorted unique bytes the current program stored to (updated atomically) since its
+        # last barrier.
+        self._stored = self._updated = np.empty(0, np.uint64)
 
     def record(
-        self, kind: str, program: tuple[int, int, int], starts: np.ndarray, width: int = 1
+        self,
+        kind: str,
+        program: tuple[int, int, int],
+        starts: np.ndarray,
+        width: int = 1,
+        values: np.ndarray | None = None,
     ) -> None:
-        """Program `program`'s `kind` access to the `width`-byte elements at `starts`."""
+        """Program `program`'s `kind` access to the `width`-byte elements at `starts`
+        (a store: of `values`, one per element, if given). An access outside the launch's
+        buffers raises here, before it runs."""
         if program != self._current:
             self._close_program()
             self._current = program
             self.programs.append(program)
+        writable = self.outputs.hold(starts, width)
         if kind == "read":  # only reads of what a launch may write can conflict
-            writable = self.outputs.hold(starts, width)
-            if self.stray_read is None and not writable.all():
-                stray = starts[~(writable | self.readable.hold(starts, width))]
-                if stray.size:
-                    self.stray_read = int(stray[0]), len(self.programs) - 1
+            stray = starts[~writable]
+            stray = stray[~self.readable.hold(stray, width)]
+            if stray.size:
+                self._raise_stray(stray[0], "reads", "every input and output of the launch "
+                                  "(past an end)")  # fmt: skip
             starts = starts[writable]
+        elif not writable.all():
+            verb = "stores to" if kind == "store" else "atomically updates"
+            self._raise_stray(starts[~writable][0], verb, "every output buffer of the launch "
+                              "(an input, or past an end)")  # fmt: skip
+        if values is not None:
+            self._note_lanes_disagree(starts, values)
         addresses = _bytes_of(starts, width)
-        if not addresses.size:
-            return
-        if kind != "atomic":
+        if addresses.size:
             self._note_unfenced(kind, addresses)
-        self._pending[kind].append(addresses)
+            self._pending.setdefault(kind, []).append(addresses)
+
+    def _raise_stray(self, address: int, verb: str, outside: str) -> None:
+        raise ProgramConflictError(
+            f"{self.kernel_name}: program {self._current} {verb} address {int(address):#x}, "
+            f"outside {outside}: on a GPU another allocation's bytes, or an illegal address"
+        )
+
+    def _note_lanes_disagree(self, starts: np.ndarray, values: np.ndarray) -> None:
+        """Notes one store whose lanes put different values in one element (which lane
+        lands last is not fixed on a GPU); equal values are harmless."""
+        if self.unfenced is not None or starts.size < 2:
+            return
+        order = np.argsort(starts, kind="stable")
+        ordered = starts[order]
+        twice = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if not twice.size:
+            return
+        bits = np.ascontiguousarray(values[order]).view(np.uint8).reshape(starts.size, -1)
+        differ = twice[np.any(bits[twice] != bits[twice + 1], axis=1)]
+        if differ.size:
+            self.unfenced = "stores two values to", int(ordered[differ[0]]), len(self.programs) - 1
 
     def _note_unfenced(self, kind: str, addresses: np.ndarray) -> None:
-        """Notes the first read or store of bytes this program stored since its last
-        barrier; a store joins the bytes later accesses are compared with."""
+        """Notes the first access of bytes this program stored to (or, for a read or a
+        store, updated atomically) since its last barrier; the access joins the bytes
+        later ones are compared with."""
         if self.unfenced is not None:
             return
-        stored = self._stored_since_barrier
-        if stored.size:
-            at = np.minimum(np.searchsorted(stored, addresses), stored.size - 1)
-            again = addresses[stored[at] == addresses]
-        else:
-            again = stored
+        atomic = kind not in ("read", "store")
+        again = _among(addresses, self._stored)
+        if not atomic and not again.size:
+            again = _among(addresses, self._updated)
         if again.size:
-            self.unfenced = kind, int(again[0]), len(self.programs) - 1
+            what = {"read": "reads", "store": "stores to"}.get(kind, "atomically updates")
+            self.unfenced = what, int(again[0]), len(self.programs) - 1
         elif kind == "store":
-            self._stored_since_barrier = np.union1d(stored, addresses)
+            self._stored = np.union1d(self._stored, addresses)
+        elif atomic:
+            self._updated = np.union1d(self._updated, addresses)
 
     def barrier(self) -> None:
         """A `tl.debug_barrier()` in the current program: its earlier stores are seen by
         all its threads from here on."""
-        self._stored_since_barrier = np.empty(0, np.uint64)
+        self._stored = self._updated = np.empty(0, np.uint64)
 
     def _close_program(self) -> None:
         self.barrier()  # the next program's stores start afresh
         if self._current is None:
             return
-        for kind in self.KINDS:
-            pending = self._pending[kind]
-            self.done[kind].append(
-                np.unique(np.concatenate(pending)) if pending else np.empty(0, np.uint64)
-            )
-            pending.clear()
+        for kind, pending in self._pending.items():
+            if pending:
+                bytes_ = np.unique(np.concatenate(pending))
+                self.done.setdefault(kind, []).append((len(self.programs) - 1, bytes_))
+                pending.clear()
+
+    def kinds(self) -> list[str]:
+        """Every kind logged so far (closing the current program)."""
+        self._close_program()
+        self._current = None
+        return list(self.done)
 
     def labelled(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
         """(addresses, program index) of every program's `kind` accesses, sorted by
@@ -217,13 +274,21 @@ class _AccessLog:
         two programs."""
         self._close_program()
         self._current = None
-        per_program = self.done[kind]
+        per_program = self.done.get(kind, [])
         if not per_program:
             return np.empty(0, np.uint64), np.empty(0, np.int64)
-        addresses = np.concatenate(per_program)
-        owners = np.repeat(np.arange(len(per_program)), [a.size for a in per_program])
+        addresses = np.concatenate([a for _, a in per_program])
+        owners = np.repeat([p for p, _ in per_program], [a.size for _, a in per_program])
         order = np.argsort(addresses, kind="stable")
         return addresses[order], owners[order]
+
+
+def _among(addresses: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """The `addresses` found in `held` (sorted, unique)."""
+    if not held.size:
+        return held
+    at = np.minimum(np.searchsorted(held, addresses), held.size - 1)
+    return addresses[held[at] == addresses]
 
 
 def _owner_range(addresses: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -256,46 +321,44 @@ def _first_cross_conflict(
 
 
 class _Checker:
-    def __init__(self, kernel_name: str, log: _AccessLog):
-        self.kernel_name = kernel_name
+    def __init__(self, log: _AccessLog):
+        self.kernel_name = log.kernel_name
         self.log = log
 
     def check(self) -> None:
-        stores = self.log.labelled("store")
-        atomics = self.log.labelled("atomic")
-        reads = self.log.labelled("read")
-        if self.log.stray_read is not None:
-            address, program = self.log.stray_read
-            raise ProgramConflictError(
-                f"{self.kernel_name}: program {self.log.programs[program]} reads address "
-                f"{address:#x}, outside every input and output of the launch (past an end): "
-                "on a GPU another allocation's bytes, or an illegal address"
-            )
-        for addresses, kind in ((stores[0], "stores to"), (atomics[0], "atomically updates")):
-            outside = addresses[~self.log.outputs.hold(addresses)]
-            if outside.size:
-                raise ProgramConflictError(
-                    f"{self.kernel_name}: a program {kind} address {int(outside[0]):#x}, "
-                    "outside every output buffer of the launch (an input, or past an end)"
-                )
+        """Raises for the first unfenced access within a program, then for the first pair
+        of programs touching one byte in an order-dependent way (module docstring)."""
+        kinds = self.log.kinds()
         if self.log.unfenced is not None:
-            kind, address, program = self.log.unfenced
-            raise ProgramConflictError(
-                f"{self.kernel_name}: program {self.log.programs[program]} "
-                f"{'reads' if kind == 'read' else 'stores to'} {self._element(address)}, "
-                "which it stored to earlier with no barrier between (tl.debug_barrier()): on "
-                "a GPU another of its threads may hold that store, not yet visible or landing "
-                "later"
-            )
-        for (a, b), what in (
-            ((stores, stores), "store to"),
-            ((stores, atomics), "store to / atomically update"),
-            ((reads, stores), "read / store to"),
-            ((reads, atomics), "read / atomically update"),
-        ):
-            found = _first_cross_conflict(a, b)
+            self._raise_unfenced(*self.log.unfenced)
+        labelled = {kind: self.log.labelled(kind) for kind in ("read", "store", *kinds)}
+        atomics = sorted(kind for kind in labelled if kind.startswith("atomic "))
+        pairs = [(("store", "store"), "store to")]
+        pairs += [(("store", a), "store to / atomically update") for a in atomics]
+        pairs += [(("read", "store"), "read / store to")]
+        pairs += [(("read", a), "read / atomically update") for a in atomics]
+        pairs += [
+            ((a, b), f"atomically update ({a[7:]} / {b[7:]})")
+            for a in atomics
+            for b in atomics
+            if a < b
+        ]
+        for (a, b), what in pairs:
+            found = _first_cross_conflict(labelled[a], labelled[b])
             if found is not None:
                 self._raise(what, *found)
+
+    def _raise_unfenced(self, what: str, address: int, program: int) -> None:
+        where = f"{self.kernel_name}: program {self.log.programs[program]} {what}"
+        if what == "stores two values to":
+            why = "in one store: which of its lanes lands last is not fixed on a GPU"
+        else:
+            why = (
+                "which it stored to or updated earlier with no barrier between "
+                "(tl.debug_barrier()): on a GPU another of its threads may hold that access, "
+                "not yet visible or landing later"
+            )
+        raise ProgramConflictError(f"{where} {self._element(address)}, {why}")
 
     def _element(self, address: int) -> str:
         """The output element holding byte `address`: `name[index] (shape ..., dtype)`."""
@@ -316,60 +379,58 @@ class _Checker:
 
 def _patched_accesses(log: _AccessLog) -> dict[str, Callable[..., Any]]:
     """Replacements for the interpreter builder's memory accesses that log them first.
-    Their signatures differ between Triton 3.6 and 3.9 past the arguments read here."""
+    Their signatures differ between Triton 3.6 and 3.9 past the arguments read here.
+    Triton 3.9's atomic loads, stores and polls run through the masked load and store
+    (and its polls through `create_load`): logged as the reads and stores they are."""
     builder = triton_interpreter.InterpreterBuilder
     load, store = builder.create_masked_load, builder.create_masked_store
-    rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
-    atomic_depth = [0]  # 3.9's atomic loads and stores go through the masked ones
+    rmw, cas, fence = builder.create_atomic_rmw, builder.create_atomic_cas, builder.create_barrier
 
-    def logged(self, kind: str, pointers: Any, lanes: Any) -> None:
-        kind = "atomic" if atomic_depth[0] else kind
-        starts = _element_starts(pointers.data, lanes)
-        log.record(kind, self.grid_idx, starts, _width(pointers))
+    def logged(self, kind: str, pointers: Any, lanes: Any, values: Any = None) -> None:
+        live = (
+            None if lanes is None else np.broadcast_to(np.asarray(lanes, bool), pointers.data.shape)
+        )
+        starts = _element_starts(pointers.data, live)
+        if values is not None:
+            values = np.broadcast_to(values, pointers.data.shape)
+            values = values.ravel() if live is None else values[live]
+        log.record(kind, self.grid_idx, starts, _width(pointers), values)
 
     def masked_load(self, ptrs, mask, *rest, **named):
         logged(self, "read", ptrs, mask.data)
         return load(self, ptrs, mask, *rest, **named)
 
     def masked_store(self, ptrs, value, mask, *rest, **named):
-        logged(self, "store", ptrs, mask.data)
+        logged(self, "store", ptrs, mask.data, value.data)
         return store(self, ptrs, value, mask, *rest, **named)
 
-    def atomic_rmw(self, op, ptr, val, mask, *rest, **named):
-        logged(self, "atomic", ptr, mask.data)
-        return rmw(self, op, ptr, val, mask, *rest, **named)
+    def atomic_rmw(self, op, ptr, val, mask, sem, scope, *rest, **named):
+        logged(self, _atomic_kind(op, scope), ptr, mask.data)
+        return rmw(self, op, ptr, val, mask, sem, scope, *rest, **named)
 
     def atomic_cas(self, ptr, *rest, **named):
-        logged(self, "atomic", ptr, None)
+        logged(self, "store", ptr, None)  # the value left depends on the order
         return cas(self, ptr, *rest, **named)
 
     def barrier(self, *rest, **named):
         log.barrier()
         return fence(self, *rest, **named)
 
-    fence = builder.create_barrier
-    patches = {
+    return {
         "create_barrier": barrier,
         "create_masked_load": masked_load,
         "create_masked_store": masked_store,
         "create_atomic_rmw": atomic_rmw,
         "create_atomic_cas": atomic_cas,
     }
-    for name in ("create_atomic_load", "create_atomic_store"):
-        if name in vars(builder):
-            patches[name] = _counting(vars(builder)[name], atomic_depth)
-    return patches
 
 
-def _counting(method: Callable[..., Any], depth: list[int]) -> Callable[..., Any]:
-    def counted(self, *args, **named):
-        depth[0] += 1
-        try:
-            return method(self, *args, **named)
-        finally:
-            depth[0] -= 1
-
-    return counted
+def _atomic_kind(op: Any, scope: Any) -> str:
+    """The log's kind of an atomic read-modify-write: a store where its order matters (an
+    exchange) or where it is atomic within one program only (`scope="cta"`)."""
+    if op.name not in _COMMUTING or scope.name == "CTA":
+        return "store"
+    return f"atomic {op.name}"
 
 
 @contextlib.contextmanager
@@ -380,7 +441,20 @@ def checked_launch(
     whose programs may write `buffers` and nothing else, and read those and `inputs`; on a
     normal exit, its accesses are checked (module docstring) and a conflict raises
     `ProgramConflictError`."""
-    log = _AccessLog(buffers, inputs)
+    log = _AccessLog(kernel_name, buffers, inputs)
     with builder_patched(_patched_accesses(log)):
-        yield
-    _Checker(kernel_name, log).check()
+        try:
+            yield
+        except Exception as error:  # the interpreter wraps what a program raised
+            conflict = _conflict_behind(error)
+            if conflict is None or conflict is error:
+                raise
+            raise conflict from None
+    _Checker(log).check()
+
+
+def _conflict_behind(error: BaseException | None) -> ProgramConflictError | None:
+    """The `ProgramConflictError` `error` is, or was raised from, if any."""
+    while error is not None and not isinstance(error, ProgramConflictError):
+        error = error.__cause__
+    return error

@@ -10,16 +10,22 @@ atomically update which elements), for every program count and offset hypothesis
     without one: its threads are not ordered either);
 (c) a program reading an element another program stores to is reported; reading its own
     is not, after a barrier;
-(d) atomic adds from every program pass (and sum correctly); a plain read or store of an
-    atomically updated element from another program is reported;
-(e) a store into an input, or a load past the end of every buffer, is reported;
+(d) atomic adds (or maxima) from every program pass (and sum correctly); a plain read or
+    store of an atomically updated element from another program is reported, and so are
+    atomics whose result depends on the order (exchange, compare-and-swap, two different
+    operations, `scope="cta"`) and atomic loads of what others update; within one
+    program, atomics and plain accesses of the same bytes need a barrier between, and one
+    store's lanes must not put two values in one element;
+(e) a store into an input, or a load past the end of every buffer, is reported, before
+    it runs (a load far past every buffer would crash the process, a store past an
+    output's end overwrite the host memory beside it);
 (f) through `triton_call`, an aliased input is the output's buffer, as on a GPU: a program
     reading the input where another stores the output is reported;
 (g) `set_checking` switches it for the process, and a checked launch leaves the
     interpreter as it found it, a failing one too;
-(h) property: for any programs' read / store / atomic byte sets, a launch is reported iff
-    two programs race on some byte (a brute-force loop over pairs is the oracle), and
-    the pair reported is such a pair.
+(h) property: for any programs' read / store / atomic add / atomic max byte sets, a
+    launch is reported iff two programs race on some byte (a brute-force loop over pairs
+    is the oracle), and the pair reported is such a pair.
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ def _add_to_total(x_ptr, total_ptr, BLOCK: tl.constexpr, ALSO: tl.constexpr):
     total[0], 2: program 0 stores to it."""
     p = tl.program_id(0)
     tl.atomic_add(total_ptr, tl.sum(tl.load(x_ptr + p * BLOCK + tl.arange(0, BLOCK))))
+    tl.debug_barrier()  # the conflicts below are between programs, not within one
     if ALSO == 1:
         if p == 0:
             tl.store(total_ptr + 1, tl.load(total_ptr))
@@ -252,8 +259,151 @@ def test_the_switch_and_the_interpreter_left_as_found():
     assert program_conflicts.checking()
 
 
-_KINDS = ("read", "store", "atomic")
-_RACING = {("store", "store"), ("store", "atomic"), ("read", "store"), ("read", "atomic")}
+@triton.jit
+def _lanes_to_halves(out_ptr, BLOCK: tl.constexpr, SAME: tl.constexpr):
+    """One store whose lanes 2k and 2k + 1 both write out[k]: the lane's index, or
+    (SAME) one value for both."""
+    lanes = tl.arange(0, BLOCK)
+    values = (lanes // 2 if SAME else lanes).to(tl.float32)
+    tl.store(out_ptr + lanes // 2, values)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_one_store_putting_two_values_in_an_element_is_reported(same):
+    out = np.zeros(4, np.float32)
+    if same:
+        run_interpreted(_lanes_to_halves, (1,), [], [out], dict(BLOCK=8, SAME=True))
+        np.testing.assert_array_equal(out, np.arange(4))
+        return
+    with pytest.raises(ProgramConflictError, match=r"stores two values to out_ptr\[0\].* in one"):
+        run_interpreted(_lanes_to_halves, (1,), [], [out], dict(BLOCK=8, SAME=False))
+
+
+@triton.jit
+def _order_dependent_atomics(out_ptr, OP: tl.constexpr):
+    """Every program applies OP to out[0]: each result but a commuting sum or max depends
+    on the programs' order (or, scope="cta", is atomic within one program only)."""
+    p = tl.program_id(0)
+    if OP == "xchg":
+        tl.atomic_xchg(out_ptr, p + 1)
+    elif OP == "cas":
+        tl.atomic_cas(out_ptr, 0, p + 1)
+    elif OP == "cta add":
+        tl.atomic_add(out_ptr, 1, scope="cta")
+    elif OP == "add or max":
+        if p == 0:
+            tl.atomic_max(out_ptr, 5)
+        else:
+            tl.atomic_add(out_ptr, 1)
+    elif OP == "max":
+        tl.atomic_max(out_ptr, p)
+
+
+@pytest.mark.parametrize(
+    "op, message",
+    [("xchg", "store to"), ("cas", "store to"), ("cta add", "store to"),
+     ("add or max", r"atomically update \(ADD / MAX\)"), ("max", None)],
+)  # fmt: skip
+def test_atomics_whose_result_depends_on_the_order_are_reported(op, message):
+    out = np.zeros(1, np.int32)
+    if message is None:
+        run_interpreted(_order_dependent_atomics, (3,), [], [out], dict(OP=op))
+        assert out[0] == 2
+        return
+    with pytest.raises(ProgramConflictError, match=rf"programs .* {message} out_ptr\[0\]"):
+        run_interpreted(_order_dependent_atomics, (3,), [], [out], dict(OP=op))
+    run_interpreted(_order_dependent_atomics, (1,), [], [np.zeros(1, np.int32)], dict(OP=op))
+
+
+@triton.jit
+def _atomic_then_access(x_ptr, hist_ptr, out_ptr, BLOCK: tl.constexpr, ORDER: tl.constexpr):
+    """A histogram of x by atomic adds, then (ORDER "load") its bins read, or (ORDER
+    "store") the bins stored first and then added to; a barrier between where BARRIER."""
+    lanes = tl.arange(0, BLOCK)
+    bins = tl.load(x_ptr + lanes)
+    if ORDER == "store first":
+        tl.store(hist_ptr + lanes % 4, lanes % 4)
+    if ORDER == "store first, barrier":
+        tl.store(hist_ptr + lanes % 4, lanes % 4)
+        tl.debug_barrier()
+    tl.atomic_add(hist_ptr + bins, 1)
+    if ORDER == "barrier, load":
+        tl.debug_barrier()
+    if ORDER != "store first" and ORDER != "store first, barrier":
+        tl.store(out_ptr + lanes, tl.load(hist_ptr + lanes % 4))
+
+
+@pytest.mark.parametrize(
+    "order, reported",
+    [("load", "reads hist_ptr"), ("barrier, load", None), ("store first", "atomically updates"),
+     ("store first, barrier", None)],
+)  # fmt: skip
+def test_one_programs_atomics_and_plain_accesses_need_a_barrier_between(order, reported):
+    x = np.random.default_rng(7).integers(0, 4, 8).astype(np.int32)
+    outputs = [np.zeros(4, np.int32), np.zeros(8, np.int32)]
+    run = lambda: run_interpreted(_atomic_then_access, (1,), [x], outputs,
+                                  dict(BLOCK=8, ORDER=order))  # fmt: skip
+    if reported is None:
+        run()
+        counts = np.bincount(x, minlength=4)
+        expected = counts + (np.arange(4) if "store" in order else 0)
+        np.testing.assert_array_equal(outputs[0], expected)
+        return
+    with pytest.raises(ProgramConflictError, match=rf"{reported}.* no barrier between"):
+        run()
+
+
+@pytest.mark.skipif(not hasattr(tl, "atomic_load"), reason="tl.atomic_load: Triton >= 3.7")
+def test_atomic_loads_are_reads():
+    """An atomic load reads: of an input it is fine, of what another program adds it is a
+    conflict (its value depends on the order)."""
+
+    @triton.jit
+    def kernel(x_ptr, count_ptr, out_ptr, OF_COUNT: tl.constexpr):
+        p = tl.program_id(0)
+        if OF_COUNT:
+            if p == 0:
+                tl.atomic_add(count_ptr, 1)
+            else:
+                tl.store(out_ptr + p, tl.atomic_load(count_ptr))
+        else:
+            tl.store(out_ptr + p, tl.atomic_load(x_ptr))
+
+    args = [np.full(1, 3, np.int32)]
+    out = [np.zeros(1, np.int32), np.zeros(2, np.int32)]
+    run_interpreted(kernel, (2,), args, out, dict(OF_COUNT=False))
+    np.testing.assert_array_equal(out[1], [3, 3])
+    with pytest.raises(ProgramConflictError, match=r"read / atomically update count_ptr\[0\]"):
+        run_interpreted(kernel, (2,), args, out, dict(OF_COUNT=True))
+
+
+@triton.jit
+def _store_a_block(x_ptr, out_ptr, OFFSET: tl.constexpr, BLOCK: tl.constexpr):
+    """out[:BLOCK] = x[OFFSET : OFFSET + BLOCK] (OFFSET may lie far past x)."""
+    lanes = tl.arange(0, BLOCK)
+    tl.store(out_ptr + lanes, tl.load(x_ptr + (tl.full([BLOCK], OFFSET, tl.int64) + lanes)))
+
+
+def test_a_stray_access_is_refused_before_it_runs():
+    """A load far past every buffer (which would crash the process) and a store past an
+    output's end (which would overwrite the host memory beside it) raise before they run."""
+    x = np.ones(4, np.float32)
+    with pytest.raises(ProgramConflictError, match="reads address"):
+        run_interpreted(_store_a_block, (1,), [x], [np.zeros(1, np.float32)],
+                        dict(OFFSET=1 << 40, BLOCK=1))  # fmt: skip
+    host = np.zeros(16, np.float32)
+    out, beside = host[:4], host[4:]
+    with pytest.raises(ProgramConflictError, match=r"stores to address .* outside every output"):
+        run_interpreted(_store_a_block, (1,), [np.ones(8, np.float32)], [out],
+                        dict(OFFSET=0, BLOCK=8))  # fmt: skip
+    np.testing.assert_array_equal(beside, 0)
+
+
+_KINDS = ("read", "store", "atomic ADD", "atomic MAX")
+_RACING = {
+    ("store", "store"), ("read", "store"), ("atomic ADD", "atomic MAX"),
+    *((plain, atomic) for plain in ("read", "store") for atomic in _KINDS[2:]),
+}  # fmt: skip
 
 
 @given(
@@ -265,11 +415,12 @@ _RACING = {("store", "store"), ("store", "atomic"), ("read", "store"), ("read", 
 )
 def test_the_verdict_is_that_of_every_pair_of_programs(accesses):
     """Invariant: a launch is reported iff some byte is touched by two programs p != q
-    as (store, store), (store, atomic) or (read, store / atomic) in either order; the
-    reported pair is such a pair. `accesses[p]`: program p's (read, store, atomic) bytes
-    of an 8-byte buffer, logged in several pieces as a kernel would."""
+    as (store, store), (store, atomic), (read, store / atomic) or by two different
+    atomic operations, in either order; the reported pair is such a pair. `accesses[p]`:
+    program p's (read, store, atomic add, atomic max) bytes of an 8-byte buffer, logged
+    in several pieces as a kernel would."""
     buffer = np.zeros(8, np.uint8)
-    log = program_conflicts._AccessLog([program_conflicts.Buffer("out_ptr", buffer)])
+    log = program_conflicts._AccessLog("kernel", [program_conflicts.Buffer("out_ptr", buffer)])
     for p, sets in enumerate(accesses):
         for kind, offsets in zip(_KINDS, sets, strict=True):
             for piece in (sorted(offsets)[::2], sorted(offsets)[1::2], sorted(offsets)):
@@ -287,7 +438,7 @@ def test_the_verdict_is_that_of_every_pair_of_programs(accesses):
     programs = range(len(accesses))
     expected = any(racing(p, q, b) for p in programs for q in programs for b in range(8))
     try:
-        program_conflicts._Checker("kernel", log).check()
+        program_conflicts._Checker(log).check()
     except ProgramConflictError as error:
         assert expected, str(error)
         found = re.search(r"programs \((\d+), 0, 0\) and \((\d+), 0, 0\) .* out_ptr\[(\d+)\]",
