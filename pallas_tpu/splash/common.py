@@ -488,7 +488,9 @@ def _refuse_the_interpreter_deadlock() -> None:
             f"returns inside a shard_map whose mesh holds every CPU device ({mesh_size} of "
             f"{cpu_devices}; fixed in JAX 0.11). Leave a device out of the mesh (e.g. "
             "--xla_force_host_platform_device_count=2N for a mesh of N), use JAX >= 0.11, "
-            "or implementation='xla' or 'triton'."
+            "trace the shard_map with check_vma=False (the plain interpreter, which "
+            "finishes), or, through block_sparse_attention or varlen_attention, "
+            "implementation='xla' or 'triton'."
         )
 
 

@@ -260,5 +260,32 @@ class KernelOptions:
     interpret: bool | None = False
 
     def __post_init__(self):
+        # Python floats: a jit key hashes them, and a kernel closes over no array.
+        object.__setattr__(
+            self, "softmax_scale", _static_float(self.softmax_scale, "softmax_scale")
+        )
+        if self.logits_soft_cap is not None:
+            cap = _static_float(self.logits_soft_cap, "logits_soft_cap")
+            object.__setattr__(self, "logits_soft_cap", cap)
         if self.logits_soft_cap is not None and not self.logits_soft_cap > 0:
             raise ValueError(f"logits_soft_cap must be positive, got {self.logits_soft_cap}")
+        if not isinstance(self.block_sizes, BlockSizes):
+            raise TypeError(
+                f"block_sizes must be a splash BlockSizes, got {type(self.block_sizes).__name__}"
+            )
+
+
+def _static_float(value: object, name: str) -> float:
+    """`value` as a Python float: a Python or NumPy real number, or a concrete 0-d array
+    (a TypeError naming `name` for a traced value, a bool or anything else)."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{name} must be a static number (a Python float, or a concrete scalar), got a "
+            "traced value: the kernels are specialised on it"
+        )
+    if isinstance(value, bool | np.bool_) or np.ndim(value) != 0:
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None

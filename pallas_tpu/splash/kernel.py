@@ -328,6 +328,12 @@ def _as_mask(mask: Any) -> Any:
     NumpyMasks (3-D: one per head, as JAX; 2-D: one for every head)."""
     if isinstance(mask, (mask_lib.Mask, jax.Array)):
         return mask
+    if not isinstance(mask, np.ndarray | list | tuple):
+        raise TypeError(
+            f"make_splash_mha: mask must be a pallas_tpu.splash Mask, a bool numpy array or a "
+            f"bool jax.Array, got {type(mask).__module__}.{type(mask).__name__} (JAX's "
+            "splash masks are not ours: pallas_tpu.splash has each under the same name)"
+        )
     array = np.asarray(mask)
     if array.ndim == 3:
         return mask_lib.MultiHeadMask([mask_lib.NumpyMask(head) for head in array])
@@ -381,7 +387,8 @@ def make_splash_mha(
     Args:
       mask: [num_heads, q_len, kv_len]: a MultiHeadMask, a bool numpy array (one
         NumpyMask per head, as JAX) or a bool jax.Array (processed with
-        `process_dynamic_mask`, under jit too); or one 2-D mask / array for every head.
+        `process_dynamic_mask`, under jit too); or one 2-D Mask / numpy array for every
+        head (a jax.Array must be 3-D).
         q must have the mask's head count (checked; a 2-D mask fits any).
       block_sizes: BlockSizes or None (defaults, see BlockSizes.resolve: up to 512 per
         block; JAX's None means `BlockSizes.get_default()`, 128 everywhere).
@@ -402,15 +409,28 @@ def make_splash_mha(
       is_mqa: JAX's keyword; True is `make_splash_mqa`.
 
     Raises:
-      ValueError: a mask that is not 2-d or 3-d, bad block sizes (naming the field), a
-        mask_value above the bound.
+      ValueError: a mask that is not 2-d or 3-d (a jax.Array not 3-d), or has an empty
+        axis; bad block sizes (naming the field); a mask_value above the bound.
+      TypeError: a mask or block_sizes of another type (JAX's splash masks included); a
+        traced softmax_scale or attn_logits_soft_cap.
     """
     _check_mask_value(mask_value)
+    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
+        raise TypeError(
+            "make_splash_mha: block_sizes must be a splash BlockSizes or None, got "
+            f"{type(block_sizes).__name__}"
+        )
     mask = _as_mask(mask)
     shape = tuple(mask.shape)
-    if len(shape) not in (2, 3):
-        raise ValueError(f"mask must be [num_heads, q_len, kv_len] or 2-D, got shape {shape}")
+    if len(shape) not in (2, 3) or (isinstance(mask, jax.Array) and len(shape) != 3):
+        raise ValueError(
+            "make_splash_mha: mask must be [num_heads, q_len, kv_len], or a 2-D Mask or numpy "
+            "array for every head (a 2-D jax.Array: jnp.broadcast_to(mask, (num_heads, "
+            f"*mask.shape))), got shape {shape}"
+        )
     q_len, kv_len = shape[-2:]
+    if not (q_len and kv_len):
+        raise ValueError(f"make_splash_mha: mask has an empty axis, shape {shape}")
     blocks = (block_sizes or BlockSizes()).resolve(q_len, kv_len)
     fwd, dq, dkv, element = _process(
         mask,

@@ -270,6 +270,10 @@ class NumpyMask(Mask):
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
 
+    def __getitem__(self, index: Any) -> np.ndarray:
+        """The array indexed as numpy indexes it (any index, as JAX's NumpyMask)."""
+        return self.array[index]
+
     def evaluate(self, rows, cols):
         return self.array[rows, cols]
 
@@ -434,7 +438,10 @@ class LocalMask(_ComputableMask):
     ):
         if (window_size is None) == (window is None):
             raise ValueError("LocalMask: give window_size=(left, right) (or window=)")
-        left, right = window_size if window is None else window
+        sides = window_size if window is None else window
+        if isinstance(sides, str) or np.ndim(sides) != 1 or len(sides) != 2:
+            raise TypeError(f"LocalMask: window_size must be (left, right), got {sides!r}")
+        left, right = sides
         for side in (left, right):
             if side is not None and int(side) < 0:
                 raise ValueError(f"LocalMask: window sides must be >= 0 or None, got {side}")

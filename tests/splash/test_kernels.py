@@ -426,6 +426,40 @@ def test_bad_inputs_raise():
         kernel(q, k[0], v[0])
 
 
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: make_splash_mha(our_masks.CausalMask((256, 256)), block_sizes=(128, 128)),
+         TypeError, "block_sizes must be a splash BlockSizes or None, got tuple"),
+        (lambda: make_splash_mha(jm.MultiHeadMask([jm.CausalMask((256, 256))] * 2)),
+         TypeError, "JAX's splash masks are not ours"),
+        (lambda: make_splash_mha(jnp.tril(jnp.ones((256, 256), bool))),
+         ValueError, r"a 2-D jax.Array: jnp.broadcast_to"),
+        (lambda: make_splash_mha(our_masks.CausalMask((0, 256))),
+         ValueError, "mask has an empty axis"),
+        (lambda: jax.jit(lambda s: make_splash_mha(our_masks.CausalMask((256, 256)),
+                                                   softmax_scale=s))(0.5),
+         TypeError, "softmax_scale must be a static number"),
+        (lambda: make_splash_mha(our_masks.CausalMask((256, 256)), attn_logits_soft_cap=True),
+         TypeError, "logits_soft_cap must be a real number"),
+    ],
+)  # fmt: skip
+def test_make_splash_mha_refuses_bad_arguments_naming_them(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_concrete_scalars_are_static_options():
+    """A softmax scale or soft cap given as a concrete JAX or NumPy scalar is the Python
+    float it holds: one kernel, hashable options, whatever was compiled before."""
+    options = KernelOptions(jnp.float32(0.5), np.float64(2.0))
+    assert options == KernelOptions(0.5, 2.0) and hash(options) == hash(KernelOptions(0.5, 2.0))
+    assert type(options.softmax_scale) is float and type(options.logits_soft_cap) is float
+    mask = our_masks.CausalMask((256, 256))
+    kernel = make_splash_mha(mask, softmax_scale=1 / jnp.sqrt(64.0), interpret=True)
+    assert kernel.config.options.softmax_scale == 0.125
+
+
 def test_factory_with_document_mask():
     """Packed causal documents plus padding (rows 450.. attend nothing), evaluated in
     the kernel from the project's DocumentMask; GQA 2:1 and sinks on top."""

@@ -422,6 +422,12 @@ def test_bad_constructor_arguments_raise(build, message):
         build()
 
 
+@pytest.mark.parametrize("window", [5, (1, 2, 3)])
+def test_a_window_not_of_two_sides_is_refused_naming_it(window):
+    with pytest.raises(TypeError, match=r"LocalMask: window_size must be \(left, right\)"):
+        masks.LocalMask((4, 4), window)
+
+
 # ---- agreement with JAX's splash masks
 
 
@@ -443,6 +449,15 @@ def test_same_dense_values_as_jax_splash_masks(shape, offset, left, right, chunk
     both_ours = pairs[0][0] | (pairs[1][0] & pairs[3][0])
     both_theirs = pairs[0][1] | (pairs[1][1] & pairs[3][1])
     np.testing.assert_array_equal(both_ours[:, :], both_theirs[:, :])
+
+
+@pytest.mark.parametrize(
+    "index", [(3, slice(None)), 3, (np.array([0, 2]), slice(None)), (slice(1, 3), 2), (-1, -2)]
+)
+def test_numpy_mask_indexes_as_jax_splash_does(index):
+    """Any numpy index, as JAX's NumpyMask takes it (a port indexes masks so)."""
+    array = np.random.default_rng(4).random((8, 8)) < 0.5
+    np.testing.assert_array_equal(masks.NumpyMask(array)[index], jm.NumpyMask(array)[index])
 
 
 def test_equal_masks_hash_equal():
