@@ -149,6 +149,18 @@ def check_rank(x: jax.Array | np.ndarray, rank: int, name: str, shape_doc: str) 
 ATTENTION_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
+def check_array(name: str, x: Any, shape_doc: str, *, floating: bool = False) -> None:
+    """`x` an array of the rank `shape_doc` spells (e.g. "[tokens, hidden]"), of a floating
+    dtype where `floating`: a TypeError for a non-array or a dtype, a ValueError for a
+    rank, each naming `name` (`naming_op` prefixes the op)."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an array of shape {shape_doc}, got {type(x).__name__}.")
+    if x.ndim != shape_doc.count(",") + 1:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}.")
+    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}.")
+
+
 def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str) -> None:
     """An attention op's q, k, v: arrays of q's rank (`q_doc` spells q's shape, e.g.
     "[tokens, heads, head_dim]"; `kv_doc` k's), one float16 / bfloat16 / float32 dtype,

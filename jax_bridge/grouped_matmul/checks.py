@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import as_int32, is_traced, require, require_all
+from jax_bridge.core.validation import as_int32, check_array, is_traced, require, require_all
 from jax_bridge.grouped_matmul.metadata import group_ends
 from triton_kernels.grouped_matmul.config import check_tiling
 
@@ -24,13 +24,8 @@ TilingArg = tuple[int, int, int] | Callable[[int, int, int], tuple[int, int, int
 
 def check_operands(lhs: Any, rhs: Any, *, lhs_doc: str, rhs_doc: str) -> None:
     """Ranks from the shape docs (e.g. "[m, k]"), floating dtypes, and one dtype for both."""
-    for name, x, doc in (("lhs", lhs, lhs_doc), ("rhs", rhs, rhs_doc)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{name} must be an array of shape {doc}, got {type(x).__name__}.")
-        if x.ndim != doc.count(",") + 1:
-            raise ValueError(f"{name} must have shape {doc}, got shape {tuple(x.shape)}.")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name} must have a floating dtype, got {x.dtype}.")
+    check_array("lhs", lhs, lhs_doc, floating=True)
+    check_array("rhs", rhs, rhs_doc, floating=True)
     if lhs.dtype != rhs.dtype:
         raise TypeError(
             f"lhs and rhs must have the same dtype, got lhs {lhs.dtype} and rhs {rhs.dtype}; "

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
-from jax_bridge.core.validation import check_static_int, naming_op
+from jax_bridge.core.validation import check_array, check_static_int, naming_op
 from jax_bridge.grouped_matmul.api import grouped_matmul
 from jax_bridge.moe.dispatch import all_to_all_combine, all_to_all_dispatch
 from jax_bridge.moe.routing import route, unroute
@@ -87,13 +87,8 @@ def _is_array(x: Any) -> bool:
 def _check_router_inputs(x: Any, router: Any) -> None:
     """x [T, hidden] and router [hidden, E], both floating (a ValueError for a shape, a
     TypeError for anything else; `naming_op` prefixes the op)."""
-    for name, array, doc in (("x", x, "[tokens, hidden]"), ("router", router, "[hidden, E]")):
-        if not _is_array(array):
-            raise TypeError(f"{name} must be an array of shape {doc}, got {type(array).__name__}.")
-        if array.ndim != 2:
-            raise ValueError(f"{name} must have shape {doc}, got shape {tuple(array.shape)}.")
-        if not jnp.issubdtype(array.dtype, jnp.floating):
-            raise TypeError(f"{name} must have a floating dtype, got {array.dtype}.")
+    check_array("x", x, "[tokens, hidden]", floating=True)
+    check_array("router", router, "[hidden, E]", floating=True)
     if router.shape[0] != x.shape[1]:
         raise ValueError(
             f"router must have shape [hidden={x.shape[1]}, E] (hidden: the columns of x), "

@@ -24,7 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import check_static_int, is_traced, naming_op, require_all
+from jax_bridge.core.validation import (
+    check_array,
+    check_static_int,
+    is_traced,
+    naming_op,
+    require_all,
+)
 
 
 class Routing(NamedTuple):
@@ -61,10 +67,7 @@ def _rows_array(x: Any, name: str, shape_doc: str) -> jax.Array:
     """`x` as a JAX array of rank 2 (`shape_doc`): a NumPy array becomes one, so that it
     can be gathered by the traced indices of a jit or vmap; a list or a scalar is refused
     (TypeError), as every op refuses them."""
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name} must be an array of shape {shape_doc}, got {type(x)}.")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must have shape {shape_doc}, got shape {tuple(x.shape)}.")
+    check_array(name, x, shape_doc)
     return jnp.asarray(x)
 
 
