@@ -128,14 +128,6 @@ class _Intervals:
         return (at >= 0) & inside
 
 
-def _element_starts(pointers: np.ndarray, lanes: np.ndarray | None) -> np.ndarray:
-    """The addresses a memory access's live lanes (`lanes` true; None: all) point at."""
-    addresses = np.asarray(pointers, dtype=np.uint64).ravel()
-    if lanes is None:
-        return addresses
-    return addresses[np.broadcast_to(np.asarray(lanes, bool), pointers.shape).ravel()]
-
-
 def _bytes_of(starts: np.ndarray, width: int) -> np.ndarray:
     """Every byte of the `width`-byte elements at `starts`."""
     if width == 1:
@@ -151,6 +143,14 @@ def _width(pointers: Any) -> int:
 # Atomic read-modify-writes whose result is the same in any order (up to rounding, for
 # floats): programs may all apply one of them to a byte. (XCHG is not among them.)
 _COMMUTING = frozenset({"ADD", "FADD", "MAX", "MIN", "UMAX", "UMIN", "AND", "OR", "XOR"})
+_ATOMIC = "atomic "  # the prefix of a commuting atomic's kind: "atomic ADD", ...
+
+# Why a program's own accesses are order-dependent (`_AccessLog.unfenced`).
+_NO_BARRIER = (
+    "which it stored to or updated earlier with no barrier between (tl.debug_barrier()): "
+    "on a GPU another of its threads may hold that access, not yet visible or landing later"
+)
+_ONE_STORE = "in one store: which of its lanes lands last is not fixed on a GPU"
 
 
 class _AccessLog:
@@ -165,9 +165,9 @@ class _AccessLog:
         self.programs: list[tuple[int, int, int]] = []
         # kind -> (program index, its sorted unique bytes) of every program that has some.
         self.done: dict[str, list[tuple[int, np.ndarray]]] = {}
-        # The first access of a program to what it stored since its last barrier:
-        # (what it did, address, program index).
-        self.unfenced: tuple[str, int, int] | None = None
+        # The first access of a program its threads may see in no fixed order:
+        # (what it did, address, program index, why that is order-dependent).
+        self.unfenced: tuple[str, int, int, str] | None = None
         self._current: tuple[int, int, int] | None = None
         self._pending: dict[str, list[np.ndarray]] = {}
         # Sorted unique bytes the current program stored to (updated atomically) since its
@@ -227,7 +227,8 @@ class _AccessLog:
         bits = np.ascontiguousarray(values[order]).view(np.uint8).reshape(starts.size, -1)
         differ = twice[np.any(bits[twice] != bits[twice + 1], axis=1)]
         if differ.size:
-            self.unfenced = "stores two values to", int(ordered[differ[0]]), len(self.programs) - 1
+            address = int(ordered[differ[0]])
+            self.unfenced = "stores two values to", address, len(self.programs) - 1, _ONE_STORE
 
     def _note_unfenced(self, kind: str, addresses: np.ndarray) -> None:
         """Notes the first access of bytes this program stored to (or, for a read or a
@@ -241,7 +242,7 @@ class _AccessLog:
             again = _among(addresses, self._updated)
         if again.size:
             what = {"read": "reads", "store": "stores to"}.get(kind, "atomically updates")
-            self.unfenced = what, int(again[0]), len(self.programs) - 1
+            self.unfenced = what, int(again[0]), len(self.programs) - 1, _NO_BARRIER
         elif kind == "store":
             self._stored = np.union1d(self._stored, addresses)
         elif atomic:
@@ -332,13 +333,13 @@ class _Checker:
         if self.log.unfenced is not None:
             self._raise_unfenced(*self.log.unfenced)
         labelled = {kind: self.log.labelled(kind) for kind in ("read", "store", *kinds)}
-        atomics = sorted(kind for kind in labelled if kind.startswith("atomic "))
+        atomics = sorted(kind for kind in labelled if kind.startswith(_ATOMIC))
         pairs = [(("store", "store"), "store to")]
         pairs += [(("store", a), "store to / atomically update") for a in atomics]
         pairs += [(("read", "store"), "read / store to")]
         pairs += [(("read", a), "read / atomically update") for a in atomics]
         pairs += [
-            ((a, b), f"atomically update ({a[7:]} / {b[7:]})")
+            ((a, b), f"atomically update ({a.removeprefix(_ATOMIC)} / {b.removeprefix(_ATOMIC)})")
             for a in atomics
             for b in atomics
             if a < b
@@ -348,16 +349,8 @@ class _Checker:
             if found is not None:
                 self._raise(what, *found)
 
-    def _raise_unfenced(self, what: str, address: int, program: int) -> None:
+    def _raise_unfenced(self, what: str, address: int, program: int, why: str) -> None:
         where = f"{self.kernel_name}: program {self.log.programs[program]} {what}"
-        if what == "stores two values to":
-            why = "in one store: which of its lanes lands last is not fixed on a GPU"
-        else:
-            why = (
-                "which it stored to or updated earlier with no barrier between "
-                "(tl.debug_barrier()): on a GPU another of its threads may hold that access, "
-                "not yet visible or landing later"
-            )
         raise ProgramConflictError(f"{where} {self._element(address)}, {why}")
 
     def _element(self, address: int) -> str:
@@ -387,14 +380,14 @@ def _patched_accesses(log: _AccessLog) -> dict[str, Callable[..., Any]]:
     rmw, cas, fence = builder.create_atomic_rmw, builder.create_atomic_cas, builder.create_barrier
 
     def logged(self, kind: str, pointers: Any, lanes: Any, values: Any = None) -> None:
-        live = (
-            None if lanes is None else np.broadcast_to(np.asarray(lanes, bool), pointers.data.shape)
-        )
-        starts = _element_starts(pointers.data, live)
+        """Logs the elements the live lanes (`lanes` true; None: all) point at, and for a
+        store the values they put there."""
+        starts = np.asarray(pointers.data, dtype=np.uint64)
+        live = np.ones(starts.shape, bool) if lanes is None else np.asarray(lanes, bool)
+        live = np.broadcast_to(live, starts.shape)
         if values is not None:
-            values = np.broadcast_to(values, pointers.data.shape)
-            values = values.ravel() if live is None else values[live]
-        log.record(kind, self.grid_idx, starts, _width(pointers), values)
+            values = np.broadcast_to(values, starts.shape)[live]
+        log.record(kind, self.grid_idx, starts[live], _width(pointers), values)
 
     def masked_load(self, ptrs, mask, *rest, **named):
         logged(self, "read", ptrs, mask.data)
@@ -430,7 +423,7 @@ def _atomic_kind(op: Any, scope: Any) -> str:
     exchange) or where it is atomic within one program only (`scope="cta"`)."""
     if op.name not in _COMMUTING or scope.name == "CTA":
         return "store"
-    return f"atomic {op.name}"
+    return _ATOMIC + op.name
 
 
 @contextlib.contextmanager
