@@ -116,6 +116,12 @@ def _add_ab_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run)",
     )
     parser.add_argument(
+        "--host-descriptors",
+        action="store_true",
+        help="A/B anchors of TMA with descriptors the launch encodes (jaxlib >= 0.11.2): "
+        "gmm so on the grouped matmul rows, one a tile and persistent (on with --dry-run)",
+    )
+    parser.add_argument(
         "--warp-specialized",
         action="store_true",
         help="A/B anchors of warp-specialized kernels (Hopper): gmm on the grouped matmul "
@@ -227,6 +233,7 @@ def run(args: argparse.Namespace) -> list[BenchRow]:
 
     gpu_rows.USE_TORCH = not args.no_torch
     gpu_rows.USE_TMA = args.tma or args.dry_run
+    gpu_rows.USE_HOST_DESCRIPTORS = args.host_descriptors or args.dry_run
     gpu_rows.USE_WARP_SPECIALIZED = args.warp_specialized or args.dry_run
     gpu_rows.USE_WARP_SPECIALIZED_DKDV = args.warp_specialized_dkdv or args.dry_run
     on_gpu = jax.default_backend() in ("cuda", "rocm", "gpu")
@@ -257,6 +264,7 @@ def compile_rows(args: argparse.Namespace) -> int:
     from bench import gpu_rows, preflight
 
     gpu_rows.USE_TMA = gpu_rows.USE_WARP_SPECIALIZED = gpu_rows.USE_WARP_SPECIALIZED_DKDV = True
+    gpu_rows.USE_HOST_DESCRIPTORS = True
     gpu_rows.USE_TORCH = False
     sizes = gpu_rows.Sizes.tiny() if args.dry_run else gpu_rows.Sizes.gpu()
     chosen = _select(gpu_rows.cases(sizes), args.rows)

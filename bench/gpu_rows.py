@@ -279,6 +279,11 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # (`gpu-check --tma`, which bench/gpu_check.sh passes once tensor-descriptor kernels ran on
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
+# True: the grouped matmul rows also time gmm with TMA through descriptors the launch
+# encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile and persistent,
+# forward only (`gpu-check --host-descriptors`, which bench/gpu_check.sh passes once
+# their device tests passed: jaxlib encodes them, not Triton's launcher).
+USE_HOST_DESCRIPTORS = False
 # True: the grouped matmul rows also time gmm warp-specialized at each of
 # `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only, the weight gradient's tgmm at
 # `HOPPER_WARP_SPECIALIZED_TGMM`, fwd+bwd only, and three varlen rows the
@@ -472,9 +477,11 @@ def grouped_matmul_impl(
     op_tiling: tuple[int, int, int] | None = None,
     num_warps: int | None = None,
     warp_specialized: tuple[int, int, int, int] | None = None,
+    host_descriptors: bool = False,
 ) -> Impl:
     """Ours. A/B rows against the default: `tma` or `tiling` (and `num_warps`): gmm's
-    tiles through tensor descriptors, or at `tiling`; `warp_specialized`: gmm
+    tiles through tensor descriptors (`host_descriptors`: encoded by the launch), or at
+    `tiling`; `warp_specialized`: gmm
     warp-specialized at (tm, tk, tn, stages) (`warp_specialized_gmm_config`); these
     forward only (a `config=` reaches the weight gradient's tgmm launch as well, which
     would then run at gmm's tile); `op_tiling`: passed as the op's `tiling`, which every
@@ -488,12 +495,14 @@ def grouped_matmul_impl(
             config = warp_specialized_gmm_config(*lhs.shape, rhs.shape[2], warp_specialized)
         elif tma or tiling:
             config = _gmm_config(*lhs.shape, rhs.shape[2], tma, tiling, num_warps)
+            config = dataclasses.replace(config, host_descriptors=host_descriptors)
         return grouped_matmul(
             lhs, rhs, sizes, config=config, tiling=op_tiling, implementation="triton",
             preferred_element_type=lhs.dtype,
         )  # fmt: skip
 
     name = "ours triton" + (" tma" if tma else "")
+    name += " host descriptors" if host_descriptors else ""
     name += f" {'x'.join(map(str, tiling))}" if tiling else ""
     name += f" {num_warps} warps" if num_warps else ""
     name += f" tiling {'x'.join(map(str, op_tiling))}" if op_tiling else ""
@@ -503,22 +512,24 @@ def grouped_matmul_impl(
     return _gmm_jax(fn, name, "forward" if tma or tiling or warp_specialized else "both")
 
 
-def persistent_gmm_impl(tma: bool = False) -> Impl:
+def persistent_gmm_impl(tma: bool = False, host_descriptors: bool = False) -> Impl:
     """Ours with gmm's launches (the forward and the input gradient) persistent
     (`GroupedMatmulConfig.persistent`: a program per CTA the GPU holds, walking the tile
     list), at their default tile, by pointers or (`tma`) through descriptors built once a
-    program; tgmm keeps its default. Forward and fwd+bwd."""
+    program (`host_descriptors`: by the launch); tgmm keeps its default. Forward and
+    fwd+bwd."""
     from jax_bridge import GroupedMatmulConfigs, grouped_matmul
 
     def fn(lhs, rhs, sizes):
         config = _gmm_config(*lhs.shape, rhs.shape[2], tma, None, None)
-        config = dataclasses.replace(config, persistent=True)
+        config = dataclasses.replace(config, persistent=True, host_descriptors=host_descriptors)
         return grouped_matmul(
             lhs, rhs, sizes, config=GroupedMatmulConfigs(gmm=config), implementation="triton",
             preferred_element_type=lhs.dtype,
         )  # fmt: skip
 
-    return _gmm_jax(fn, "ours triton, gmm persistent" + (" tma" if tma else ""))
+    name = "ours triton, gmm persistent" + (" tma" if tma else "")
+    return _gmm_jax(fn, name + (" host descriptors" if host_descriptors else ""))
 
 
 def _weight_gradient_config(lhs, rhs, groups: int):
@@ -1130,6 +1141,11 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
         if USE_TMA:
             anchors += [grouped_matmul_impl(tma=True), persistent_gmm_impl(tma=True)]
             anchors.append(tgmm_impl(groups))
+        if USE_HOST_DESCRIPTORS:
+            anchors += [
+                grouped_matmul_impl(tma=True, host_descriptors=True),
+                persistent_gmm_impl(tma=True, host_descriptors=True),
+            ]
         if USE_WARP_SPECIALIZED:
             anchors += [
                 grouped_matmul_impl(warp_specialized=tiling)

@@ -123,12 +123,17 @@ def ours_to_compile(case: Case) -> list[Impl]:
 
 
 def _needs_newer_jaxlib(error: Exception) -> bool:
-    """The launch layer's refusal of descriptors' scratch on a jaxlib without it."""
+    """The launch layer's refusal of descriptors' scratch, or of host-side descriptors,
+    on a jaxlib that cannot pass them."""
     from jax_bridge.launch import kernel_needs
+    from jax_bridge.launch.host_descriptors import host_descriptors_launchable
 
+    if not isinstance(error, NotImplementedError):
+        return False
+    if "host-side tensor descriptors" in str(error):
+        return not host_descriptors_launchable()
     return (
-        isinstance(error, NotImplementedError)
-        and "global scratch" in str(error)
+        "global scratch" in str(error)
         and kernel_needs.jaxlib_version() < kernel_needs.FIRST_JAXLIB_WITH_SCRATCH
     )
 
@@ -284,9 +289,10 @@ def summary(
     unavailable = [r for r in rows if r.unavailable]
     looped = [r for r in rows if r.error is None and r.loops]
     compiled = len(rows) - len(failed) - len(unavailable)
+    newer = f"; {len(unavailable)} need a newer jaxlib (scratch or host descriptors)"
     lines = [
         f"compiled for {target}: {compiled} of {len(rows)} programs"
-        + (f"; {len(unavailable)} need a newer jaxlib (the scratch)" if unavailable else "")
+        + (newer if unavailable else "")
         + (f"; {len(looped)} with while loops" if looped else "")
     ]
     lines += [f"  FAILED {r.case} / {r.impl} / {r.label}: {r.error}" for r in failed]

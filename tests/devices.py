@@ -61,6 +61,26 @@ needs_tensor_descriptors = pytest.mark.skipif(
 """For tests that launch device-side tensor descriptors (TMA) on the GPU itself."""
 
 
+def skip_unless_host_descriptors_launch() -> None:
+    """Skips the calling test where a kernel taking host-side tensor descriptors cannot
+    run: on a GPU before Hopper or whose jaxlib cannot pass them, and under `pytest
+    --as-gpu` (its
+    jax_triton stand-in does not see their launches, which bypass jax_triton). Triton's
+    interpreter runs them."""
+    from jax_bridge.launch.host_descriptors import host_descriptors_launchable
+    from jax_bridge.launch.target import launch_target
+
+    target = launch_target()
+    if not target.on_gpu:
+        return
+    if (target.compute_capability or 0) < 90:
+        pytest.skip("host-side descriptors need a Hopper or later GPU")
+    if jax.default_backend() == "cpu":
+        pytest.skip("host-side descriptors bypass jax_triton, which --as-gpu stands in for")
+    if not host_descriptors_launchable():
+        pytest.skip("host-side descriptors need jaxlib >= 0.11.2 on a GPU")
+
+
 def cpu_only(why: str) -> pytest.MarkDecorator:
     """Skips a test on an accelerator (`JAX_PLATFORMS=cuda`): it checks what a machine
     without one does (`why`, in the skip's reason)."""

@@ -125,9 +125,11 @@ def _loading_tags(config: Any) -> tuple[str, str]:
     """(name suffix, description suffix) of a config's loading and scheduling options:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
     warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
-    forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk."""
+    forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk, "_host"
+    / " host descriptors" for gmm's descriptors encoded by the launch."""
     tags = [
         ("tma", "_tma", " tma"),
+        ("host_descriptors", "_host", " host descriptors"),
         ("warp_specialize", "_ws", " warp-specialized"),
         ("overlap_softmax", "_overlap", " overlapped softmax"),
         ("persistent", "_persistent", " persistent"),
@@ -338,6 +340,8 @@ def grouped_matmul_variant(
             return tgmm_walk_variant(compute_capability, problem, config, dtype_name)
     element = TRITON_TYPES[dtype_name]
     types = {"lhs_ptr": f"*{element}", "rhs_ptr": f"*{element}"}
+    if config.host_descriptors and kernel is gmm_kernel:  # tensor descriptors, as launched
+        types = _gmm_descriptor_types(element, config, layout["TRANSPOSE_RHS"])
     types |= {"init_ptr": "*fp32", "out_ptr": "*fp32", "num_groups": "i32"}
     signature = {
         a: types.get(a, "*i32") for a in kernel.arg_names if a.endswith("_ptr") or a in types
@@ -351,6 +355,7 @@ def grouped_matmul_variant(
     constexprs["WARP_SPECIALIZE"] = config.warp_specialize
     if kernel is gmm_kernel:
         constexprs["PERSISTENT"] = config.persistent
+        constexprs["HOST_DESCRIPTORS"] = config.host_descriptors
     return KernelVariant(
         name=name + _loading_tags(config)[0],
         kernel=kernel,
@@ -361,6 +366,17 @@ def grouped_matmul_variant(
         description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n}" + _loading_tags(config)[1],
     )
+
+
+def _gmm_descriptor_types(element: str, config: GroupedMatmulConfig, transposed: bool):
+    """gmm's lhs and rhs as tensor descriptors (`GroupedMatmulConfig.host_descriptors`):
+    their Triton types, boxes as the bridge encodes them."""
+    m, k, n = config.tiling
+    rhs_box = f"1, {n}, {k}" if transposed else f"1, {k}, {n}"
+    return {
+        "lhs_ptr": f"tensordesc<{element}[{m}, {k}]>",
+        "rhs_ptr": f"tensordesc<{element}[{rhs_box}]>",
+    }
 
 
 def default_variants(
@@ -423,11 +439,13 @@ def default_variants(
     )
     if compute_capability >= 90:  # gmm's tiles by tensor descriptors (TMA), to compare
         variants += [gmm_tma_variant(name, compute_capability) for name in GMM_TMA_KERNELS]
+        variants.append(gmm_tma_variant("gmm", compute_capability, host=True))
     # gmm persistent (a program per CTA the GPU holds), by pointers and (sm_90) by TMA,
     # and the weight gradient's tgmm walking splits of the groups, at both problems
     variants.append(persistent_gmm_variant(compute_capability, tma=False))
-    if compute_capability >= 90:
+    if compute_capability >= 90:  # with descriptors built by each program, or the launch's
         variants.append(persistent_gmm_variant(compute_capability, tma=True))
+        variants.append(persistent_gmm_variant(compute_capability, tma=True, host=True))
     variants += [tgmm_walk_variant(compute_capability, p) for p in (GMM_PROBLEM, GMM_LONG)]
     if compute_capability == 90:  # and warp-specialized (Hopper's partitioning)
         for name, tiling in (
@@ -439,11 +457,12 @@ def default_variants(
     return variants
 
 
-def persistent_gmm_variant(compute_capability: int, tma: bool) -> KernelVariant:
-    """The forward gmm at its default tile (bf16), persistent, by pointers or with `tma`."""
+def persistent_gmm_variant(compute_capability: int, tma: bool, host: bool = False) -> KernelVariant:
+    """The forward gmm at its default tile (bf16), persistent, by pointers or with `tma`
+    (`host`: the launch's descriptors)."""
     m, k, n = GMM_PROBLEM
     default = gmm_config(m, k, n, element_bytes=2, compute_capability=compute_capability)
-    config = dataclasses.replace(default, tma=tma, persistent=True)
+    config = dataclasses.replace(default, tma=tma, persistent=True, host_descriptors=host)
     return grouped_matmul_variant("gmm", compute_capability, config=config)
 
 
@@ -486,10 +505,11 @@ def tgmm_walk_variant(
     )
 
 
-def gmm_tma_variant(name: str, compute_capability: int) -> KernelVariant:
-    """A grouped matmul kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`."""
+def gmm_tma_variant(name: str, compute_capability: int, host: bool = False) -> KernelVariant:
+    """A grouped matmul kernel of `GMM_TMA_KERNELS` at its default tile (bf16) with `tma`
+    (`host`, gmm's launches only: the launch's descriptors)."""
     _, make_config, _ = GMM_KERNELS[name]
     m, k, n = GMM_PROBLEM
     default = make_config(m, k, n, element_bytes=2, compute_capability=compute_capability)
-    config = dataclasses.replace(default, tma=True)
+    config = dataclasses.replace(default, tma=True, host_descriptors=host)
     return grouped_matmul_variant(name, compute_capability, config=config)

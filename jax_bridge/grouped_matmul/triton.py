@@ -25,6 +25,7 @@ from jax_bridge.grouped_matmul.metadata import (
     num_chunk_slots,
 )
 from jax_bridge.grouped_matmul.options import MatmulOptions
+from jax_bridge.launch.host_descriptors import HostDescriptor
 from jax_bridge.launch.report import ctas_per_sm, max_shared_memory_per_cta
 from jax_bridge.launch.target import (
     follow_lowering_platform,
@@ -246,9 +247,10 @@ def gmm(
     # Rows that no tile writes (other experts' rows, rows past sum(group_sizes)) must
     # still hold init: alias existing_out, or the kernel zeroes them.
     init = existing_out if accumulate else _placeholder(out_shape.dtype)
+    tma = _tma(config, k, n, lhs.dtype)
+    host = tma and config.host_descriptors and rhs.shape[0] > 0  # a descriptor has no 0 extent
     return triton_call(
-        lhs,
-        rhs,
+        *_gmm_operands(lhs, rhs, config, options.transpose_rhs, host),
         init,
         meta.group_starts,
         meta.group_ends,
@@ -272,10 +274,23 @@ def gmm(
         TRANSPOSE_RHS=options.transpose_rhs,
         ACCUMULATE=accumulate,
         INPUT_PRECISION=triton_input_precision(options.precision, lhs.dtype),
-        TMA=_tma(config, k, n, lhs.dtype),
+        TMA=tma,
         WARP_SPECIALIZE=config.warp_specialize,
         PERSISTENT=config.persistent,
+        HOST_DESCRIPTORS=host,
     )
+
+
+def _gmm_operands(
+    lhs: jax.Array, rhs: jax.Array, config: GroupedMatmulConfig, transpose_rhs: bool, host: bool
+) -> tuple[jax.Array | HostDescriptor, jax.Array | HostDescriptor]:
+    """gmm's lhs and rhs as the kernel takes them: arrays, or (`host`) the tensor
+    descriptors the launch encodes (`GroupedMatmulConfig.host_descriptors`)."""
+    if not host:
+        return lhs, rhs
+    m, k, n = config.tiling
+    rhs_box = (1, n, k) if transpose_rhs else (1, k, n)
+    return HostDescriptor(lhs, (m, k)), HostDescriptor(rhs, rhs_box)
 
 
 def _bounds_rows(options: MatmulOptions, config: GroupedMatmulConfig, m, k, n, dtype) -> int:

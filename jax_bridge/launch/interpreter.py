@@ -36,6 +36,7 @@ import triton.language as tl
 from triton._C.libtriton import ir as triton_ir
 from triton.runtime import interpreter as triton_interpreter
 from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jax_bridge.launch import program_conflicts
 from jax_bridge.launch.builder_patches import builder_patched
@@ -290,7 +291,8 @@ def run_interpreted(
       kernel: a `@triton.jit` function whose parameters are the inputs, then the outputs,
         then the constexprs.
       grid: launch grid, or a function of the constexprs returning it.
-      args: host arrays (C-contiguous) and Python scalars, in parameter order.
+      args: host arrays (C-contiguous), Triton `TensorDescriptor`s over `HostTensor`s
+        and Python scalars, in parameter order.
       outputs: preallocated host arrays the kernel writes.
       constexprs: values of the kernel's `tl.constexpr` parameters.
     """
@@ -327,9 +329,11 @@ def _conflicts_checked(
     # The outputs' parameter names as the kernel spells them (placeholders past its list).
     names = [*kernel.arg_names[len(args) :], *(f"output {i}" for i in range(len(outputs)))]
     buffers = [program_conflicts.Buffer(names[i], o) for i, o in enumerate(outputs)]
+    # A descriptor's loads read its base array, an input like any other.
+    bases = [a.base.array if isinstance(a, TensorDescriptor) else a for a in args]
     inputs = [
         program_conflicts.Buffer(name, a)
-        for name, a in zip(kernel.arg_names, args, strict=False)
+        for name, a in zip(kernel.arg_names, bases, strict=False)
         if isinstance(a, np.ndarray)
     ]
     return program_conflicts.checked_launch(kernel.fn.__name__, buffers, inputs)

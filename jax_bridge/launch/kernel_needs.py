@@ -66,16 +66,31 @@ class KernelNeeds:
     scratch_size: int
     scratch_align: int
     num_warps: int | None = None
+    descriptors: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> KernelNeeds:
         warps = metadata.get("num_warps")
+        descriptors = tuple(dict(d) for d in metadata.get("tensordesc_meta") or ())
         return cls(int(metadata.get("global_scratch_size", 0) or 0),
                    int(metadata.get("global_scratch_align", 1) or 1),
-                   int(warps) if warps else None)  # fmt: skip
+                   int(warps) if warps else None, descriptors)  # fmt: skip
 
 
 _compiled = threading.local()  # .last: (kernel name, KernelNeeds) of this thread's compile
+# Every jaxlib kernel object built here, by id, with what it needs (the object is kept, so
+# its id is never another's): jax_triton caches the objects, and a launch that passes
+# host-side tensor descriptors asks what the kernel it was given needs.
+_built: dict[int, tuple[Any, KernelNeeds]] = {}
+_built_lock = threading.Lock()
+
+
+def needs_of(kernel: Any) -> KernelNeeds | None:
+    """What the jaxlib kernel object `kernel` (built while `pass_kernel_needs` is in force)
+    needs from its launch; None for one built otherwise."""
+    with _built_lock:
+        entry = _built.get(id(kernel))
+    return None if entry is None or entry[0] is not kernel else entry[1]
 
 
 class _MetadataKeepingBackend:
@@ -104,7 +119,9 @@ def _recording_compile(compile_to_ptx: Any) -> Any:
         slot = ptx_cache.slot_for(ttir, backend, options, rest)
         cached = None if slot is None else ptx_cache.load(*slot)
         if cached is not None:
-            needs = KernelNeeds(cached.scratch_size, cached.scratch_align, cached.num_warps)
+            needs = KernelNeeds(
+                cached.scratch_size, cached.scratch_align, cached.num_warps, cached.descriptors
+            )
             _compiled.last = (cached.name, needs)
             return _compilation_result(cached)
         metadata: dict[str, Any] = {}
@@ -115,7 +132,7 @@ def _recording_compile(compile_to_ptx: Any) -> Any:
             kernel = ptx_cache.CachedKernel(
                 name=result.name, ptx=result.binary, shared_mem_bytes=result.shared_mem_bytes,
                 scratch_size=needs.scratch_size, scratch_align=needs.scratch_align,
-                num_warps=needs.num_warps,
+                num_warps=needs.num_warps, descriptors=needs.descriptors,
             )  # fmt: skip
             ptx_cache.store(*slot, kernel)
         return result
@@ -193,8 +210,12 @@ class _NeedsPassingLib:
         if needs.num_warps is not None:
             args = (needs.num_warps, *args[1:])
         if needs.scratch_size == 0 or len(args) != 6:
-            return self._lib.TritonKernel(name, *args)
-        return kernel_with_scratch(self._lib, name, args, needs)
+            kernel = self._lib.TritonKernel(name, *args)
+        else:
+            kernel = kernel_with_scratch(self._lib, name, args, needs)
+        with _built_lock:
+            _built[id(kernel)] = (kernel, needs)
+        return kernel
 
 
 @functools.cache

@@ -23,7 +23,8 @@ was compiled here. A PTX found so keeps the compiling machine's paths in its lin
 information.
 
 Entries: one gzip'd JSON file a kernel, `<key>.json.gz`, holding {"format", "version",
-"key", "name", "shared_mem_bytes", "scratch_size", "scratch_align", "num_warps", "ptx"}.
+"key", "name", "shared_mem_bytes", "scratch_size", "scratch_align", "num_warps",
+"descriptors", "ptx"}.
 
 Where: `$RAGGED_KERNELS_PTX_CACHE_DIR`; unset: `ptx/` in the package's cache directory
 (`jax_bridge.core.cache_dir`); set empty or to "0": no cache.
@@ -65,7 +66,7 @@ __all__ = ["PTX_CACHE_ENV", "CachedKernel", "ptx_cache_directory", "ptx_cache_st
 
 PTX_CACHE_ENV = "RAGGED_KERNELS_PTX_CACHE_DIR"
 FORMAT = "ragged-kernels-ptx"
-VERSION = 1
+VERSION = 2  # 2: the host-side tensor descriptors' metadata ("descriptors")
 _SUFFIX = ".json.gz"
 _PROJECT = Path(os.path.abspath(__file__)).parents[2]  # holds jax_bridge/, triton_kernels/
 
@@ -77,7 +78,8 @@ _statistics: collections.Counter[str] = collections.Counter()
 class CachedKernel:
     """One compiled kernel: what jax_triton builds jaxlib's kernel object from (name, PTX,
     shared memory) and what the launch layer adds (`kernel_needs.KernelNeeds`: global
-    scratch a program, the warps the compiled kernel runs; None: the warps asked for)."""
+    scratch a program, the warps the compiled kernel runs, None: the warps asked for; the
+    metadata of its host-side tensor descriptors, in parameter order)."""
 
     name: str
     ptx: str
@@ -85,6 +87,7 @@ class CachedKernel:
     scratch_size: int
     scratch_align: int
     num_warps: int | None
+    descriptors: tuple[dict[str, Any], ...] = ()
 
 
 # jax_triton's `CompilationResult` fields a hit can give (the IRs as None); a jax_triton
@@ -93,7 +96,7 @@ _RESULT_FIELDS = frozenset({"binary", "name", "shared_mem_bytes", "ttgir", "llir
 
 _FIELD_TYPES = {
     "name": str, "ptx": str, "shared_mem_bytes": int, "scratch_size": int,
-    "scratch_align": int, "num_warps": (int, type(None)),
+    "scratch_align": int, "num_warps": (int, type(None)), "descriptors": list,
 }  # fmt: skip
 
 
@@ -196,6 +199,8 @@ def _entry_problem(data: Any, key: str) -> str | None:
         value = data.get(name)
         if isinstance(value, bool) or not isinstance(value, kind):
             return f"field {name!r} is not of type {kind}"
+    if not all(isinstance(d, dict) for d in data["descriptors"]):
+        return "field 'descriptors' is not a list of objects"
     if not re.search(rf"\.entry\s+{re.escape(data['name'])}\s*\(", data["ptx"]):
         return f"its PTX does not define kernel {data['name']!r}"
     return None
@@ -218,7 +223,8 @@ def load(directory: Path, key: str) -> CachedKernel | None:
         _warn(path, problem)
         return None
     _statistics["hits"] += 1
-    return CachedKernel(**{name: data[name] for name in _FIELD_TYPES})
+    fields = {name: data[name] for name in _FIELD_TYPES}
+    return CachedKernel(**{**fields, "descriptors": tuple(fields["descriptors"])})
 
 
 def slot_for(ttir: Any, backend: Any, options: Any, target: Any) -> tuple | None:

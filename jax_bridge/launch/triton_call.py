@@ -29,11 +29,17 @@ import numpy as np
 import triton
 
 from jax_bridge.core.vma import varying_like
+from jax_bridge.launch.host_descriptors import (
+    HostDescriptor,
+    call_with_descriptors,
+    interpreter_descriptor,
+)
 from jax_bridge.launch.interpreter import run_interpreted
 from jax_bridge.launch.poisoned_outputs import (
     poisoned_array,
     poisoned_host_array,
     poisoning_outputs,
+    with_ignored_pointers,
 )
 from jax_bridge.launch.target import launch_target
 
@@ -82,6 +88,9 @@ class _HostLaunch:
 
     scalars: (position, value) of each Python scalar among the kernel's inputs; the
     arrays travel through the callback and fill the other positions in order.
+
+    descriptors: (position, block shape) of each input the kernel takes as a tensor
+    descriptor over its array (`HostDescriptor`).
     """
 
     kernel: triton.JITFunction
@@ -92,6 +101,7 @@ class _HostLaunch:
     zeroed_outputs: tuple[int, ...]
     input_output_aliases: tuple[tuple[int, int], ...]
     constexprs: dict[str, Any]
+    descriptors: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @functools.cached_property
     def _key(self) -> Any:
@@ -100,6 +110,7 @@ class _HostLaunch:
             self.out_shapes,
             self.grid,
             _value_key(self.scalars),
+            self.descriptors,
             self.num_inputs,
             self.zeroed_outputs,
             self.input_output_aliases,
@@ -130,6 +141,8 @@ class _HostLaunch:
         for arg_index, out_index in self.input_output_aliases:
             outputs[out_index][...] = args[arg_index]
             args[arg_index] = outputs[out_index]
+        for i, block_shape in self.descriptors:
+            args[i] = interpreter_descriptor(args[i], block_shape)
         run_interpreted(self.kernel, self.grid, args, outputs, self.constexprs)
         return tuple(outputs)
 
@@ -150,7 +163,9 @@ def triton_call(
 
     Args:
       *args: the kernel's inputs in parameter order: JAX arrays (any shape; the kernel
-        sees a pointer to their row-major data) and Python `int`/`float`/`bool` scalars.
+        sees a pointer to their row-major data), `HostDescriptor`s of JAX arrays (the
+        kernel sees a tensor descriptor over the array; on a GPU where
+        `host_descriptors_launchable()`) and Python `int`/`float`/`bool` scalars.
       kernel: a `@triton.jit` function taking inputs, then output pointers, then constexprs.
       out_shape: one `jax.ShapeDtypeStruct` (the result is then one array) or a sequence
         of them (the result is then a tuple).
@@ -177,11 +192,22 @@ def triton_call(
     grid = _grid_of(grid, constexprs)
     # Arrays travel through the call (and are what vmap batches); scalars are baked in.
     is_scalar = [isinstance(a, bool | int | float | np.floating | np.integer) for a in args]
-    arrays = [a for a, scalar in zip(args, is_scalar, strict=True) if not scalar]
+    descriptors = tuple(
+        (i, a.block_shape) for i, a in enumerate(args) if isinstance(a, HostDescriptor)
+    )
+    blocks = dict(descriptors)
+    arrays = [
+        a.array if i in blocks else a
+        for i, (a, scalar) in enumerate(zip(args, is_scalar, strict=True))
+        if not scalar
+    ]
 
     def rebuild(given: Sequence[Any]) -> list[Any]:
         given = iter(given)
-        return [a if scalar else next(given) for a, scalar in zip(args, is_scalar, strict=True)]
+        return [
+            a if scalar else HostDescriptor(next(given), blocks[i]) if i in blocks else next(given)
+            for i, (a, scalar) in enumerate(zip(args, is_scalar, strict=True))
+        ]
 
     if launch_target().on_gpu:
         launch = functools.partial(
@@ -208,6 +234,7 @@ def triton_call(
             zeroed_outputs=tuple(zeroed_outputs),
             input_output_aliases=tuple(aliases.items()),
             constexprs=constexprs,
+            descriptors=descriptors,
         )
         outs = jax.pure_callback(callback, out_shapes, *arrays, vmap_method="sequential")
     return _typed_like_inputs(outs, args, single)
@@ -236,14 +263,27 @@ def _gpu_launch(*arrays: jax.Array, rebuild, constexprs, **launch: Any) -> tuple
     from jax_bridge.launch.jax_triton_compat import call_jax_triton
 
     target = launch_target()
-    return tuple(
-        call_jax_triton(
-            *rebuild(arrays),
-            compute_capability=target.compute_capability,
-            initial_outputs=_poisoned_initial_outputs(**launch),
-            **launch,
-            **constexprs,
+    args = rebuild(arrays)
+    initial_outputs = _poisoned_initial_outputs(**launch)
+    if not any(isinstance(a, HostDescriptor) for a in args):
+        return tuple(
+            call_jax_triton(
+                *args,
+                compute_capability=target.compute_capability,
+                initial_outputs=initial_outputs,
+                **launch,
+                **constexprs,
+            )
         )
+    if initial_outputs:  # each an input the output aliases, which the kernel ignores
+        launch["kernel"] = with_ignored_pointers(launch["kernel"], len(args), len(initial_outputs))
+        launch["input_output_aliases"] = {
+            **launch["input_output_aliases"],
+            **{len(args) + j: o for j, o in enumerate(initial_outputs)},
+        }
+        args = [*args, *initial_outputs.values()]
+    return call_with_descriptors(
+        args, compute_capability=target.compute_capability, constexprs=constexprs, **launch
     )
 
 

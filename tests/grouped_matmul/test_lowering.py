@@ -17,7 +17,7 @@ import pytest
 
 from jax_bridge.grouped_matmul.api import grouped_matmul, transposed_grouped_matmul
 from jax_bridge.launch.lowering import lower_for_cuda
-from jax_bridge.launch.report import KernelReport, variant_report
+from jax_bridge.launch.report import KernelReport, compile_offline, variant_report
 from triton_kernels.catalog import (
     GMM_KERNELS,
     GMM_TMA_KERNELS,
@@ -138,6 +138,29 @@ def test_persistent_gmm_compiles_for_an_h100(tma):
     assert not report.spills and report.uses_wgmma and not report.serialized_wgmma
     assert report.shared_memory_bytes - default.shared_memory_bytes in range(0, 1024)
     assert (report.sass_opcodes.get("UTMALDG", 0) > 0) == tma, report.summary()
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["a_program_a_tile", "persistent"])
+def test_gmm_with_host_descriptors_builds_none_on_the_device(persistent):
+    """gmm with the launch's descriptors (`host_descriptors`) at Hopper's default tile:
+    the same bulk tensor copies and pipeline as with descriptors each program builds, but
+    no descriptor-building (`tensormap`) instruction in its PTX, no prefetch or flush of a
+    descriptor in global memory (UTMACCTL, UTMACMDFLUSH) and no global scratch; no spill,
+    wgmma not serialized."""
+    make = functools.partial(persistent_gmm_variant, 90, True) if persistent else (
+        functools.partial(gmm_tma_variant, "gmm", 90))  # fmt: skip
+    built, given = (variant_report(make(host=host), 90) for host in (False, True))
+    print(given.summary(), given.instructions_per_mflop)
+    assert not given.spills and given.uses_wgmma and not given.serialized_wgmma
+    assert given.sass_opcodes.get("UTMALDG") == built.sass_opcodes.get("UTMALDG") > 0
+    assert given.shared_memory_bytes == built.shared_memory_bytes
+    for building in ("UTMACCTL", "UTMACMDFLUSH"):
+        assert building in built.sass_opcodes and building not in given.sass_opcodes
+    variant = make(host=True)
+    compiled = compile_offline(variant.kernel, variant.signature, variant.constexprs,
+                               compute_capability=90, num_warps=variant.num_warps,
+                               num_stages=variant.num_stages)  # fmt: skip
+    assert "tensormap" not in compiled.asm["ptx"] and compiled.metadata.global_scratch_size == 0
 
 
 def test_a_persistent_config_reaches_the_kernel_the_op_launches():

@@ -40,10 +40,11 @@ from jax_bridge.grouped_matmul.metadata import (
     make_group_metadata,
     num_chunk_slots,
 )
+from jax_bridge.launch.host_descriptors import HostDescriptor
 from jax_bridge.launch.target import cuda_lowering, interpreting
 from jax_bridge.launch.triton_call import triton_call
 from jax_bridge.tuning import default_grouped_matmul_config
-from tests.devices import needs_tensor_descriptors
+from tests.devices import needs_tensor_descriptors, skip_unless_host_descriptors_launch
 from tests.grouped_matmul.helpers import (
     assert_close,
     bounds,
@@ -410,24 +411,29 @@ _BY_LOADING = pytest.mark.parametrize(
 )
 
 
-# gmm's launches: `_BY_LOADING`, and persistent (3 programs walking the tile list) by
-# pointers and through descriptors.
+# gmm's launches: `_BY_LOADING`, persistent (3 programs walking the tile list) by
+# pointers and through descriptors, and through descriptors the launch encodes.
 _GMM_LAUNCHES = pytest.mark.parametrize(
-    "tma, warp_specialize, persistent",
+    "tma, warp_specialize, persistent, host",
     [
-        (False, False, False),
-        (True, False, False),
-        (True, True, False),
-        (False, False, True),
-        (True, False, True),
+        (False, False, False, False),
+        (True, False, False, False),
+        (True, True, False, False),
+        (False, False, True, False),
+        (True, False, True, False),
+        (True, False, False, True),
+        (True, False, True, True),
     ],
-    ids=["pointers", "tma", "tma-warp-specialized", "persistent", "persistent-tma"],
-)
+    ids=[
+        "pointers", "tma", "tma-warp-specialized", "persistent", "persistent-tma",
+        "tma-host", "persistent-tma-host",
+    ],
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("case", _WRITE_CASES)
 @_GMM_LAUNCHES
-def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case):
+def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, host, case):
     """Launched bare on an output that starts NaN (aliased to a NaN input, on a GPU as in
     the interpreter), every row of a local group must hold its product afterwards and
     every other row 0, which the kernel writes itself (no zero fill ahead of it). With
@@ -435,7 +441,10 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case
     and must reach no row of a local group. k = 24 also leaves a partial k tile.
     Warp-specialized, surplus slots do not return early: they run an empty loop and
     must store nothing. Persistent, 3 programs walk every tile and share out the zeroing
-    of rows before and after the local groups."""
+    of rows before and after the local groups. `host`: the two descriptors are the
+    launch's (`HostDescriptor`), not built by the programs."""
+    if host:
+        skip_unless_host_descriptors_launch()
     rng = np.random.default_rng(20)
     m, k, n, block = 75, 24, 40, 16
     group_sizes, offset, local, (first, end) = _WRITE_CASES[case]
@@ -447,9 +456,11 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case
     lhs = jnp.asarray(poisoned)
     config = gmm_config(m, k, n, element_bytes=4, compute_capability=None, tiling=(block,) * 3)
     meta = make_group_metadata(sizes, m=m, block_m=block, group_offset=offset, num_groups=local)
+    operands = (lhs, rhs)
+    if host:
+        operands = (HostDescriptor(lhs, (block, block)), HostDescriptor(rhs, (1, block, block)))
     out = triton_call(
-        lhs,
-        rhs,
+        *operands,
         jnp.full((m, n), jnp.nan, jnp.float32),  # not read: ACCUMULATE is off
         *meta,
         local,
@@ -469,6 +480,7 @@ def test_gmm_kernel_writes_every_row_once(tma, warp_specialize, persistent, case
         TMA=tma,
         WARP_SPECIALIZE=warp_specialize,
         PERSISTENT=persistent,
+        HOST_DESCRIPTORS=host,
         num_warps=4,
     )
     out = np.asarray(out)
@@ -612,6 +624,16 @@ def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits, gr
             ValueError,
             r"persistent=True excludes warp_specialize=True",
         ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, tma=True, host_descriptors=1),
+            TypeError,
+            "GroupedMatmulConfig.host_descriptors must be a bool",
+        ),
+        (
+            dict(block_m=16, block_k=16, block_n=16, host_descriptors=True),
+            ValueError,
+            r"host_descriptors=True needs tma=True",
+        ),
     ],
     ids=[
         "block_m",
@@ -625,6 +647,8 @@ def test_tgmm_walk_kernel_sums_only_its_groups_rows(case, accumulate, splits, gr
         "ws_8_warps",
         "persistent_bool",
         "persistent_ws",
+        "host_bool",
+        "host_no_tma",
     ],
 )
 def test_config_validation(kwargs, error, message):
@@ -665,21 +689,29 @@ def test_config_is_used_as_given_for_the_op_and_its_gradient(monkeypatch):
     assert_close(tgmm, tgmm_float64(lhs.T, weight, sizes, num_groups=5))
 
 
-@pytest.mark.parametrize("warp_specialize", [False, True], ids=["tma", "tma-warp-specialized"])
+@pytest.mark.parametrize(
+    "warp_specialize, host",
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["tma", "tma-warp-specialized", "tma-host", "tma-host-warp-specialized"],
+)
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_tma_tiles_give_the_float64_numbers(transpose_rhs, warp_specialize):
+def test_tma_tiles_give_the_float64_numbers(transpose_rhs, warp_specialize, host):
     """`tma=True` (tiles through tensor descriptors, whose rows and columns past the arrays
-    read 0), and warp-specialized: k and n with partial tiles, an empty group, rows past
-    the groups; the forward and both gradients (d_lhs: gmm with the other rhs layout;
-    d_rhs: tgmm, which ignores both)."""
+    read 0), warp-specialized, with the launch's descriptors (`host_descriptors`): k and n
+    with partial tiles, an empty group, rows past the groups; the forward and both
+    gradients (d_lhs: gmm with the other rhs layout; d_rhs: tgmm, which ignores the
+    three)."""
+    if host:
+        skip_unless_host_descriptors_launch()
     rng = np.random.default_rng()
     m, k, n = 61, 40, 24
     sizes = jnp.asarray([9, 0, 17, 1, 20], jnp.int32)  # 47 rows < m
     rhs_shape = (5, n, k) if transpose_rhs else (5, k, n)
     lhs, rhs, weight = normal(rng, (m, k)), normal(rng, rhs_shape), normal(rng, (m, n))
     config = GroupedMatmulConfig(
-        block_m=16, block_k=16, block_n=16, num_warps=4, tma=True, warp_specialize=warp_specialize
-    )
+        block_m=16, block_k=16, block_n=16, num_warps=4, tma=True,
+        warp_specialize=warp_specialize, host_descriptors=host,
+    )  # fmt: skip
 
     def loss(lhs, rhs):
         out = grouped_matmul(lhs, rhs, sizes, config=config, transpose_rhs=transpose_rhs,
@@ -695,21 +727,28 @@ def test_tma_tiles_give_the_float64_numbers(transpose_rhs, warp_specialize):
     assert_close(d_rhs, tgmm_float64(a, b, sizes, num_groups=5))
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize(
+    "tma, host", [(False, False), (True, False), (True, True)], ids=["pointers", "tma", "tma-host"]
+)
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["no_existing_out", "existing_out"])
-def test_persistent_gmm_gives_the_float64_numbers(accumulate, transpose_rhs, tma):
+def test_persistent_gmm_gives_the_float64_numbers(accumulate, transpose_rhs, tma, host):
     """`persistent=True`: a few programs (3 in the interpreter) walk the tile list; with
     expert parallelism's group offset the rows before and after the local groups are 0
     (or existing_out's), an empty local group, partial k and n tiles (and the 3-D
-    descriptor's zeros past a group's k rows), the forward and both gradients."""
+    descriptor's zeros past a group's k rows; built by the programs or, `host`, by the
+    launch), the forward and both gradients."""
+    if host:
+        skip_unless_host_descriptors_launch()
     rng = np.random.default_rng()
     m, k, n, offset = 70, 40, 24, 1
     sizes = jnp.asarray([6, 9, 0, 17, 1, 20, 5], jnp.int32)  # local: groups 1..4, rows 6..33
     rhs_shape = (4, n, k) if transpose_rhs else (4, k, n)
     lhs, rhs, weight = normal(rng, (m, k)), normal(rng, rhs_shape), normal(rng, (m, n))
     existing = normal(rng, (m, n)) if accumulate else None
-    config = GroupedMatmulConfig(block_m=16, block_k=16, block_n=16, tma=tma, persistent=True)
+    config = GroupedMatmulConfig(
+        block_m=16, block_k=16, block_n=16, tma=tma, persistent=True, host_descriptors=host
+    )
 
     def loss(lhs, rhs):
         out = grouped_matmul(lhs, rhs, sizes, group_offset=offset, existing_out=existing,

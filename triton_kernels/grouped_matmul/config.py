@@ -87,6 +87,15 @@ class GroupedMatmulConfig(KernelConfig):
         (a program per group starts each with a load nothing hides: at m 8192 over 64
         groups, two 64-row steps a program); elsewhere tgmm ignores it. Off by default:
         not yet timed on a GPU (A/B rows of `python -m bench gpu-check`).
+      host_descriptors (with `tma`, gmm only): the launch encodes gmm's two tensor
+        descriptors once, on the host, and passes them as kernel parameters (grid
+        constants), instead of every program writing its own to global memory and
+        fencing them before its first copy (`jax_bridge.launch.host_descriptors`: on a
+        GPU it needs jaxlib >= 0.11.2; Triton's interpreter runs it anywhere). Why TMA
+        made gmm slower on an H100 (2.6x at m 8192, where every program builds its
+        descriptors) is not known; this takes that work away. Off by default: not yet run
+        on a GPU (the A/B rows of `python -m bench gpu-check --tma`). tgmm ignores it (its
+        descriptors span one group's rows each).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -99,6 +108,7 @@ class GroupedMatmulConfig(KernelConfig):
     tma: bool = False
     warp_specialize: bool = False
     persistent: bool = False
+    host_descriptors: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -106,6 +116,11 @@ class GroupedMatmulConfig(KernelConfig):
             raise ValueError(
                 "GroupedMatmulConfig: persistent=True excludes warp_specialize=True (Triton "
                 "partitions no loop around the k loop)."
+            )
+        if self.host_descriptors and not self.tma:
+            raise ValueError(
+                "GroupedMatmulConfig: host_descriptors=True needs tma=True (they are the "
+                "tiles' tensor descriptors)."
             )
 
     @property

@@ -31,19 +31,25 @@ def _store_tile(out_ptr, init_ptr, offsets, mask, acc, ACCUMULATE: tl.constexpr)
 def _gmm_descriptors(
     lhs_ptr, rhs_ptr, num_groups, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    TRANSPOSE_RHS: tl.constexpr,
+    TRANSPOSE_RHS: tl.constexpr, HOST_DESCRIPTORS: tl.constexpr,
 ):  # fmt: skip
     """Tensor descriptors over lhs [M, K] and rhs [G, K, N] (or [G, N, K]): built once a
-    program, whatever groups its tiles take. The weights' descriptor is 3-D, so a tile's k
-    rows (or n rows) past the group's own read 0 instead of the next group's weights."""
-    lhs = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1],
-                                    block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
-    if TRANSPOSE_RHS:
-        rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, N, K], strides=[N * K, K, 1],
-                                        block_shape=[1, BLOCK_N, BLOCK_K])  # fmt: skip
+    program, whatever groups its tiles take, or (HOST_DESCRIPTORS) the launch's own,
+    which lhs_ptr and rhs_ptr then are. The weights' descriptor is 3-D, so a tile's k rows
+    (or n rows) past the group's own read 0 instead of the next group's weights."""
+    if HOST_DESCRIPTORS:  # (Triton 3.6 compiles what follows a return: no early one)
+        lhs, rhs = lhs_ptr, rhs_ptr
     else:
-        rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, K, N], strides=[K * N, N, 1],
-                                        block_shape=[1, BLOCK_K, BLOCK_N])  # fmt: skip
+        lhs = tl.make_tensor_descriptor(lhs_ptr, shape=[M, K], strides=[K, 1],
+                                        block_shape=[BLOCK_M, BLOCK_K])  # fmt: skip
+        if TRANSPOSE_RHS:
+            rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, N, K],
+                                            strides=[N * K, K, 1],
+                                            block_shape=[1, BLOCK_N, BLOCK_K])  # fmt: skip
+        else:
+            rhs = tl.make_tensor_descriptor(rhs_ptr, shape=[num_groups, K, N],
+                                            strides=[K * N, N, 1],
+                                            block_shape=[1, BLOCK_K, BLOCK_N])  # fmt: skip
     return lhs, rhs
 
 
@@ -220,6 +226,7 @@ def gmm_kernel(
     TMA: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False,
+    HOST_DESCRIPTORS: tl.constexpr = False,
 ):
     """[BLOCK_M, BLOCK_N] output tiles of one group each: a program a tile, grid
     (num_slots * cdiv(N, BLOCK_N),), column tiles fastest (`gmm_grid`); or (PERSISTENT)
@@ -242,6 +249,9 @@ def gmm_kernel(
     program builds two for all its tiles. lhs rows of other groups are then read and
     multiplied too: an output row depends on its own lhs row only, and theirs are never
     stored. Needs K and N rows 16-byte aligned (the bridge decides).
+    HOST_DESCRIPTORS (with TMA): lhs_ptr and rhs_ptr are those descriptors, encoded by the
+    launch (boxes [BLOCK_M, BLOCK_K] and [1, BLOCK_K, BLOCK_N], or [1, BLOCK_N, BLOCK_K]
+    when TRANSPOSE_RHS): no program writes or fences one, and no scratch is allocated.
     WARP_SPECIALIZE (with TMA, not PERSISTENT): Triton splits the k loop into a producer
     warpgroup that issues the tile loads and consumer warpgroups that multiply (on
     Hopper, launched with 4 warps: 12, two consumers of BLOCK_M / 2 rows each; the launch
@@ -250,6 +260,7 @@ def gmm_kernel(
     """
     tl.static_assert(not (PERSISTENT and WARP_SPECIALIZE),
                      "gmm_kernel: a persistent walk is not warp-specialized")  # fmt: skip
+    tl.static_assert(TMA or not HOST_DESCRIPTORS, "gmm_kernel: HOST_DESCRIPTORS needs TMA")
     N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROW_TILES: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     lhs_desc, rhs_desc = None, None
@@ -260,8 +271,9 @@ def gmm_kernel(
             )
         if TMA:  # once for every tile of the walk
             lhs_desc, rhs_desc = _gmm_descriptors(
-                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
-            )
+                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS,
+                HOST_DESCRIPTORS,
+            )  # fmt: skip
         tiles = tl.load(num_chunks_ptr) * N_TILES
         for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
             _gmm_output_tile(
@@ -285,8 +297,9 @@ def gmm_kernel(
                 return
         if TMA:  # after a surplus slot's return: it writes no descriptor
             lhs_desc, rhs_desc = _gmm_descriptors(
-                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS
-            )
+                lhs_ptr, rhs_ptr, num_groups, M, K, N, BLOCK_M, BLOCK_K, BLOCK_N, TRANSPOSE_RHS,
+                HOST_DESCRIPTORS,
+            )  # fmt: skip
         _gmm_output_tile(
             lhs_ptr, rhs_ptr, init_ptr, out_ptr, lhs_desc, rhs_desc, group_start_ptr,
             group_end_ptr, chunk_group_ptr, chunk_row_start_ptr, slot, pid_n, real,
