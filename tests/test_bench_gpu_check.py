@@ -190,7 +190,8 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
         "m64 k32 n16 G4", "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on grouped matmul gmm with TMA, its launches
-    # persistent (by pointers and by TMA), the weight gradient's tgmm persistent (fwd+bwd
+    # persistent (by pointers and by TMA), both with the launch's descriptors (the persistent
+    # one forward and fwd+bwd), the weight gradient's tgmm persistent (fwd+bwd
     # only), warp-specialized at both candidate tiles, its groups being small at 64-row
     # tiles, every launch at megablox's tiling (the default before Hopper's), and the
     # weight gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the
@@ -208,6 +209,7 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
         "ours triton block-sparse dkdv 64x128 3 stages",
         "ours triton block-sparse dkdv overlapped softmax", "ours triton, gmm persistent",
         "ours triton, gmm persistent tma", "ours triton, tgmm persistent",
+        "ours triton tma host descriptors", "ours triton, gmm persistent tma host descriptors",
     }  # fmt: skip
     _passes_of(found, (
         ("block-sparse forward 128x64", "forward"), ("block-sparse forward overlapped", "forward"),

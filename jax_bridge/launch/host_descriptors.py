@@ -36,9 +36,9 @@ from jax.interpreters import mlir, xla
 from jax_bridge.launch.interpreter import no_interpreted_launch
 from jax_bridge.launch.kernel_needs import needs_of, pass_kernel_needs
 
-# CUtensorMapDataType as the host encodes it, for the element-type codes Triton's
-# metadata gives (the device-side enumeration): they differ for float64 (8 -> 10 would be
-# wrong), float32 with flush-to-zero and bfloat16; every other code is the same.
+# Triton's metadata numbers a descriptor's element type as its device-side code does;
+# the host's CUtensorMapDataType, which jaxlib encodes, numbers three of them otherwise:
+# bfloat16 (10 there, 9 here), float64 (9, 8) and float32 flushing to zero (8, 10).
 _HOST_ELEMENT_TYPE = {8: 10, 9: 8, 10: 9}
 _OOB_ZERO = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements past the tensor read 0
 
@@ -51,7 +51,8 @@ class HostDescriptor:
     Attributes:
       array: a JAX (or NumPy) array of rank 1 to 5, every dimension at least 1; its rows
         (the last dimension) must span a multiple of 16 bytes where it has more than one.
-      block_shape: the box a load reads, one power of two per dimension (at most 256).
+      block_shape: the box a load reads, one power of two per dimension (at most 256),
+        its rows (the last) a multiple of 16 bytes.
     """
 
     array: Any
@@ -69,11 +70,17 @@ class HostDescriptor:
             raise ValueError(f"HostDescriptor: every dimension at least 1, got shape {shape}")
         if any(not isinstance(b, int) or b < 1 or b > 256 or b & (b - 1) for b in block):
             raise ValueError(f"HostDescriptor: block_shape of powers of two up to 256, got {block}")
-        row_bytes = shape[-1] * np.dtype(self.array.dtype).itemsize
-        if len(shape) > 1 and row_bytes % 16:
+        itemsize = np.dtype(self.array.dtype).itemsize
+        if len(shape) > 1 and shape[-1] * itemsize % 16:
             raise ValueError(
                 f"HostDescriptor: rows of shape[-1] elements must span a multiple of 16 "
-                f"bytes, got {row_bytes} ({shape[-1]} x {np.dtype(self.array.dtype).name})"
+                f"bytes, got {shape[-1] * itemsize} ({shape[-1]} x "
+                f"{np.dtype(self.array.dtype).name})"
+            )
+        if block[-1] * itemsize % 16:
+            raise ValueError(
+                f"HostDescriptor: a box's rows must span a multiple of 16 bytes, got "
+                f"block_shape[-1] = {block[-1]} of {itemsize}-byte elements"
             )
 
 

@@ -329,5 +329,6 @@ def _typed_like_inputs(outs: Sequence[jax.Array], args: Sequence[Any], single: b
     keep one device's copy of a kernel output saved for the backward, and a custom_vjp
     would not sum a replicated input's per-device cotangents.
     """
-    outs = varying_like(tuple(outs), *(a for a in args if isinstance(a, jax.Array)))
+    arrays = (a.array if isinstance(a, HostDescriptor) else a for a in args)
+    outs = varying_like(tuple(outs), *(a for a in arrays if isinstance(a, jax.Array)))
     return outs[0] if single else outs

@@ -20,13 +20,15 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from jax_bridge.launch import host_descriptors, kernel_needs
 from jax_bridge.launch.host_descriptors import HostDescriptor, host_descriptors_launchable
 from jax_bridge.launch.lowering import lower_for_cuda
 from jax_bridge.launch.report import compile_offline
 from jax_bridge.launch.triton_call import triton_call
-from tests.devices import skip_unless_host_descriptors_launch
+from tests.devices import first_devices, skip_unless_host_descriptors_launch
 
 
 @triton.jit
@@ -89,6 +91,30 @@ def test_descriptor_arguments_batch_under_vmap():
         np.testing.assert_array_equal(np.asarray(out_b[i]), want_b.astype(np.float32))
 
 
+def test_outputs_vary_inside_shard_map_where_a_descriptors_array_does():
+    """Inside shard_map a launch's outputs are typed varying along the axes its inputs
+    vary on, descriptors' arrays among them: returned with a replicated out_spec they
+    are refused, never one device's copy passed off as the whole."""
+    skip_unless_host_descriptors_launch()
+    mesh = Mesh(np.array(first_devices(2)), ("x",))
+    rng = np.random.default_rng()
+    a = jnp.asarray(rng.standard_normal((2, 40, 32)), jnp.float32)  # one block a device
+    b = jnp.asarray(rng.standard_normal((2, 16, 32)), jnp.float32)  # replicated
+
+    def local(a, b):
+        return _launch(a[0], b)
+
+    both = (P("x"), P("x"))
+    out_a, out_b = jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P()), out_specs=both)(a, b)
+    for i in range(2):
+        want_a, want_b = _expected(np.asarray(a[i]), np.asarray(b), 0.5)
+        np.testing.assert_array_equal(np.asarray(out_a[i * 48 : (i + 1) * 48]), want_a)
+        np.testing.assert_array_equal(np.asarray(out_b[i * 48 : (i + 1) * 48]), want_b)
+    replicated = jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P()), out_specs=(P(), P()))
+    with pytest.raises(ValueError, match=r"vary|replicated"):
+        replicated(a, b)
+
+
 @pytest.mark.parametrize(
     "shape, dtype, block, message",
     [
@@ -97,8 +123,9 @@ def test_descriptor_arguments_batch_under_vmap():
         ((4, 8), np.float32, (4, 12), "powers of two up to 256"),
         ((4, 8), np.float32, (4, 512), "powers of two up to 256"),
         ((4, 6), np.float16, (4, 8), "multiple of 16 bytes, got 12"),
+        ((4, 8), np.float16, (4, 4), "a box's rows must span a multiple of 16 bytes"),
     ],
-    ids=["rank", "empty", "not_power_of_two", "too_large", "row_bytes"],
+    ids=["rank", "empty", "not_power_of_two", "too_large", "row_bytes", "box_bytes"],
 )
 def test_a_descriptor_the_hardware_cannot_encode_is_refused(shape, dtype, block, message):
     with pytest.raises(ValueError, match=message):
