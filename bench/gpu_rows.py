@@ -280,9 +280,10 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 # the device: a kernel that faults there would take the rest of the run's rows with it).
 USE_TMA = False
 # True: the grouped matmul rows also time gmm with TMA through descriptors the launch
-# encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile and persistent,
-# forward only (`gpu-check --host-descriptors`, which bench/gpu_check.sh passes once
-# their device tests passed: jaxlib encodes them, not Triton's launcher).
+# encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile (forward only) and
+# persistent (forward and fwd+bwd) (`gpu-check --host-descriptors`, which
+# bench/gpu_check.sh passes once their device tests passed: jaxlib encodes them, not
+# Triton's launcher).
 USE_HOST_DESCRIPTORS = False
 # True: the grouped matmul rows also time gmm warp-specialized at each of
 # `HOPPER_WARP_SPECIALIZED_GMM`'s tiles, forward only, the weight gradient's tgmm at

@@ -64,9 +64,8 @@ needs_tensor_descriptors = pytest.mark.skipif(
 def skip_unless_host_descriptors_launch() -> None:
     """Skips the calling test where a kernel taking host-side tensor descriptors cannot
     run: on a GPU before Hopper or whose jaxlib cannot pass them, and under `pytest
-    --as-gpu` (its
-    jax_triton stand-in does not see their launches, which bypass jax_triton). Triton's
-    interpreter runs them."""
+    --as-gpu` (its jax_triton stand-in does not see their launches, which bypass
+    jax_triton). Triton's interpreter runs them."""
     from jax_bridge.launch.host_descriptors import host_descriptors_launchable
     from jax_bridge.launch.target import launch_target
 

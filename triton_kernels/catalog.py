@@ -371,12 +371,9 @@ def grouped_matmul_variant(
 def _gmm_descriptor_types(element: str, config: GroupedMatmulConfig, transposed: bool):
     """gmm's lhs and rhs as tensor descriptors (`GroupedMatmulConfig.host_descriptors`):
     their Triton types, boxes as the bridge encodes them."""
-    m, k, n = config.tiling
-    rhs_box = f"1, {n}, {k}" if transposed else f"1, {k}, {n}"
-    return {
-        "lhs_ptr": f"tensordesc<{element}[{m}, {k}]>",
-        "rhs_ptr": f"tensordesc<{element}[{rhs_box}]>",
-    }
+    boxes = [", ".join(map(str, box)) for box in config.descriptor_boxes(transposed)]
+    return {"lhs_ptr": f"tensordesc<{element}[{boxes[0]}]>",
+            "rhs_ptr": f"tensordesc<{element}[{boxes[1]}]>"}  # fmt: skip
 
 
 def default_variants(

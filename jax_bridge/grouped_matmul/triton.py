@@ -288,9 +288,8 @@ def _gmm_operands(
     descriptors the launch encodes (`GroupedMatmulConfig.host_descriptors`)."""
     if not host:
         return lhs, rhs
-    m, k, n = config.tiling
-    rhs_box = (1, n, k) if transpose_rhs else (1, k, n)
-    return HostDescriptor(lhs, (m, k)), HostDescriptor(rhs, rhs_box)
+    lhs_box, rhs_box = config.descriptor_boxes(transpose_rhs)
+    return HostDescriptor(lhs, lhs_box), HostDescriptor(rhs, rhs_box)
 
 
 def _bounds_rows(options: MatmulOptions, config: GroupedMatmulConfig, m, k, n, dtype) -> int:

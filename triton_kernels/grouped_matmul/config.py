@@ -94,8 +94,8 @@ class GroupedMatmulConfig(KernelConfig):
         GPU it needs jaxlib >= 0.11.2; Triton's interpreter runs it anywhere). Why TMA
         made gmm slower on an H100 (2.6x at m 8192, where every program builds its
         descriptors) is not known; this takes that work away. Off by default: not yet run
-        on a GPU (the A/B rows of `python -m bench gpu-check --tma`). tgmm ignores it (its
-        descriptors span one group's rows each).
+        on a GPU (the A/B rows of `python -m bench gpu-check --host-descriptors`). tgmm
+        ignores it (its descriptors span one group's rows each).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -161,6 +161,13 @@ class GroupedMatmulConfig(KernelConfig):
         stage = self.stage_bytes(element_bytes, transposed)
         fixed = needed - self.num_stages * stage
         return dataclasses.replace(self, num_stages=max(1, (limit - fixed) // stage))
+
+    def descriptor_boxes(self, transpose_rhs: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The boxes gmm loads through its lhs [m, k] and rhs [groups, k, n] (or, with
+        `transpose_rhs`, [groups, n, k]) descriptors: [block_m, block_k] and one group's
+        [block_k, block_n] (or [block_n, block_k])."""
+        rhs = (self.block_n, self.block_k) if transpose_rhs else (self.block_k, self.block_n)
+        return (self.block_m, self.block_k), (1, *rhs)
 
     def shape_constexprs(self, m: int, k: int, n: int) -> dict[str, int]:
         """The kernels' shape and tile constexprs for problem sizes m, k, n."""
