@@ -27,13 +27,15 @@ from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
 __all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs"]
 
-BOOL_FIELDS = frozenset({"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent"})
+BOOL_FIELDS = frozenset(
+    {"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent", "host_descriptors"}
+)
 """The params' bool fields, by name (every other field is an int): what `_check_field`
 and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
 
 # Fields of one op only: a conversion to the other op's config refuses them.
 _ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
-_MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent")
+_MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent", "host_descriptors")
 
 # Each kernel config's fields and the params fields that hold them (config -> params):
 # the one table every conversion below reads, both ways. The forward (`FwdParams`) and
@@ -45,7 +47,8 @@ _ATTENTION_KERNEL = {
     "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
 }  # fmt: skip
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
-           **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent"}  # fmt: skip
+           **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent",
+           "host_descriptors": "host_descriptors"}  # fmt: skip
 _DQ = {"block_m": "dq_q_blocksize", "block_n": "dq_kv_blocksize", "num_warps": "dq_num_warps",
        "num_stages": "dq_num_stages", "tma": "dq_tma"}  # fmt: skip
 
@@ -169,6 +172,8 @@ class FwdParams(_Params):
         walking the tile list, and the weight gradient's tgmm (by pointers) walks the
         rows of splits of the groups (`GroupedMatmulConfig.persistent`; excludes
         `warp_specialize`).
+      host_descriptors: grouped matmul only, with `tma`: gmm's descriptors encoded by the
+        launch (`GroupedMatmulConfig.host_descriptors`).
     """
 
     q_blocksize: int | None = None
@@ -182,6 +187,7 @@ class FwdParams(_Params):
     warp_specialize: bool | None = None
     overlap_softmax: bool | None = None
     persistent: bool | None = None
+    host_descriptors: bool | None = None
 
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:

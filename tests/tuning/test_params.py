@@ -284,6 +284,20 @@ def test_grouped_matmul_warp_specialize_round_trips(tiling):
     assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
 
 
+def test_grouped_matmul_host_descriptors_round_trip_and_are_grouped_matmul_only():
+    """`host_descriptors` (gmm's descriptors encoded by the launch) is a grouped matmul
+    option: it round-trips through params and their dict, needs `tma` (the config's own
+    error), and is refused for attention."""
+    config = dataclasses.replace(_PLAIN_GMM, tma=True, persistent=True, host_descriptors=True)
+    params = FwdParams.from_grouped_matmul_config(config)
+    assert params.to_dict()["host_descriptors"] is True
+    assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
+    with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
+        FwdParams(host_descriptors=True).to_grouped_matmul_config(_PLAIN_GMM)
+    with pytest.raises(ValueError, match=r"\['host_descriptors'\] do not apply to attention"):
+        FwdParams(host_descriptors=False).to_attention_config(_PLAIN_ATTENTION)
+
+
 def _config_error(make) -> str:
     with pytest.raises(ValueError) as info:
         make()
