@@ -21,7 +21,8 @@ from triton.backends.nvidia.compiler import CUDABackend
 
 from jax_bridge import lower_for_cuda
 from jax_bridge.core.cache_dir import CACHE_DIR_ENV
-from jax_bridge.launch import ptx_cache
+from jax_bridge.launch import host_descriptors, ptx_cache
+from jax_bridge.launch.host_descriptors import host_descriptors_launchable
 from jax_bridge.launch.jax_triton_compat import jax_triton_api_version
 from tests.launch.recording import record_triton_kernels
 from tests.launch.test_kernel_needs import _copy, _descriptor_copy, _matmul, _plain_copy
@@ -83,6 +84,7 @@ def test_a_kernel_found_in_the_cache_is_built_as_its_compile_was(case, cache, mo
         lambda data: {**data, "key": "0" * 64},
         lambda data: {**data, "num_warps": True},
         lambda data: {**data, "shared_mem_bytes": "0"},
+        lambda data: {**data, "descriptors": [1]},
         lambda data: {**data, "version": 0},
         lambda data: [data],
         "flip a bit of the compressed body",  # zlib.error, not an OSError
@@ -104,6 +106,31 @@ def test_a_bad_entry_is_compiled_again_and_replaced(spoil, cache, monkeypatch):
     assert again == compiled
     assert ptx_cache.ptx_cache_statistics() == dict(hits=0, misses=2, ignored=1, write_errors=0)
     assert entry.read_bytes() == good
+
+
+@pytest.mark.skipif(
+    not host_descriptors_launchable(), reason="jaxlib >= 0.11.2 passes host-side descriptors"
+)
+def test_a_kernel_taking_host_descriptors_keeps_their_metadata_in_the_cache(cache):
+    """A kernel whose descriptors the launch encodes, found in the cache, is launched as
+    its compile was: the entry keeps each descriptor's metadata (swizzle, element type,
+    box), from which the launch encodes it (the lowered call, its parameters included,
+    is the same)."""
+    from tests.launch.test_host_descriptors import _launch
+
+    a = jax.ShapeDtypeStruct((40, 32), jnp.float32)
+    b = jax.ShapeDtypeStruct((2, 16, 32), jnp.float32)
+
+    def lower() -> str:
+        host_descriptors._compiled.cache_clear()  # as in a fresh process
+        return lower_for_cuda(lambda a, b: _launch(a, b), a, b)
+
+    compiled = lower()
+    (entry,) = cache.iterdir()
+    metas = json.loads(gzip.decompress(entry.read_bytes()))["descriptors"]
+    assert [m["block_size"][-1] for m in metas] == [32, 32] and all("swizzle" in m for m in metas)
+    assert lower() == compiled
+    assert ptx_cache.ptx_cache_statistics() == dict(hits=1, misses=1, ignored=0, write_errors=0)
 
 
 @pytest.mark.skipif(jax_triton_api_version() != (0, 3), reason="recorded through jax_triton 0.3")
