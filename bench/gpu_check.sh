@@ -5,10 +5,10 @@
 # STEPs, in this order, the first three by default:
 #   tma    kernels with tensor descriptors (TMA) alone, on the device (the default dK/dV
 #          kernel at d=128 on sm_90 is one); if they pass, `bench` also times the TMA A/B
-#          anchors (`gpu-check --tma`); then gmm with descriptors the launch encodes
-#          (`--host-descriptors`) and the warp-specialized kernels, whose A/B rows
-#          `bench` times if they pass too (`--warp-specialized`), and the warp-specialized
-#          dK/dV apart (`--warp-specialized-dkdv`);
+#          anchors (`gpu-check --tma`); then gmm and the varlen forward with descriptors
+#          the launch encodes (`--host-descriptors`) and the warp-specialized kernels,
+#          whose A/B rows `bench` times if they pass too (`--warp-specialized`), and the
+#          warp-specialized dK/dV apart (`--warp-specialized-dkdv`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there),
 #          and its verdicts in summary.txt (`gpu-check --verdicts`: A/B anchors, issue 27's bars);
@@ -104,10 +104,10 @@ if [[ $steps == *" tma "* ]] && gate tma 100 8 copies_on_a_hopper_gpu "TMA kerne
   -k "(tma or hopper) and not warp_specialized and not warp-specialized and not host"; then
   tma_flag="--tma"
   # Descriptors the launch encodes (jaxlib's, from Triton's metadata), apart: their rows'
-  # gate (the launch layer's copy kernel, then gmm with them).
-  if gate host_descriptors 90 6 "writes_every_row_once.*tma-host" "host-side descriptors" \
+  # gate (the launch layer's copy kernel, then gmm and the varlen forward with them).
+  if gate host_descriptors 120 6 "writes_every_row_once.*tma-host" "host-side descriptors" \
     tests/launch/test_host_descriptors.py tests/grouped_matmul/test_triton.py \
-    -k "host and not warp-specialized"; then
+    tests/attention/test_triton.py -k "host and not warp-specialized"; then
     tma_flag="$tma_flag --host-descriptors"
   fi
   # Warp-specialized kernels (a producer warpgroup, two consumers: 12 warps), and their

@@ -281,7 +281,8 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 USE_TMA = False
 # True: the grouped matmul rows also time gmm with TMA through descriptors the launch
 # encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile (forward only) and
-# persistent (forward and fwd+bwd) (`gpu-check --host-descriptors`, which
+# persistent (forward and fwd+bwd), and two varlen rows the forward with TMA by either
+# kind of descriptor (`_forward_descriptors`) (`gpu-check --host-descriptors`, which
 # bench/gpu_check.sh passes once their device tests passed: jaxlib encodes them, not
 # Triton's launcher).
 USE_HOST_DESCRIPTORS = False
@@ -829,6 +830,26 @@ def _wide_persistent_forward(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, wide, "forward 128x128", passes="forward")
 
 
+def _forward_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
+    """The A/B of the forward's descriptors: at its default tile (the light causal one on
+    sm_90, 128x128, 8 warps, two stages) with `tma`, K and V through descriptors each
+    program builds for its sequence (on the H100, 2026-11-27, with dQ's and dK/dV's on TMA
+    too: 5% slower than by pointers on 4 x 4096) or through the launch's over all of K and
+    V (`host_descriptors`: no descriptor work in a program; masked tiles zero the rows
+    past their sequence in registers). Static report, sm_90, d=128, causal: 477 / 497
+    warp-instructions in the full-tile loop under Triton 3.6 / 3.9 against 489 / 509 with
+    the launch's, no spill, not serialized. Forward only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    built = AttentionKernelConfig(128, 128, 8, 2, tma=True)
+    given = built.replace(host_descriptors=True)
+    return (
+        varlen_impl(spec, AttentionConfigs(forward=built), "forward tma", passes="forward"),
+        varlen_impl(spec, AttentionConfigs(forward=given), "forward tma host descriptors",
+                    passes="forward"),
+    )  # fmt: skip
+
+
 def _dq_atomic_backward(spec: MaskSpec) -> Impl:
     """The A/B of the backward's two designs (`AttentionConfigs.dq_atomic`): dQ added
     by atomics from the dK/dV kernel (FlashAttention-2's; 5 tile products a tile pair, at
@@ -969,7 +990,9 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # reductions; of those and the row
     # without a right bound, the forward at its default tile three stages deep, a forward
     # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
-    # many documents, the persistent forward at 128x128; of the row without a right bound,
+    # many documents, the persistent forward at 128x128; with --host-descriptors, of the
+    # first two, the forward at its default tile with TMA, its descriptors each program's
+    # or the launch's; of the row without a right bound,
     # dK/dV's pipeline four stages deep; with --warp-specialized, of the first two and the
     # one without a right bound, the warp-specialized forward (and with
     # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass
@@ -989,6 +1012,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         depth = (_flex_dkdv_config(spec), _deep_forward(spec))
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec),
                _dq_by_tensor_reduction(spec)) if USE_TMA else ()  # fmt: skip
+        tma += _forward_descriptors(spec) if USE_HOST_DESCRIPTORS else ()
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [

@@ -185,13 +185,17 @@ def attention_variant(
         head_dim=head_dim, softmax_scale=head_dim**-0.5, input_precision="ieee",
         persistent=persistent, dq_atomic=dq_atomic,
     )  # fmt: skip
+    signature = attention_signature(kernel, dtype_name)
+    if config.host_descriptors:  # the forward's K and V: the launch's descriptors
+        box = f"tensordesc<{TRITON_TYPES[dtype_name]}[{config.block_n}, {head_dim}]>"
+        signature |= {"k_ptr": box, "v_ptr": box}
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
         + _loading_tags(config)[0]
         + ("_dq_atomic" if dq_atomic else ""),
         kernel=kernel,
-        signature=attention_signature(kernel, dtype_name),
+        signature=signature,
         constexprs=constexprs,
         num_warps=attention_num_warps(config, persistent),
         num_stages=config.num_stages,
@@ -200,14 +204,17 @@ def attention_variant(
     )
 
 
-def tma_variant(kind: str, head_dim: int, compute_capability: int) -> KernelVariant:
+def tma_variant(
+    kind: str, head_dim: int, compute_capability: int, host: bool = False
+) -> KernelVariant:
     """An attention kernel (bf16, causal) with `tma`, its streamed tiles through
     device-side tensor descriptors (sm_90 and up): its default config where descriptors
     can be launched (dK/dV at sm_90, d=128: 64x128 with `tma`, what a GPU with a recent
-    jaxlib runs), with `tma` set on the others' default tiles."""
+    jaxlib runs), with `tma` set on the others' default tiles; `host` (the forward):
+    through the launch's descriptors over all of K and V."""
     default = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
                                        features=CAUSAL, descriptors=True)  # fmt: skip
-    config = dataclasses.replace(default, tma=True)
+    config = dataclasses.replace(default, tma=True, host_descriptors=host)
     return attention_variant(kind, head_dim, compute_capability, config=config)
 
 
@@ -391,6 +398,7 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
+            variants.append(tma_variant("forward", head_dim, compute_capability, host=True))
         if compute_capability == 90 and head_dim == 128:  # the softmax overlap
             for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),
                                ("backward_dkdv", OVERLAPPED_DKDV_TILE)):  # fmt: skip

@@ -29,6 +29,7 @@ from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.precision import triton_input_precision
+from jax_bridge.launch.host_descriptors import HostDescriptor
 from jax_bridge.launch.target import (
     follow_lowering_platform,
     launch_target,
@@ -218,8 +219,7 @@ def forward(
     scalars = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
-        k,
-        v,
+        *_key_operands(k, v, config),
         schedule.cu_q,
         schedule.cu_k,
         chunks,
@@ -236,6 +236,16 @@ def forward(
         grid=(programs(chunks.shape[0], total_q, config.block_m, persistent), num_q_heads),
         **_launch("forward", config, features, q, k, options, persistent),
     )
+
+
+def _key_operands(k: jax.Array, v: jax.Array, config: AttentionKernelConfig) -> tuple:
+    """k and v as the forward kernel takes them: arrays, or (`host_descriptors`) the
+    descriptors the launch encodes over all of each, [total_k, Hkv * D] in [block_n, D]
+    boxes (`forward._sequence_keys`)."""
+    if not config.host_descriptors:
+        return k, v
+    box = (config.block_n, k.shape[2])
+    return tuple(HostDescriptor(x.reshape(x.shape[0], -1), box) for x in (k, v))
 
 
 def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -> jax.Array:

@@ -35,7 +35,7 @@ and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
 
 # Fields of one op only: a conversion to the other op's config refuses them.
 _ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
-_MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent", "host_descriptors")
+_MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent")
 
 # Each kernel config's fields and the params fields that hold them (config -> params):
 # the one table every conversion below reads, both ways. The forward (`FwdParams`) and
@@ -46,6 +46,8 @@ _ATTENTION_KERNEL = {
     "block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
     "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
 }  # fmt: skip
+# The forward's alone among attention's kernels: descriptors the launch encodes.
+_ATTENTION_FORWARD = {**_ATTENTION_KERNEL, "host_descriptors": "host_descriptors"}
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent",
            "host_descriptors": "host_descriptors"}  # fmt: skip
@@ -136,8 +138,8 @@ class _Params:
 
 def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
     """ValueError naming `where` if `config` turns on an option (a bool field) that the
-    params have no field for (`held`: the config fields they hold; only dQ's lack some):
-    converting it would drop the option silently."""
+    params have no field for (`held`: the config fields they hold; dQ lacks some, dK/dV
+    `host_descriptors`): converting it would drop the option silently."""
     dropped = [
         f.name
         for f in dataclasses.fields(config)
@@ -172,8 +174,9 @@ class FwdParams(_Params):
         walking the tile list, and the weight gradient's tgmm (by pointers) walks the
         rows of splits of the groups (`GroupedMatmulConfig.persistent`; excludes
         `warp_specialize`).
-      host_descriptors: grouped matmul only, with `tma`: gmm's descriptors encoded by the
-        launch (`GroupedMatmulConfig.host_descriptors`).
+      host_descriptors: with `tma`: the kernel's descriptors encoded by the launch
+        (`GroupedMatmulConfig.host_descriptors`; attention's forward kernel alone,
+        `AttentionKernelConfig.host_descriptors`).
     """
 
     q_blocksize: int | None = None
@@ -192,7 +195,7 @@ class FwdParams(_Params):
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
         """Every field of the forward kernel's `config` as params."""
-        return cls._from_config(config, _ATTENTION_KERNEL)
+        return cls._from_config(config, _ATTENTION_FORWARD)
 
     @classmethod
     def from_grouped_matmul_config(cls, config: GroupedMatmulConfig) -> FwdParams:
@@ -206,7 +209,7 @@ class FwdParams(_Params):
         together (e.g. `warp_specialize` without `tma`), and ValueError for grouped
         matmul fields."""
         self._refuse(_MATMUL_FIELDS, "attention")
-        return self._to_config(default, _ATTENTION_KERNEL)
+        return self._to_config(default, _ATTENTION_FORWARD)
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
         """A grouped matmul config: the set fields, the rest from `default` (the config's
@@ -255,7 +258,8 @@ class BwdParams(_Params):
         mirror image (stationary key tile, streamed query tiles), so it takes them
         swapped. Warps, stages and `tma` carry over, `overlap_softmax` to dK/dV only (dQ
         refuses it); `warp_specialize` does not (dK/dV's takes its own tile,
-        `WARP_SPECIALIZED_DKDV_TILE`); unset fields stay unset. The backward holds more
+        `WARP_SPECIALIZED_DKDV_TILE`), nor `host_descriptors` (the forward's alone);
+        unset fields stay unset. The backward holds more
         tiles in registers than the forward, so check the result with the static report
         (`static_report_prune`) before trusting it.
         """
@@ -277,7 +281,9 @@ class BwdParams(_Params):
     @classmethod
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only (every field
-        of `AttentionKernelConfig` has one)."""
+        of `AttentionKernelConfig` has one but `host_descriptors`, the forward's alone:
+        ValueError if it is on)."""
+        _check_held(config, _ATTENTION_KERNEL, "BwdParams.from_dkdv_config")
         return cls._from_config(config, _ATTENTION_KERNEL)
 
     @classmethod

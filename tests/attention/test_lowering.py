@@ -30,7 +30,7 @@ from jax_bridge import (
 )
 from jax_bridge.launch import target
 from jax_bridge.launch.lowering import lower_for_cuda
-from jax_bridge.launch.report import variant_report
+from jax_bridge.launch.report import compile_offline, variant_report
 from triton_kernels.catalog import (
     ATTENTION_KERNELS,
     attention_variant,
@@ -511,6 +511,32 @@ def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent)
     assert report.uses_wgmma, report.summary()
     name = f"{kind}_tma" + ("_persistent" if persistent else "")
     assert_spills_expected(report, (90, 128, name, AttentionFeatures(causal=True), None))
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
+def test_the_forward_with_host_descriptors_builds_none_on_the_device(persistent):
+    """The forward's default sm_90 tile (d=128, causal) through the launch's descriptors
+    over all of K and V: the same bulk copies as with a program's own, no spill, wgmma
+    not serialized, but no descriptor-building (`tensormap`) instruction in its PTX, no
+    descriptor prefetch or flush (UTMACCTL, UTMACMDFLUSH) and no global scratch."""
+    default = attention_variant("forward", 128, 90, persistent=persistent)
+    tile = (default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
+            default.num_stages)  # fmt: skip
+    built, given = (
+        attention_variant("forward", 128, 90, persistent=persistent,
+                          config=AttentionKernelConfig(*tile, tma=True, host_descriptors=host))
+        for host in (False, True)
+    )  # fmt: skip
+    reports = [variant_report(v, 90) for v in (built, given)]
+    print(reports[1].summary())
+    assert not reports[1].spills and reports[1].uses_wgmma and not reports[1].serialized_wgmma
+    assert reports[1].sass_opcodes.get("UTMALDG") == reports[0].sass_opcodes.get("UTMALDG") > 0
+    for building in ("UTMACCTL", "UTMACMDFLUSH"):
+        assert building in reports[0].sass_opcodes and building not in reports[1].sass_opcodes
+    compiled = compile_offline(given.kernel, given.signature, given.constexprs,
+                               compute_capability=90, num_warps=given.num_warps,
+                               num_stages=given.num_stages)  # fmt: skip
+    assert "tensormap" not in compiled.asm["ptx"] and compiled.metadata.global_scratch_size == 0
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from tests.attention.helpers import (
     value_and_grads,
 )
 from tests.attention.test_conformance import CASES, check_case
-from tests.devices import needs_tensor_descriptors
+from tests.devices import needs_tensor_descriptors, skip_unless_host_descriptors_launch
 from tests.launches import record_launches
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
@@ -224,6 +224,16 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
             ValueError,
             "overlap_softmax and warp_specialize exclude each other",
         ),
+        (
+            dict(block_m=16, block_n=16, host_descriptors=True),
+            ValueError,
+            r"host_descriptors=True needs tma=True.*got tma=False",
+        ),
+        (
+            dict(block_m=16, block_n=16, tma=True, warp_specialize=True, host_descriptors=True),
+            ValueError,
+            r"host_descriptors=True .*excludes warp_specialize=True",
+        ),
     ],
     ids=[
         "not_pow2",
@@ -239,6 +249,8 @@ def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward()
         "ws_8_warps",
         "overlap_bool",
         "overlap_and_ws",
+        "host_no_tma",
+        "host_and_ws",
     ],
 )
 def test_kernel_config_validation(kwargs, error, message):
@@ -269,11 +281,15 @@ _SPECIALIZED = AttentionKernelConfig(64, 128, tma=True, warp_specialize=True)
             r"warp_specialize=True in the backward_dkdv .*excludes dq_atomic=True",
         ),
         (
+            dict(backward_dkdv=AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)),
+            r"host_descriptors=True is for the forward kernel's config only.*backward_dkdv",
+        ),
+        (
             dict(backward_dkdv=_SPECIALIZED.replace(block_m=128)),
             r"warp_specialize=True in the backward_dkdv .*needs block_m <= 64.*got block_m=128",
         ),
     ],
-    ids=["ws-dq", "overlap-dq", "ws-dkdv-dq-atomic", "ws-dkdv-128-queries"],
+    ids=["ws-dq", "overlap-dq", "ws-dkdv-dq-atomic", "host-dkdv", "ws-dkdv-128-queries"],
 )
 def test_configs_refuse_options_their_kernels_cannot_run(kwargs, message):
     """Where the configs are built, not when a gradient is first traced; each of those
@@ -329,8 +345,9 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             forward=AttentionKernelConfig(16, 16, tma=True, warp_specialize=True),
             backward_dkdv=AttentionKernelConfig(16, 32, tma=True, warp_specialize=True),
         ),
+        AttentionConfigs(forward=AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)),
     ],
-    ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized"],
+    ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized", "tma-host"],
 )
 def test_config_overrides_give_the_same_numbers(config):
     """Other tilings (unequal, larger than a sequence) and tensor-descriptor loads (whose
@@ -338,7 +355,10 @@ def test_config_overrides_give_the_same_numbers(config):
     numbers and the default configuration's, forward and backward; so do the
     warp-specialized forward's one loop over every key tile and dK/dV's over every query
     tile of the GQA group's heads, masked, with the stationary tile by descriptor and
-    surplus programs that return nothing but run an empty loop."""
+    surplus programs that return nothing but run an empty loop; so does the forward through
+    descriptors the launch encodes over all of K and V (`host_descriptors`)."""
+    if isinstance(config, AttentionConfigs) and config.forward.host_descriptors:
+        skip_unless_host_descriptors_launch()
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
     q, k, v, cu_q, cu_k, sinks = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k", "sinks"))
     options = dict(causal=True, sliding_window=(13, None), return_lse=True)
@@ -552,6 +572,33 @@ def test_dq_atomic_by_tma_reduction_matches_the_reference(name):
     a group of 3, 16 bits, rows past the sequences (which its adds must not reach) and
     queries longer and shorter than keys, against the oracle."""
     check_case("triton", CASES[name], seed=200 + list(CASES).index(name), config=DQ_BY_REDUCTION)
+
+
+@pytest.mark.parametrize("where", sorted(robustness.POISON_ROWS))
+@pytest.mark.parametrize(
+    "array, value, causal", [("v", np.nan, False), ("v", np.inf, True), ("k", np.inf, False)]
+)
+def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value, causal):
+    """The forward through descriptors over all of K and V (`host_descriptors`): a masked
+    tile reads past its sequence (the length-1 document's tile reads the next document's
+    rows, the last document's the padding's), and must zero those rows itself, so a
+    non-finite K or V row reaches no other document's output."""
+    skip_unless_host_descriptors_launch()
+    q, k, v, sinks, weights = robustness._inputs()
+    forward = AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)
+    options = dict(causal=causal, config=AttentionConfigs(forward=forward))
+    clean_out, _ = robustness._value_and_grads("triton", q, k, v, sinks, weights, **options)
+    arrays = {"k": k, "v": v}
+    arrays[array] = arrays[array].at[jnp.asarray(robustness.POISON_ROWS[where])].set(value)
+    out, _ = robustness._value_and_grads(
+        "triton", q, arrays["k"], arrays["v"], sinks, weights, **options
+    )
+    clean = robustness.CLEAN_ROWS
+    np.testing.assert_array_equal(np.asarray(out)[clean], np.asarray(clean_out)[clean])
+    reference = attention_reference(q, k, v, robustness._cu(), robustness._cu(), sinks=sinks,
+                                    causal=causal)  # fmt: skip
+    tol = robustness._tolerance(q, k, sinks)
+    assert_close(np.asarray(clean_out)[:71], robustness._f64(reference)[:71], tol, "out")
 
 
 @pytest.mark.parametrize(
@@ -769,15 +816,17 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
 
 @pytest.mark.parametrize(
     "spare, tma, dq_atomic",
-    [(0, False, False), (3, False, False), (0, True, False), (0, True, True)],
-    ids=["spare0", "spare3", "spare0-tma", "spare0-tma-dq-atomic"],
+    [(0, False, False), (3, False, False), (0, True, False), (0, True, True), (0, "host", False)],
+    ids=["spare0", "spare3", "spare0-tma", "spare0-tma-dq-atomic", "spare0-tma-host"],
 )
 def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atomic):
     """More tile rows than programs (many short sequences, few spare programs): the
     kernels launch persistent programs, each walking its share of the tile list (with
-    `tma`, building each tile's descriptors over its own sequence; with `dq_atomic`,
-    dK/dV adding each sequence's dQ shares in its own rows); forward and gradients still
-    match the reference."""
+    `tma`, building each tile's descriptors over its own sequence, or the forward taking
+    the launch's over all of K and V; with `dq_atomic`, dK/dV adding each sequence's dQ
+    shares in its own rows); forward and gradients still match the reference."""
+    if tma == "host":
+        skip_unless_host_descriptors_launch()
     monkeypatch.setattr(schedule, "_SPARE_PROGRAMS", spare)
     lengths = [(n, n + 2) for n in (1, 5, 3, 17, 0, 2, 9, 4, 6, 1, 8, 3)]
     inputs = make_inputs(71, lengths, 2, 1, 32)
@@ -794,7 +843,8 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
         return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
 
     tile = AttentionKernelConfig(16, 16, tma=True) if tma else None
-    config = AttentionConfigs(tile, tile, tile, dq_atomic=dq_atomic)
+    forward = tile.replace(host_descriptors=True) if tma == "host" else tile
+    config = AttentionConfigs(forward, tile, tile, dq_atomic=dq_atomic)
     got = run(
         lambda q, k, v, s: varlen_attention(
             q, k, v, cu_q, cu_k, implementation="triton", config=config, **options

@@ -221,7 +221,7 @@ def test_parameters_handed_to_jaxlib_are_those_the_compiled_kernel_declares(dtyp
                       "map", "i32", "i32", "i32", "i64", "i64", "i64", "i8", "ptr"]  # fmt: skip
 
 
-def _lower_gmm_with_host_descriptors():
+def _lower_gmm_with_host_descriptors() -> str:
     from jax_bridge import GroupedMatmulConfig, grouped_matmul
 
     config = GroupedMatmulConfig(64, 64, 128, num_warps=8, tma=True, host_descriptors=True)
@@ -235,13 +235,41 @@ def _lower_gmm_with_host_descriptors():
     return lower_for_cuda(gmm, lhs, rhs, sizes, compute_capability=90)
 
 
+def _lower_varlen_forward_with_host_descriptors() -> str:
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig, varlen_attention
+
+    forward = AttentionKernelConfig(128, 128, 8, 2, tma=True, host_descriptors=True)
+    q = jax.ShapeDtypeStruct((1024, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1024, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+
+    def attention(q, k, v, cu):
+        return varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton",
+                                config=AttentionConfigs(forward=forward))  # fmt: skip
+
+    return lower_for_cuda(attention, q, k, k, cu, compute_capability=90)
+
+
+_LOWERINGS = pytest.mark.parametrize(
+    "lower, kernel",
+    [
+        (_lower_gmm_with_host_descriptors, "gmm_kernel"),
+        (_lower_varlen_forward_with_host_descriptors, "attention_forward_kernel"),
+    ],
+    ids=["gmm", "varlen-forward"],
+)
+
+
 @pytest.mark.skipif(
     not host_descriptors_launchable(), reason="jaxlib >= 0.11.2 passes host-side descriptors"
 )
-def test_a_kernel_taking_host_descriptors_lowers_for_cuda_without_scratch(monkeypatch):
-    """gmm with `host_descriptors` lowers for an H100 to two Triton calls (its schedule
-    and the matmul), the matmul's kernel built without global scratch (no descriptor is
-    written on the device) and declaring the two descriptors' maps."""
+@_LOWERINGS
+def test_a_kernel_taking_host_descriptors_lowers_for_cuda_without_scratch(
+    lower, kernel, monkeypatch
+):
+    """gmm and the varlen forward with `host_descriptors` lower for an H100 to two Triton
+    calls (a schedule kernel and theirs), theirs built without global scratch (no
+    descriptor is written on the device) and declaring the two descriptors' maps."""
     built = []
     real = kernel_needs._NeedsPassingLib.TritonKernel
 
@@ -251,15 +279,15 @@ def test_a_kernel_taking_host_descriptors_lowers_for_cuda_without_scratch(monkey
 
     monkeypatch.setattr(kernel_needs._NeedsPassingLib, "TritonKernel", recording)
     host_descriptors._compiled.cache_clear()
-    text = _lower_gmm_with_host_descriptors()
+    text = lower()
     assert text.count("@triton_kernel_call") == 2
-    args = next(args for name, args in built if name.startswith("gmm_kernel"))
-    ptx = args[3]
+    args = next(args for name, args in built if name.startswith(kernel))
     assert len(args) == 6  # no scratch size and alignment appended
-    assert _ptx_parameter_kinds(ptx)[:2] == ["map", "i32"]
+    assert _ptx_parameter_kinds(args[3]).count("map") == 2
 
 
 @pytest.mark.skipif(host_descriptors_launchable(), reason="this jaxlib passes them")
-def test_without_jaxlib_support_the_launch_names_what_it_needs():
+@_LOWERINGS
+def test_without_jaxlib_support_the_launch_names_what_it_needs(lower, kernel):
     with pytest.raises(NotImplementedError, match=r"host-side tensor descriptors.*0\.11\.2"):
-        _lower_gmm_with_host_descriptors()
+        lower()

@@ -50,7 +50,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 _FIELDS = {
     "forward": {
         "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",
-        "overlap_softmax",
+        "overlap_softmax", "host_descriptors",
     },
     "backward_dkdv": {
         "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",

@@ -284,18 +284,24 @@ def test_grouped_matmul_warp_specialize_round_trips(tiling):
     assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
 
 
-def test_grouped_matmul_host_descriptors_round_trip_and_are_grouped_matmul_only():
-    """`host_descriptors` (gmm's descriptors encoded by the launch) is a grouped matmul
-    option: it round-trips through params and their dict, needs `tma` (the config's own
-    error), and is refused for attention."""
+def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward():
+    """`host_descriptors` (the kernel's descriptors encoded by the launch) round-trips
+    through params and their dict for gmm and attention's forward, needs `tma` (the
+    configs' own errors), and has no backward field."""
     config = dataclasses.replace(_PLAIN_GMM, tma=True, persistent=True, host_descriptors=True)
     params = FwdParams.from_grouped_matmul_config(config)
     assert params.to_dict()["host_descriptors"] is True
     assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
     with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
         FwdParams(host_descriptors=True).to_grouped_matmul_config(_PLAIN_GMM)
-    with pytest.raises(ValueError, match=r"\['host_descriptors'\] do not apply to attention"):
-        FwdParams(host_descriptors=False).to_attention_config(_PLAIN_ATTENTION)
+    forward = dataclasses.replace(_PLAIN_ATTENTION, tma=True, host_descriptors=True)
+    params = FwdParams.from_attention_config(forward)
+    assert FwdParams.from_dict(params.to_dict()).to_attention_config(_PLAIN_ATTENTION) == forward
+    with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
+        FwdParams(host_descriptors=True).to_attention_config(_PLAIN_ATTENTION)
+    assert "host_descriptors" not in BwdParams.from_fwd_params(params).to_dict()
+    with pytest.raises(ValueError, match="has no field for"):
+        BwdParams.from_dkdv_config(forward)
 
 
 def _config_error(make) -> str:

@@ -83,6 +83,15 @@ class AttentionKernelConfig(KernelConfig):
         34 / 34 exp2s beside the next QK^T under Triton 3.6 and 3.9, dK/dV 16 / 16
         beside dP under 3.6 (also assembled by CUDA 13.0's ptxas, as on the device) and
         none from 3.9's code, where ptxas waits for dP first.
+      host_descriptors (with `tma`, the forward's only): K and V through descriptors the
+        launch encodes over all of K and V (`jax_bridge.launch.host_descriptors`: on a GPU
+        jaxlib >= 0.11.2; Triton's interpreter anywhere), instead of two a tile that each
+        program writes to global memory and fences: the unmasked tiles lie inside their
+        sequence and load as they are, the masked ones zero the rows past it in registers
+        (`forward._key_rows`). Why the forward with `tma` ran 5% slower than by pointers on
+        an H100 is not known; this takes the per-tile descriptor work away. Off by
+        default: not yet run on a GPU (the A/B rows of `gpu-check --host-descriptors`).
+        Excludes `warp_specialize` (whose loop masks every tile).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -94,6 +103,7 @@ class AttentionKernelConfig(KernelConfig):
     tma: bool = False
     warp_specialize: bool = False
     overlap_softmax: bool = False
+    host_descriptors: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +111,12 @@ class AttentionKernelConfig(KernelConfig):
             raise ValueError(
                 "AttentionKernelConfig: overlap_softmax and warp_specialize exclude each "
                 "other (a warp-specialized kernel runs one loop over every tile, masked)."
+            )
+        if self.host_descriptors and (not self.tma or self.warp_specialize):
+            raise ValueError(
+                "AttentionKernelConfig: host_descriptors=True needs tma=True and excludes "
+                f"warp_specialize=True, got tma={self.tma}, "
+                f"warp_specialize={self.warp_specialize}."
             )
 
 
@@ -241,9 +257,10 @@ class AttentionConfigs:
     @classmethod
     def for_every_kernel(cls, config: AttentionKernelConfig) -> AttentionConfigs:
         """One config for all three kernels, each taking the options it runs: warp
-        specialization is the forward's alone, the softmax overlap the forward's and
-        dK/dV's (the dQ kernel's exp2s already run beside its dP)."""
-        dkdv = config.replace(warp_specialize=False)
+        specialization and the launch's descriptors are the forward's alone, the softmax
+        overlap the forward's and dK/dV's (the dQ kernel's exp2s already run beside its
+        dP)."""
+        dkdv = config.replace(warp_specialize=False, host_descriptors=False)
         return cls(config, dkdv, dkdv.replace(overlap_softmax=False))
 
     def _check_options(self) -> None:
@@ -254,6 +271,12 @@ class AttentionConfigs:
                 raise ValueError(
                     f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
                     f"configs only, got it in the backward_dq kernel's"
+                )
+        for kind, config in (("backward_dkdv", dkdv), ("backward_dq", dq)):
+            if config is not None and config.host_descriptors:
+                raise ValueError(
+                    f"AttentionConfigs: host_descriptors=True is for the forward kernel's "
+                    f"config only, got it in the {kind} kernel's"
                 )
         if dkdv is None or not dkdv.warp_specialize:
             return

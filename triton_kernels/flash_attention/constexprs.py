@@ -18,6 +18,7 @@ from triton_kernels.flash_attention.config import (
     block_d,
     check_kind,
 )
+from triton_kernels.flash_attention.forward import HOST_TMA
 
 __all__ = [
     "attention_constexprs",
@@ -95,6 +96,8 @@ def attention_constexprs(
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(PERSISTENT=persistent, TMA=config.tma, **features.kernel_flags())
     if kind == "forward":
+        if config.host_descriptors:
+            constexprs["TMA"] = HOST_TMA.value
         constexprs["HAS_SINKS"] = features.sinks
         constexprs["RAW_SCORE_MAX"] = raw_score_max(
             softmax_scale, soft_cap=features.soft_cap, alibi=features.alibi

@@ -43,6 +43,9 @@ import triton.language as tl
 from triton_kernels.flash_attention.steps import _online_softmax_step
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# The forward's TMA constexpr where its K and V are the launch's descriptors (the value
+# True is the kernel's own, per sequence): `_sequence_keys`.
+HOST_TMA = tl.constexpr(2)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -292,14 +295,22 @@ def _sequence_keys(k_ptr, v_ptr, k_start, len_k, kv_head, KV_STRIDE: tl.constexp
     """A sequence's keys and values at head `kv_head`, as key loops take them: pointers
     to its row 0, or (TMA) descriptors over its rows only, so that the copy engine
     zero-fills rows past len_k, which are another sequence's (or past the array). Built
-    per tile: a program's tiles may belong to different sequences (PERSISTENT)."""
-    k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
-    if TMA:
-        k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
-        v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+    per tile: a program's tiles may belong to different sequences (PERSISTENT).
+    TMA == HOST_TMA: k_ptr and v_ptr are the launch's descriptors over all of K and V
+    ([total_k, NUM_KV_HEADS * HEAD_DIM], boxes of [BLOCK_N, HEAD_DIM]), and the cursors
+    (descriptor, the sequence's first row, the head's first column): `_key_rows` zeroes
+    a masked tile's rows past len_k itself (unmasked tiles lie inside the sequence)."""
+    if TMA == HOST_TMA:
+        k_seq = (k_ptr, k_start, kv_head * HEAD_DIM)
+        v_seq = (v_ptr, k_start, kv_head * HEAD_DIM)
     else:
-        k_seq, v_seq = k_rows, v_rows
+        k_rows = k_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+        v_rows = v_ptr + k_start.to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
+        if TMA:
+            k_seq = _sequence_rows(k_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+            v_seq = _sequence_rows(v_rows, len_k, HEAD_DIM, KV_STRIDE, BLOCK_N, HEAD_DIM)
+        else:
+            k_seq, v_seq = k_rows, v_rows
     return k_seq, v_seq
 
 
@@ -323,9 +334,15 @@ def _key_rows(
 ):  # fmt: skip
     """(tile, next cursor): the [BLOCK_N, BLOCK_D] tile of K or V rows n + offs_n, through
     the descriptor `at` (TMA; rows outside the sequence read 0; it is also the next
-    cursor) or from the pointer `at` to row n (rows failing col_ok read 0 where
-    APPLY_MASK; the next cursor points BLOCK_N rows on)."""
-    if TMA:
+    cursor), through the launch's descriptor (TMA == HOST_TMA: `at` is (descriptor,
+    first row, first column); rows failing col_ok read 0 where APPLY_MASK) or from the
+    pointer `at` to row n (rows failing col_ok read 0 where APPLY_MASK; the next cursor
+    points BLOCK_N rows on)."""
+    if TMA == HOST_TMA:
+        tile, at_next = at[0].load([at[1] + n, at[2]]), at
+        if APPLY_MASK:  # another sequence's rows, perhaps not finite, must not reach P V
+            tile = tl.where(col_ok[:, None], tile, 0.0)
+    elif TMA:
         tile, at_next = at.load([n, 0]), at
     else:
         ptrs = _tile_ptrs(at, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
@@ -740,6 +757,10 @@ def attention_forward_kernel(
       TMA: K and V tiles are loaded through device-side tensor descriptors (Hopper's bulk
         tensor copies; the launch must pass the global scratch they are written to).
         Needs HEAD_DIM == BLOCK_D and 16-byte aligned rows (the bridge decides).
+        HOST_TMA: through descriptors the launch encodes, k_ptr and v_ptr (over all of
+        K and V as [total_k, NUM_KV_HEADS * HEAD_DIM], boxes of [BLOCK_N, HEAD_DIM]):
+        no program builds one, and masked tiles zero the rows past their sequence
+        (`_key_rows`). Not with WARP_SPECIALIZE.
       WARP_SPECIALIZE (with TMA, not PERSISTENT): Triton splits the key loop into a
         producer warpgroup (the Q, K and V copies) and consumer warpgroups (on Hopper,
         launched with 4 warps: 12, two consumers of BLOCK_M / 2 rows; the launch passes
@@ -749,6 +770,8 @@ def attention_forward_kernel(
       OVERLAP_SOFTMAX: the unmasked key tiles' QK^T issued a tile ahead of the softmax
         (`_overlapped_key_tiles`).
     """
+    tl.static_assert(not (TMA == HOST_TMA and WARP_SPECIALIZE),
+                     "the launch's descriptors are not warp-specialized")  # fmt: skip
     head = tl.program_id(1)
     chunk = tl.program_id(0)
     if PERSISTENT:
