@@ -24,7 +24,7 @@ TRITON_BLOCK_FIELDS = {
     "backward_dkdv": ("block_q_dkv", "block_kv_dkv"),
 }
 # AttentionKernelConfig's options that only the varlen kernels implement.
-_VARLEN_ONLY_OPTIONS = ("tma", "warp_specialize")
+_VARLEN_ONLY_OPTIONS = ("tma", "warp_specialize", "host_descriptors")
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> None:
