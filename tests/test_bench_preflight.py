@@ -14,6 +14,7 @@ import pytest
 
 from bench import gpu_check, gpu_rows, preflight, runner
 from jax_bridge.launch import kernel_needs
+from jax_bridge.launch.host_descriptors import host_descriptors_launchable
 
 _FLAGS = ("USE_TMA", "USE_WARP_SPECIALIZED", "USE_WARP_SPECIALIZED_DKDV", "USE_TORCH")
 
@@ -103,7 +104,8 @@ def first_varlen_row(tmp_path_factory):
 def test_compile_for_compiles_a_varlen_row_with_its_anchors(first_varlen_row):
     """Ours and every A/B anchor of ours on the first varlen row (toy sizes), compiled by
     Triton for sm_90 through the bridge. A jaxlib without the descriptors' scratch refuses
-    the tensor-descriptor anchors, by name: unavailable here, not failed."""
+    the tensor-descriptor anchors, one that cannot pass host-side descriptors those
+    anchors, by name: unavailable here, not failed."""
     status, out, _, _, impls = first_varlen_row
     lines = [line for line in out if line.startswith("  forward") or
              line.startswith("  fwd+bwd")]  # fmt: skip
@@ -113,9 +115,12 @@ def test_compile_for_compiles_a_varlen_row_with_its_anchors(first_varlen_row):
     # On a jaxlib that cannot pass the descriptors' scratch the tensor-descriptor anchors
     # are refused by name, and said to be unavailable here (the device's jaxlib takes them).
     refused = [line for line in lines if " UNAVAILABLE " in line]
-    assert all("global scratch" in line for line in refused)
+    scratch = [line for line in refused if "global scratch" in line]
+    host = [line for line in refused if "host-side tensor descriptors" in line]
+    assert len(scratch) + len(host) == len(refused)
     old_jaxlib = kernel_needs.jaxlib_version() < kernel_needs.FIRST_JAXLIB_WITH_SCRATCH
-    assert bool(refused) == old_jaxlib
+    assert bool(scratch) == old_jaxlib
+    assert bool(host) == (not host_descriptors_launchable())
     compiled = [line for line in lines if " UNAVAILABLE " not in line]
     assert all(" 0 while loops" in line for line in compiled)
     # the forward: the schedule kernel and the forward kernel; fwd+bwd adds dQ and dK/dV
