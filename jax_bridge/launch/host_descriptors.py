@@ -34,6 +34,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir, xla
 
 from jax_bridge.launch.interpreter import no_interpreted_launch
+from jax_bridge.launch.jax_triton_compat import is_array_operand, python_scalar
 from jax_bridge.launch.kernel_needs import needs_of, pass_kernel_needs
 
 # Triton's metadata numbers a descriptor's element type as its device-side code does;
@@ -185,13 +186,10 @@ def call_with_descriptors(
             f"{name}: host-side tensor descriptors need a Hopper or later NVIDIA GPU (sm_90+), "
             f"not {compute_capability}"
         )
-    # NumPy scalars as Python's (jax_triton's types), but float32, which stays float32.
-    args = [
-        a.item() if isinstance(a, np.generic) and not isinstance(a, np.float32) else a for a in args
-    ]
+    args = [python_scalar(a, keep_float32=True) for a in args]  # as jax_triton 0.3 types them
     arrays, operand = [], {}
     for i, a in enumerate(args):
-        if not isinstance(a, bool | int | float | np.generic):
+        if is_array_operand(a):
             operand[i] = len(arrays)
             arrays.append(a.array if isinstance(a, HostDescriptor) else a)
     launch = _Launch(

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.launch.kernel_needs import pass_kernel_needs
-from jax_bridge.launch.poisoned_outputs import with_ignored_pointers
+from jax_bridge.launch.poisoned_outputs import as_ignored_inputs
 
 Grid = int | tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
@@ -64,7 +64,7 @@ def jax_triton_api_version() -> tuple[int, int] | None:
     return int(match[1]), int(match[2])
 
 
-def _scalar(arg: Any, *, keep_float32: bool) -> Any:
+def python_scalar(arg: Any, *, keep_float32: bool) -> Any:
     """NumPy scalars as the Python scalars jax_triton types (it would take them for arrays)."""
     if isinstance(arg, np.float32) and keep_float32:
         return arg
@@ -73,7 +73,8 @@ def _scalar(arg: Any, *, keep_float32: bool) -> Any:
     return arg
 
 
-def _is_array(arg: Any) -> bool:
+def is_array_operand(arg: Any) -> bool:
+    """Whether a launch argument is an array (or a descriptor of one), not a scalar."""
     return not isinstance(arg, bool | int | float | np.generic)
 
 
@@ -85,7 +86,7 @@ def _check(
     initial_outputs: dict[int, jax.Array],
 ) -> None:
     for arg_index, out_index in input_output_aliases.items():
-        if not 0 <= arg_index < len(args) or not _is_array(args[arg_index]):
+        if not 0 <= arg_index < len(args) or not is_array_operand(args[arg_index]):
             raise ValueError(f"input_output_aliases: argument {arg_index} is not an array input")
         if not 0 <= out_index < n_outputs:
             raise ValueError(f"input_output_aliases: there is no output {out_index}")
@@ -156,18 +157,13 @@ def _launch_v03(
 ) -> tuple[jax.Array, ...]:
     import jax_triton
 
-    if initial_outputs:
-        # 0.3 passes an aliased input as a parameter of its own: the kernel takes these
-        # after its own inputs, in a wrapper that ignores them.
-        kernel = with_ignored_pointers(kernel, len(args), len(initial_outputs))
-        input_output_aliases = {
-            **input_output_aliases,
-            **{len(args) + j: o for j, o in enumerate(initial_outputs)},
-        }
-        args = (*args, *initial_outputs.values())
-    args = tuple(_scalar(a, keep_float32=True) for a in args)
+    # 0.3 passes an aliased input as a parameter of its own.
+    kernel, args, input_output_aliases = as_ignored_inputs(
+        kernel, args, input_output_aliases, initial_outputs
+    )
+    args = tuple(python_scalar(a, keep_float32=True) for a in args)
     # 0.3 counts only array operands in the input index of an alias.
-    array_index = {i: sum(map(_is_array, args[:i])) for i in input_output_aliases}
+    array_index = {i: sum(map(is_array_operand, args[:i])) for i in input_output_aliases}
     outs = jax_triton.triton_call(
         *args,
         kernel=kernel,
@@ -214,7 +210,7 @@ def _launch_v04(
     out_params = params[len(args) :]
     outs = iter(
         jax_triton.triton_call(
-            *(_scalar(a, keep_float32=False) for a in args),
+            *(python_scalar(a, keep_float32=False) for a in args),
             kernel=kernel,
             out_type=tuple(s for o, s in enumerate(out_shapes) if o not in refs),
             **options,

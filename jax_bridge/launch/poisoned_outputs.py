@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import linecache
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -67,6 +67,23 @@ def poisoned_host_array(shape: jax.ShapeDtypeStruct) -> np.ndarray:
 def poisoned_array(shape: jax.ShapeDtypeStruct) -> jax.Array:
     """A JAX array of `shape` filled with its dtype's `poison_value`."""
     return jnp.full(shape.shape, poison_value(shape.dtype), shape.dtype)
+
+
+def as_ignored_inputs(
+    kernel: triton.JITFunction,
+    args: Sequence[Any],
+    input_output_aliases: dict[int, int],
+    initial_outputs: dict[int, jax.Array],
+) -> tuple[triton.JITFunction, tuple[Any, ...], dict[int, int]]:
+    """(kernel, args, aliases) of a launch whose outputs start as `initial_outputs`
+    (output index: array) where every aliased input is a parameter of its own (jax_triton
+    0.3, and the launches of host-side descriptors): each array is an input after `args`,
+    aliased by its output, which the kernel takes through `with_ignored_pointers`."""
+    if not initial_outputs:
+        return kernel, tuple(args), dict(input_output_aliases)
+    aliases = {**input_output_aliases, **{len(args) + j: o for j, o in enumerate(initial_outputs)}}
+    kernel = with_ignored_pointers(kernel, len(args), len(initial_outputs))
+    return kernel, (*args, *initial_outputs.values()), aliases
 
 
 @functools.cache

@@ -36,10 +36,10 @@ from jax_bridge.launch.host_descriptors import (
 )
 from jax_bridge.launch.interpreter import run_interpreted
 from jax_bridge.launch.poisoned_outputs import (
+    as_ignored_inputs,
     poisoned_array,
     poisoned_host_array,
     poisoning_outputs,
-    with_ignored_pointers,
 )
 from jax_bridge.launch.target import launch_target
 
@@ -275,13 +275,9 @@ def _gpu_launch(*arrays: jax.Array, rebuild, constexprs, **launch: Any) -> tuple
                 **constexprs,
             )
         )
-    if initial_outputs:  # each an input the output aliases, which the kernel ignores
-        launch["kernel"] = with_ignored_pointers(launch["kernel"], len(args), len(initial_outputs))
-        launch["input_output_aliases"] = {
-            **launch["input_output_aliases"],
-            **{len(args) + j: o for j, o in enumerate(initial_outputs)},
-        }
-        args = [*args, *initial_outputs.values()]
+    launch["kernel"], args, launch["input_output_aliases"] = as_ignored_inputs(
+        launch["kernel"], args, launch["input_output_aliases"], initial_outputs
+    )
     return call_with_descriptors(
         args, compute_capability=target.compute_capability, constexprs=constexprs, **launch
     )
