@@ -20,6 +20,7 @@ import triton
 from triton_kernels.block_sparse.backward import block_sparse_dkdv_kernel, block_sparse_dq_kernel
 from triton_kernels.block_sparse.config import BLOCK_SPARSE_TWO_CTA_TILES, block_sparse_config
 from triton_kernels.block_sparse.forward import INTERVALS, block_sparse_forward_kernel
+from triton_kernels.config import descriptor_type
 from triton_kernels.flash_attention.backward import (
     attention_backward_dkdv_kernel,
     attention_backward_dq_kernel,
@@ -187,7 +188,7 @@ def attention_variant(
     )  # fmt: skip
     signature = attention_signature(kernel, dtype_name)
     if config.host_descriptors:  # the forward's K and V: the launch's descriptors
-        box = f"tensordesc<{TRITON_TYPES[dtype_name]}[{config.block_n}, {head_dim}]>"
+        box = descriptor_type(TRITON_TYPES[dtype_name], (config.block_n, head_dim))
         signature |= {"k_ptr": box, "v_ptr": box}
     return KernelVariant(
         name=f"attention_{kind}"
@@ -378,9 +379,8 @@ def grouped_matmul_variant(
 def _gmm_descriptor_types(element: str, config: GroupedMatmulConfig, transposed: bool):
     """gmm's lhs and rhs as tensor descriptors (`GroupedMatmulConfig.host_descriptors`):
     their Triton types, boxes as the bridge encodes them."""
-    boxes = [", ".join(map(str, box)) for box in config.descriptor_boxes(transposed)]
-    return {"lhs_ptr": f"tensordesc<{element}[{boxes[0]}]>",
-            "rhs_ptr": f"tensordesc<{element}[{boxes[1]}]>"}  # fmt: skip
+    lhs, rhs = config.descriptor_boxes(transposed)
+    return {"lhs_ptr": descriptor_type(element, lhs), "rhs_ptr": descriptor_type(element, rhs)}
 
 
 def default_variants(

@@ -9,6 +9,7 @@ dimension), `num_warps` a power of two up to 16 and `num_stages` a positive int.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 MIN_BLOCK = 16
@@ -24,6 +25,13 @@ def check_block(size: Any, name: str) -> int:
             f"{name} must be a power of two >= {MIN_BLOCK} (a Triton block), got {size}."
         )
     return size
+
+
+def descriptor_type(element: str, block_shape: Sequence[int]) -> str:
+    """A Triton signature's tensor-descriptor type of `element`s (Triton's name: "bf16")
+    and `block_shape`, e.g. `tensordesc<bf16[128, 64]>`: a kernel parameter that the
+    launch passes as a descriptor (`jax_bridge.launch.host_descriptors`)."""
+    return f"tensordesc<{element}[{', '.join(map(str, block_shape))}]>"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,7 @@ from jax.interpreters import mlir, xla
 from jax_bridge.launch.interpreter import no_interpreted_launch
 from jax_bridge.launch.jax_triton_compat import is_array_operand, python_scalar
 from jax_bridge.launch.kernel_needs import needs_of, pass_kernel_needs
+from triton_kernels.config import descriptor_type
 
 # Triton's metadata numbers a descriptor's element type as its device-side code does;
 # the host's CUtensorMapDataType, which jaxlib encodes, numbers three of them otherwise:
@@ -83,12 +84,6 @@ class HostDescriptor:
                 f"HostDescriptor: a box's rows must span a multiple of 16 bytes, got "
                 f"block_shape[-1] = {block[-1]} of {itemsize}-byte elements"
             )
-
-
-def descriptor_type(element: str, block_shape: Sequence[int]) -> str:
-    """A Triton signature's tensor-descriptor type of `element`s (Triton's name: "bf16")
-    and `block_shape`, e.g. `tensordesc<bf16[128, 64]>`."""
-    return f"tensordesc<{element}[{', '.join(map(str, block_shape))}]>"
 
 
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
