@@ -172,13 +172,10 @@ SLOW: tuple[tuple[str, str], ...] = (
         "every varlen A/B anchor through the interpreter (~90 s); the other sections' kept",
     ),
     ("tests/attention/test_triton.py::test_overlapped_softmax_gives_the_default_numbers[*", "1"),
-    ("tests/attention/test_lowering.py::test_overlapped_softmax_issues_*[*-not-causal]", "causal"),
     ("tests/block_sparse/test_triton.py::test_overlapped_softmax_issues_*[backward_dkdv]", "fwd"),
     ("tests/attention/test_lowering.py::test_default_dkdv_takes_tma_*[not-causal]", "causal"),
-    ("tests/attention/test_lowering.py::test_warp_specialized_kernels_lower_*[*-not-causal]", "2"),
     ("tests/attention/test_triton.py::test_warp_specialized_dkdv_gives_*[two-sided-window]", "1"),
-    ("tests/attention/test_triton.py::test_dq_atomic_matches_the_reference[*", "QUICK: 3 cases"),
-    ("tests/attention/test_lowering.py::test_dkdv_tma_default_has_a_clean_shorter_loop[*", "[1]"),
+    ("tests/attention/test_triton.py::test_dq_atomic_matches_the_reference[*", "QUICK: 1 case"),
     (
         "tests/launch/test_gpu_launches_interpreted.py::test_*attention[*",
         "the sm_90 launches interpreted (5-11 s each); QUICK keeps causal sm_90",
@@ -203,7 +200,6 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_triton.py::test_dq_atomic_by_tma_reduction_*[*", "QUICK: 2 cases"),
     ("tests/attention/test_triton.py::test_dq_atomic_keeps_a_poisoned_*[*", "QUICK: 2 cases"),
     ("tests/attention/test_triton.py::test_dq_atomic_under_vmap_and_jit", "vmap: conformance"),
-    ("tests/attention/test_lowering.py::test_overlapped_softmax_issues_*[backward_dkdv-*", "fwd"),
     ("tests/block_sparse/test_triton.py::test_overlapped_softmax_issues_*[*", "varlen's kept"),
     # --- the sixth pass (quick suite at 10:39 on 2026-12-06, 8:53 on the same machine that
     # morning with another run beside it): the host-side descriptors' repeated cases, and
@@ -217,13 +213,34 @@ SLOW: tuple[tuple[str, str], ...] = (
         "tests/splash/test_port.py::test_a_jax_splash_script_runs_with_only_its_import_changed",
         "a whole ported script (20 s); each kernel against JAX's splash kept",
     ),
-    ("tests/attention/test_lowering.py::test_the_forward_with_host_*[persistent]", "a tile kept"),
-    ("tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[*", "QUICK: 2"),
+    ("tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[*", "QUICK: 1"),
+    # --- the seventh pass (CI ran the quick suite in 9:59 on 2026-12-06, 4:40 here that
+    # day): target checks whose numbers the interpreter checks in `make test`, and the
+    # second and later cases of grids that `make test` keeps one of
+    (
+        "tests/test_bench_preflight.py::test_the_kernels_a_row_launches_are_recorded_*",
+        "ptxas over a row's kernels: `make test-device-stack` runs the whole preflight",
+    ),
+    ("tests/attention/test_lowering.py::test_warp_specialized_kernels_lower_*[*", "numbers"),
+    ("tests/attention/test_lowering.py::test_warp_specialized_configs_in_a_persistent_*", "ws"),
+    ("tests/attention/test_lowering.py::test_default_dkdv_takes_tma_*[old-jaxlib]", "causal"),
+    ("tests/attention/test_lowering.py::test_the_forward_with_host_*[*", "host numbers kept"),
+    ("tests/attention/test_lowering.py::test_overlapped_softmax_issues_*[*", "numbers kept"),
+    ("tests/attention/test_lowering.py::test_dkdv_tma_default_has_a_clean_shorter_loop[*", "tma"),
+    ("tests/attention/test_lowering.py::test_dq_atomic_by_tma_reduction_adds_by_*", "numbers"),
+    ("tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two[*", "numbers"),
+    ("tests/attention/test_triton.py::test_dq_atomic_with_very_negative_scores[*", "QUICK: 2"),
+    ("tests/attention/test_shift.py::test_shift_*[causal_window_everything_mqa-xla]", "triton"),
+    ("tests/block_sparse/test_triton.py::test_forward_isolates_non_finite_*[*", "QUICK: 2"),
+    ("tests/block_sparse/test_triton.py::test_dq_isolates_non_finite_keys_*[*", "QUICK: 2"),
+    ("tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[*", "QUICK: 1"),
+    ("tests/block_sparse/test_triton.py::test_config_gives_the_float64_numbers[per-kernel]", "1"),
+    ("tests/launch/test_gpu_launches_interpreted.py::test_grouped_matmul[sm_80]", "sm_90 kept"),
+    ("tests/splash/test_kernels.py::test_fully_masked_rows[True]", "[False] kept"),
 )
 
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
 QUICK: tuple[str, ...] = (
-    "tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[v-nan-False-document]",
     "tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[v-inf-True-padding]",
     "tests/launch/test_gpu_launches_interpreted.py::test_varlen_attention[sm_90]",
     "tests/launch/test_gpu_launches_interpreted.py::test_block_sparse_attention[causal-sm_90]",
@@ -232,16 +249,15 @@ QUICK: tuple[str, ...] = (
     "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",
     "tests/aot/test_compile_splash.py::test_default_block_table_matches_block_sizes",
     # the Hopper head_dim 128 reports: the forward with every option, the persistent dK/dV
-    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-forward-causal+*-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-backward_dkdv-causal-persistent]",
+    "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-forward-causal+window_left+soft_cap+alibi-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_float32[64-forward]",
-    "tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two[3-causal]",
     "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[forward-128-True-True-90]",
     "tests/block_sparse/test_triton.py::test_overlapped_softmax_gives_the_float64_*[documents-nan]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_and_tgmm_lower_for_cuda[bfloat16-90]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_matmul_kernels[True-90]",
-    "tests/grouped_matmul/test_lowering.py::test_default_tiling_compiles_without_spills_*[90-*",
+    "tests/grouped_matmul/test_lowering.py::test_default_tiling_compiles_without_spills_*[90-gmm]",
     "tests/grouped_matmul/test_lowering.py::test_even_k_drops_the_k_masks_from_the_loop[gmm]",
     "tests/grouped_matmul/test_lowering.py::test_tma_gmm_lowers_for_an_h100_with_its_global_scratch",
     # attention conformance: every mask side, the soft cap, sinks, ALiBi, GQA 2 and 3,
@@ -253,13 +269,13 @@ QUICK: tuple[str, ...] = (
             "window_both_sinks",
             "d40_causal_soft_cap_sinks",
             "gqa3_causal_window_alibi_sinks",
-            "bf16_causal_window_sinks",
             "fp16_d48_all_options",
         )
     ),
+    # bf16 through triton; xla's and pallas's in test_flash_attention_half_precision
+    "tests/attention/test_conformance.py::test_forward_*[bf16_causal_window_sinks-triton]",
     "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[q-nan-True-document-xla]",
     "tests/attention/test_robustness.py::test_a_poisoned_document_or_padding_*[q-nan-True-document-tr*",
-    "tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[causal_window_everything_mqa-*",
     "tests/block_sparse/test_conformance.py::test_score_mod_against_oracle[square_cap-xla]",
     "tests/block_sparse/test_conformance.py::test_score_mod_against_oracle[relative_bias-triton]",
     "tests/block_sparse/test_conformance.py::test_vmap_of_traced_documents_and_remat[pallas]",
@@ -270,7 +286,6 @@ QUICK: tuple[str, ...] = (
             "causal-triton",
             "documents-xla",
             "documents-pallas",
-            "documents-triton",
             "multi_head-pallas",
             "predicate_in_kernel-xla",
             "sliding_window-triton",
@@ -282,8 +297,15 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_robustness.py::test_flash_attention_conventions_are_accepted[xla]",
     "tests/attention/test_triton.py::test_large_scores_and_a_negative_scale[True-3.0]",
     "tests/attention/test_triton.py::test_config_overrides_give_the_same_numbers[per_kernel]",
-    "tests/attention/test_triton.py::test_persistent_programs_walk_the_tile_list[spare3]",
     "tests/attention/test_triton.py::test_persistent_programs_walk_the_tile_list[spare0-tma]",
+    "tests/attention/test_shift.py::test_shift_matches_the_dense_oracle[causal_window_everything_mqa-triton]",
+    "tests/attention/test_triton.py::test_dq_atomic_with_very_negative_scores[full-fp32]",
+    "tests/attention/test_triton.py::test_dq_atomic_with_very_negative_scores[causal-fp16]",
+    "tests/block_sparse/test_triton.py::test_forward_isolates_non_finite_*[in-kernel-intervals]",
+    "tests/block_sparse/test_triton.py::test_forward_isolates_non_finite_*[copy-of-v-tokens]",
+    "tests/block_sparse/test_triton.py::test_dq_isolates_non_finite_keys_*[in-kernel-intervals]",
+    "tests/block_sparse/test_triton.py::test_dq_isolates_non_finite_keys_*[copy-of-k-tokens]",
+    "tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[dq-flags-tokens]",
     "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R2-contiguous-*",
     "tests/splash/test_sharding.py::test_sharded_kernel_equals_unsharded[shards2-per_head_*",
     "tests/attention/test_conformance.py::test_flash_attention_segment_ids_with_padding[False-xla]",
@@ -314,19 +336,11 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_conformance.py::test_flash_attention_half_precision[fp16-triton]",
     "tests/attention/test_conformance.py::test_flash_attention_half_precision[bf16-pallas]",
     "tests/attention/test_triton.py::test_overlapped_softmax_gives_the_default_numbers[causal-tma]",
-    *(
-        f"tests/attention/test_triton.py::test_dq_atomic_matches_the_reference[{c}]"
-        for c in (
-            "everything",
-            "q_longer_then_shorter",
-            "rows_past_the_last_sequence_sinks",
-        )
-    ),
+    "tests/attention/test_triton.py::test_dq_atomic_matches_the_reference[everything]",
     "tests/attention/test_triton.py::test_dq_atomic_by_tma_reduction_*[everything]",
     "tests/attention/test_triton.py::test_dq_atomic_by_tma_reduction_*[rows_past_the_last_*",
     "tests/attention/test_triton.py::test_dq_atomic_keeps_a_poisoned_*[k-inf]",
     "tests/attention/test_triton.py::test_dq_atomic_keeps_a_poisoned_*[v-inf-causal-tma-*",
-    "tests/attention/test_lowering.py::test_dkdv_tma_default_has_a_clean_shorter_loop[1]",
 )
 
 

@@ -3,7 +3,9 @@
 Static rules (read from each module's import statements):
   jax_bridge.core     imports nothing else of the package;
   jax_bridge.host     imports only core;
-  jax_bridge.launch   imports only core (jax_triton lazily: checked at run time below);
+  jax_bridge.launch   imports only core and triton_kernels.config (Triton's spellings, a
+                      leaf that imports nothing of the package); jax_triton lazily:
+                      checked at run time below;
   an op package       imports core, host, launch, triton_kernels, pallas_tpu and its own
                       modules, never another op's; only its api.py imports its backends;
   jax_bridge.moe      (layers built on ops) imports core and the grouped matmul op;
@@ -29,7 +31,7 @@ BACKENDS = ("xla", "triton", "pallas")
 ALLOWED = {
     "core": {"jax_bridge.core"},
     "host": {"jax_bridge.core", "jax_bridge.host"},
-    "launch": {"jax_bridge.core", "jax_bridge.launch"},
+    "launch": {"jax_bridge.core", "jax_bridge.launch", "triton_kernels.config"},
 }
 
 
@@ -74,6 +76,12 @@ def test_lower_layers_import_only_what_they_may(layer):
     for path in _modules(f"jax_bridge/{layer}"):
         for name in _first_party(_imported_modules(path)):
             assert _within(name, ALLOWED[layer]), f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_the_launch_layers_one_kernel_module_is_a_leaf():
+    """The launch may spell Triton's types through triton_kernels.config only while that
+    module imports nothing of the package (no kernel, no config of an op)."""
+    assert not _first_party(_imported_modules(ROOT / "triton_kernels" / "config.py"))
 
 
 @pytest.mark.parametrize("op", OPS)
