@@ -120,7 +120,7 @@ def _add_ab_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="A/B anchors of TMA with descriptors the launch encodes (jaxlib >= 0.11.2): "
         "gmm so on the grouped matmul rows, one a tile and persistent, and the varlen "
-        "forward with either kind of descriptor on two rows (on with --dry-run)",
+        "forward and dQ with either kind of descriptor on two rows (on with --dry-run)",
     )
     parser.add_argument(
         "--warp-specialized",

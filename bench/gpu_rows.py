@@ -281,8 +281,9 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 USE_TMA = False
 # True: the grouped matmul rows also time gmm with TMA through descriptors the launch
 # encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile (forward only) and
-# persistent (forward and fwd+bwd), and two varlen rows the forward with TMA by either
-# kind of descriptor (`_forward_descriptors`) (`gpu-check --host-descriptors`, which
+# persistent (forward and fwd+bwd), and two varlen rows the forward and dQ with TMA by
+# either kind of descriptor (`_forward_descriptors`, `_dq_descriptors`; fwd+bwd for dQ)
+# (`gpu-check --host-descriptors`, which
 # bench/gpu_check.sh passes once their device tests passed: jaxlib encodes them, not
 # Triton's launcher).
 USE_HOST_DESCRIPTORS = False
@@ -850,6 +851,26 @@ def _forward_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
     )  # fmt: skip
 
 
+def _dq_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
+    """The A/B of dQ's descriptors, as `_forward_descriptors` for the forward: at its
+    default tile (sm_90, d=128, causal: 128x64, 8 warps, two stages) with `tma`, K and V
+    through descriptors each program builds for its sequence, or through the launch's over
+    all of K and V (`host_descriptors`; the key loop is the forward's, masked tiles zero
+    the rows past their sequence). Static report, sm_90, d=128, causal: the full-tile loop
+    277 / 298 warp-instructions under Triton 3.6 / 3.9 with a program's descriptors, 282 /
+    309 with the launch's, 282 / 332 by pointers (the default); no spill in the loop, not
+    serialized. The forward and dK/dV are the default's: fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    built = AttentionKernelConfig(128, 64, 8, 2, tma=True)
+    given = built.replace(host_descriptors=True)
+    return (
+        varlen_impl(spec, AttentionConfigs(backward_dq=built), "dq tma", passes="fwd+bwd"),
+        varlen_impl(spec, AttentionConfigs(backward_dq=given), "dq tma host descriptors",
+                    passes="fwd+bwd"),
+    )  # fmt: skip
+
+
 def _dq_atomic_backward(spec: MaskSpec) -> Impl:
     """The A/B of the backward's two designs (`AttentionConfigs.dq_atomic`): dQ added
     by atomics from the dK/dV kernel (FlashAttention-2's; 5 tile products a tile pair, at
@@ -1012,7 +1033,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         depth = (_flex_dkdv_config(spec), _deep_forward(spec))
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec),
                _dq_by_tensor_reduction(spec)) if USE_TMA else ()  # fmt: skip
-        tma += _forward_descriptors(spec) if USE_HOST_DESCRIPTORS else ()
+        if USE_HOST_DESCRIPTORS:
+            tma += (*_forward_descriptors(spec), *_dq_descriptors(spec))
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [

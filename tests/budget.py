@@ -224,7 +224,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_lowering.py::test_warp_specialized_kernels_lower_*[*", "numbers"),
     ("tests/attention/test_lowering.py::test_warp_specialized_configs_in_a_persistent_*", "ws"),
     ("tests/attention/test_lowering.py::test_default_dkdv_takes_tma_*[old-jaxlib]", "causal"),
-    ("tests/attention/test_lowering.py::test_the_forward_with_host_*[*", "host numbers kept"),
+    ("tests/attention/test_lowering.py::test_the_kernels_with_host_*[*", "host numbers kept"),
     ("tests/attention/test_lowering.py::test_overlapped_softmax_issues_*[*", "numbers kept"),
     ("tests/attention/test_lowering.py::test_dkdv_tma_default_has_a_clean_shorter_loop[*", "tma"),
     ("tests/attention/test_lowering.py::test_dq_atomic_by_tma_reduction_adds_by_*", "numbers"),

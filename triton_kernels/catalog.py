@@ -27,6 +27,7 @@ from triton_kernels.flash_attention.backward import (
 )
 from triton_kernels.flash_attention.config import (
     DQ_REDUCE_DKDV_TILE,
+    HOST_DESCRIPTOR_KINDS,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -127,7 +128,8 @@ def _loading_tags(config: Any) -> tuple[str, str]:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
     warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
     forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk, "_host"
-    / " host descriptors" for gmm's descriptors encoded by the launch."""
+    / " host descriptors" for descriptors encoded by the launch (gmm's, attention's K and
+    V)."""
     tags = [
         ("tma", "_tma", " tma"),
         ("host_descriptors", "_host", " host descriptors"),
@@ -187,7 +189,7 @@ def attention_variant(
         persistent=persistent, dq_atomic=dq_atomic,
     )  # fmt: skip
     signature = attention_signature(kernel, dtype_name)
-    if config.host_descriptors:  # the forward's K and V: the launch's descriptors
+    if config.host_descriptors:  # the forward's or dQ's K and V: the launch's descriptors
         box = descriptor_type(TRITON_TYPES[dtype_name], (config.block_n, head_dim))
         signature |= {"k_ptr": box, "v_ptr": box}
     return KernelVariant(
@@ -211,8 +213,8 @@ def tma_variant(
     """An attention kernel (bf16, causal) with `tma`, its streamed tiles through
     device-side tensor descriptors (sm_90 and up): its default config where descriptors
     can be launched (dK/dV at sm_90, d=128: 64x128 with `tma`, what a GPU with a recent
-    jaxlib runs), with `tma` set on the others' default tiles; `host` (the forward):
-    through the launch's descriptors over all of K and V."""
+    jaxlib runs), with `tma` set on the others' default tiles; `host` (the forward and
+    dQ, `HOST_DESCRIPTOR_KINDS`): through the launch's descriptors over all of K and V."""
     default = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
                                        features=CAUSAL, descriptors=True)  # fmt: skip
     config = dataclasses.replace(default, tma=True, host_descriptors=host)
@@ -398,7 +400,10 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
-            variants.append(tma_variant("forward", head_dim, compute_capability, host=True))
+            variants += [  # the kernels that stream K and V, through the launch's descriptors
+                tma_variant(kind, head_dim, compute_capability, host=True)
+                for kind in HOST_DESCRIPTOR_KINDS
+            ]
         if compute_capability == 90 and head_dim == 128:  # the softmax overlap
             for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),
                                ("backward_dkdv", OVERLAPPED_DKDV_TILE)):  # fmt: skip

@@ -239,9 +239,9 @@ def forward(
 
 
 def _key_operands(k: jax.Array, v: jax.Array, config: AttentionKernelConfig) -> tuple:
-    """k and v as the forward kernel takes them: arrays, or (`host_descriptors`) the
-    descriptors the launch encodes over all of each, [total_k, Hkv * D] in [block_n, D]
-    boxes (`forward._sequence_keys`)."""
+    """k and v as the forward and dQ kernels take them: arrays, or (`host_descriptors`)
+    the descriptors the launch encodes over all of each, [total_k, Hkv * D] in
+    [block_n, D] boxes (`forward._sequence_keys`)."""
     if not config.host_descriptors:
         return k, v
     box = (config.block_n, k.shape[2])
@@ -350,8 +350,7 @@ def _dq_and_row_statistics(
     stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
     return triton_call(
         q,
-        k,
-        launch.v,
+        *_key_operands(k, launch.v, config),
         out,
         launch.d_out,
         lse,

@@ -28,8 +28,9 @@ from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 __all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs"]
 
 BOOL_FIELDS = frozenset(
-    {"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent", "host_descriptors"}
-)
+    {"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent", "host_descriptors",
+     "dq_host_descriptors"}
+)  # fmt: skip
 """The params' bool fields, by name (every other field is an int): what `_check_field`
 and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
 
@@ -40,19 +41,21 @@ _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent")
 # Each kernel config's fields and the params fields that hold them (config -> params):
 # the one table every conversion below reads, both ways. The forward (`FwdParams`) and
 # dK/dV (`BwdParams`' unprefixed fields) hold every field of `AttentionKernelConfig`
-# under the same names; dQ holds no option but `tma`.
+# under the same names but `host_descriptors` (the forward's and dQ's); dQ holds no
+# option but `tma` and `host_descriptors`.
 _LAUNCH = {"num_warps": "num_warps", "num_stages": "num_stages", "tma": "tma"}
 _ATTENTION_KERNEL = {
     "block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
     "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
 }  # fmt: skip
-# The forward's alone among attention's kernels: descriptors the launch encodes.
+# The forward's and dQ's among attention's kernels: descriptors the launch encodes.
 _ATTENTION_FORWARD = {**_ATTENTION_KERNEL, "host_descriptors": "host_descriptors"}
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent",
            "host_descriptors": "host_descriptors"}  # fmt: skip
 _DQ = {"block_m": "dq_q_blocksize", "block_n": "dq_kv_blocksize", "num_warps": "dq_num_warps",
-       "num_stages": "dq_num_stages", "tma": "dq_tma"}  # fmt: skip
+       "num_stages": "dq_num_stages", "tma": "dq_tma",
+       "host_descriptors": "dq_host_descriptors"}  # fmt: skip
 
 
 def _check_field(kind: str, name: str, value: Any) -> None:
@@ -175,8 +178,8 @@ class FwdParams(_Params):
         rows of splits of the groups (`GroupedMatmulConfig.persistent`; excludes
         `warp_specialize`).
       host_descriptors: with `tma`: the kernel's descriptors encoded by the launch
-        (`GroupedMatmulConfig.host_descriptors`; attention's forward kernel alone,
-        `AttentionKernelConfig.host_descriptors`).
+        (`GroupedMatmulConfig.host_descriptors`; attention's forward kernel,
+        `AttentionKernelConfig.host_descriptors`; the dQ kernel's: `BwdParams`).
     """
 
     q_blocksize: int | None = None
@@ -229,6 +232,8 @@ class BwdParams(_Params):
       dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
         keeps a query tile stationary and streams key tiles (the forward's structure).
       tma, dq_tma: the dK/dV (dQ) kernel's streamed tiles through tensor descriptors.
+      dq_host_descriptors: with `dq_tma`: the dQ kernel's K and V through descriptors the
+        launch encodes (`AttentionKernelConfig.host_descriptors`; not dK/dV's).
       warp_specialize: the dK/dV kernel's query loop split into a producer warpgroup of
         copies and consumer warpgroups (`AttentionKernelConfig.warp_specialize`).
       overlap_softmax: the dK/dV kernel issues each query tile's dP before P's exp2s
@@ -246,6 +251,7 @@ class BwdParams(_Params):
     dq_num_stages: int | None = None
     tma: bool | None = None
     dq_tma: bool | None = None
+    dq_host_descriptors: bool | None = None
     warp_specialize: bool | None = None
     overlap_softmax: bool | None = None
 
@@ -257,9 +263,9 @@ class BwdParams(_Params):
         tiles), so it takes the forward's tiles as they are; the dK/dV kernel is the
         mirror image (stationary key tile, streamed query tiles), so it takes them
         swapped. Warps, stages and `tma` carry over, `overlap_softmax` to dK/dV only (dQ
-        refuses it); `warp_specialize` does not (dK/dV's takes its own tile,
-        `WARP_SPECIALIZED_DKDV_TILE`), nor `host_descriptors` (the forward's alone);
-        unset fields stay unset. The backward holds more
+        refuses it), `host_descriptors` to dQ only (dK/dV refuses it); `warp_specialize`
+        does not (dK/dV's takes its own tile, `WARP_SPECIALIZED_DKDV_TILE`); unset fields
+        stay unset. The backward holds more
         tiles in registers than the forward, so check the result with the static report
         (`static_report_prune`) before trusting it.
         """
@@ -275,13 +281,14 @@ class BwdParams(_Params):
             dq_num_stages=fwd.num_stages,
             tma=fwd.tma,
             dq_tma=fwd.tma,
+            dq_host_descriptors=fwd.host_descriptors,
             overlap_softmax=fwd.overlap_softmax,
         )
 
     @classmethod
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only (every field
-        of `AttentionKernelConfig` has one but `host_descriptors`, the forward's alone:
+        of `AttentionKernelConfig` has one but `host_descriptors`, which dK/dV refuses:
         ValueError if it is on)."""
         _check_held(config, _ATTENTION_KERNEL, "BwdParams.from_dkdv_config")
         return cls._from_config(config, _ATTENTION_KERNEL)

@@ -38,6 +38,7 @@ from triton_kernels.catalog import (
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
     DQ_REDUCE_DKDV_TILE,
+    HOST_DESCRIPTOR_KINDS,
     WARP_SPECIALIZED_DKDV_TILE,
     WARP_SPECIALIZED_FORWARD_TILE,
     AttentionFeatures,
@@ -514,22 +515,28 @@ def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
-def test_the_forward_with_host_descriptors_builds_none_on_the_device(persistent):
-    """The forward's default sm_90 tile (d=128, causal) through the launch's descriptors
-    over all of K and V: the same bulk copies as with a program's own, no spill, wgmma
-    not serialized, but no descriptor-building (`tensormap`) instruction in its PTX, no
-    descriptor prefetch or flush (UTMACCTL, UTMACMDFLUSH) and no global scratch."""
-    default = attention_variant("forward", 128, 90, persistent=persistent)
+@pytest.mark.parametrize("kind", HOST_DESCRIPTOR_KINDS)
+def test_the_kernels_with_host_descriptors_build_none_on_the_device(kind, persistent):
+    """The forward's and dQ's default sm_90 tiles (d=128, causal) through the launch's
+    descriptors over all of K and V: the same bulk copies as with a program's own, no
+    spill, wgmma not serialized, but no descriptor-building (`tensormap`) instruction in
+    the PTX, no descriptor prefetch or flush (UTMACCTL, UTMACMDFLUSH), no global scratch.
+    Under Triton 3.6 the persistent dQ kernel, at 255 registers by pointers too, spills
+    16 B outside its loop with them (none under 3.9)."""
+    default = attention_variant(kind, 128, 90, persistent=persistent)
     tile = (default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
             default.num_stages)  # fmt: skip
     built, given = (
-        attention_variant("forward", 128, 90, persistent=persistent,
+        attention_variant(kind, 128, 90, persistent=persistent,
                           config=AttentionKernelConfig(*tile, tma=True, host_descriptors=host))
         for host in (False, True)
     )  # fmt: skip
     reports = [variant_report(v, 90) for v in (built, given)]
     print(reports[1].summary())
-    assert not reports[1].spills and reports[1].uses_wgmma and not reports[1].serialized_wgmma
+    allowed = 16 if TRITON_3_6 and (kind, persistent) == ("backward_dq", True) else 0
+    spilled = max(reports[1].spill_store_bytes, reports[1].spill_load_bytes)
+    assert spilled <= allowed and not reports[1].loop_spills, reports[1].summary()
+    assert reports[1].uses_wgmma and not reports[1].serialized_wgmma
     assert reports[1].sass_opcodes.get("UTMALDG") == reports[0].sass_opcodes.get("UTMALDG") > 0
     for building in ("UTMACCTL", "UTMACMDFLUSH"):
         assert building in reports[0].sass_opcodes and building not in reports[1].sass_opcodes

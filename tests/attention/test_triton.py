@@ -282,7 +282,8 @@ _SPECIALIZED = AttentionKernelConfig(64, 128, tma=True, warp_specialize=True)
         ),
         (
             dict(backward_dkdv=AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)),
-            r"host_descriptors=True is for the forward kernel's config only.*backward_dkdv",
+            r"host_descriptors=True is for the forward and backward_dq kernels' configs "
+            r"only.*backward_dkdv",
         ),
         (
             dict(backward_dkdv=_SPECIALIZED.replace(block_m=128)),
@@ -345,7 +346,10 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             forward=AttentionKernelConfig(16, 16, tma=True, warp_specialize=True),
             backward_dkdv=AttentionKernelConfig(16, 32, tma=True, warp_specialize=True),
         ),
-        AttentionConfigs(forward=AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)),
+        AttentionConfigs(
+            forward=AttentionKernelConfig(16, 16, tma=True, host_descriptors=True),
+            backward_dq=AttentionKernelConfig(32, 16, tma=True, host_descriptors=True),
+        ),
     ],
     ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized", "tma-host"],
 )
@@ -355,8 +359,8 @@ def test_config_overrides_give_the_same_numbers(config):
     numbers and the default configuration's, forward and backward; so do the
     warp-specialized forward's one loop over every key tile and dK/dV's over every query
     tile of the GQA group's heads, masked, with the stationary tile by descriptor and
-    surplus programs that return nothing but run an empty loop; so does the forward through
-    descriptors the launch encodes over all of K and V (`host_descriptors`)."""
+    surplus programs that return nothing but run an empty loop; so do the forward and dQ
+    through descriptors the launch encodes over all of K and V (`host_descriptors`)."""
     if isinstance(config, AttentionConfigs) and config.forward.host_descriptors:
         skip_unless_host_descriptors_launch()
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
@@ -579,22 +583,26 @@ def test_dq_atomic_by_tma_reduction_matches_the_reference(name):
     "array, value, causal", [("v", np.nan, False), ("v", np.inf, True), ("k", np.inf, False)]
 )
 def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value, causal):
-    """The forward through descriptors over all of K and V (`host_descriptors`): a masked
-    tile reads past its sequence (the length-1 document's tile reads the next document's
-    rows, the last document's the padding's), and must zero those rows itself, so a
-    non-finite K or V row reaches no other document's output."""
+    """The forward and dQ through descriptors over all of K and V (`host_descriptors`): a
+    masked tile reads past its sequence (the length-1 document's tile reads the next
+    document's rows, the last document's the padding's), and must zero those rows itself,
+    so a non-finite K or V row reaches no other document's output or gradients."""
     skip_unless_host_descriptors_launch()
     q, k, v, sinks, weights = robustness._inputs()
-    forward = AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)
-    options = dict(causal=causal, config=AttentionConfigs(forward=forward))
-    clean_out, _ = robustness._value_and_grads("triton", q, k, v, sinks, weights, **options)
+    host = AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)
+    options = dict(causal=causal, config=AttentionConfigs(forward=host, backward_dq=host))
+    clean_out, clean_grads = robustness._value_and_grads(
+        "triton", q, k, v, sinks, weights, **options
+    )
     arrays = {"k": k, "v": v}
     arrays[array] = arrays[array].at[jnp.asarray(robustness.POISON_ROWS[where])].set(value)
-    out, _ = robustness._value_and_grads(
+    out, grads = robustness._value_and_grads(
         "triton", q, arrays["k"], arrays["v"], sinks, weights, **options
     )
     clean = robustness.CLEAN_ROWS
     np.testing.assert_array_equal(np.asarray(out)[clean], np.asarray(clean_out)[clean])
+    for name, got, want in zip("qkv", grads[:3], clean_grads[:3], strict=True):
+        np.testing.assert_array_equal(np.asarray(got)[clean], np.asarray(want)[clean], f"d{name}")
     reference = attention_reference(q, k, v, robustness._cu(), robustness._cu(), sinks=sinks,
                                     causal=causal)  # fmt: skip
     tol = robustness._tolerance(q, k, sinks)
@@ -822,8 +830,8 @@ def test_large_scores_and_a_negative_scale(softmax_scale, causal):
 def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atomic):
     """More tile rows than programs (many short sequences, few spare programs): the
     kernels launch persistent programs, each walking its share of the tile list (with
-    `tma`, building each tile's descriptors over its own sequence, or the forward taking
-    the launch's over all of K and V; with `dq_atomic`, dK/dV adding each sequence's dQ
+    `tma`, building each tile's descriptors over its own sequence, or the forward and dQ
+    taking the launch's over all of K and V; with `dq_atomic`, dK/dV adding each sequence's dQ
     shares in its own rows); forward and gradients still match the reference."""
     if tma == "host":
         skip_unless_host_descriptors_launch()
@@ -843,8 +851,8 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
         return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
 
     tile = AttentionKernelConfig(16, 16, tma=True) if tma else None
-    forward = tile.replace(host_descriptors=True) if tma == "host" else tile
-    config = AttentionConfigs(forward, tile, tile, dq_atomic=dq_atomic)
+    streams_keys = tile.replace(host_descriptors=True) if tma == "host" else tile
+    config = AttentionConfigs(streams_keys, tile, streams_keys, dq_atomic=dq_atomic)
     got = run(
         lambda q, k, v, s: varlen_attention(
             q, k, v, cu_q, cu_k, implementation="triton", config=config, **options

@@ -57,7 +57,8 @@ _FIELDS = {
         "overlap_softmax",
     },
     "backward_dq": {
-        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
+        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma",
+        "dq_host_descriptors",
     },
 }  # fmt: skip
 CAPABILITIES = (None, 80, 86, 89, 90, 100)

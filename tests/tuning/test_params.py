@@ -269,7 +269,8 @@ def test_backward_options_round_trip(dkdv):
     # Each kernel's own converter sets that kernel's fields only.
     assert BwdParams.from_dkdv_config(dkdv).merge(BwdParams.from_dq_config(dq)) == params
     assert set(BwdParams.from_dq_config(dq).to_dict()) == {
-        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma"
+        "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma",
+        "dq_host_descriptors",
     }  # fmt: skip
 
 
@@ -284,10 +285,11 @@ def test_grouped_matmul_warp_specialize_round_trips(tiling):
     assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
 
 
-def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward():
+def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward_and_dq():
     """`host_descriptors` (the kernel's descriptors encoded by the launch) round-trips
-    through params and their dict for gmm and attention's forward, needs `tma` (the
-    configs' own errors), and has no backward field."""
+    through params and their dict for gmm, attention's forward and dQ (`dq_host_
+    descriptors`, which a backward seeded by the forward's params takes), needs `tma` (the
+    configs' own errors), and has no dK/dV field."""
     config = dataclasses.replace(_PLAIN_GMM, tma=True, persistent=True, host_descriptors=True)
     params = FwdParams.from_grouped_matmul_config(config)
     assert params.to_dict()["host_descriptors"] is True
@@ -299,7 +301,16 @@ def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward():
     assert FwdParams.from_dict(params.to_dict()).to_attention_config(_PLAIN_ATTENTION) == forward
     with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
         FwdParams(host_descriptors=True).to_attention_config(_PLAIN_ATTENTION)
-    assert "host_descriptors" not in BwdParams.from_fwd_params(params).to_dict()
+    seeded = BwdParams.from_fwd_params(params)
+    assert "host_descriptors" not in seeded.to_dict() and seeded.dq_host_descriptors is True
+    assert seeded.to_dq_config(_PLAIN_ATTENTION) == forward
+    assert BwdParams.from_dict(BwdParams.from_dq_config(forward).to_dict()) == BwdParams(
+        dq_q_blocksize=forward.block_m, dq_kv_blocksize=forward.block_n,
+        dq_num_warps=forward.num_warps, dq_num_stages=forward.num_stages, dq_tma=True,
+        dq_host_descriptors=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
+        BwdParams(dq_host_descriptors=True).to_dq_config(_PLAIN_ATTENTION)
     with pytest.raises(ValueError, match="has no field for"):
         BwdParams.from_dkdv_config(forward)
 

@@ -737,6 +737,8 @@ def attention_backward_dq_kernel(
     [NUM_Q_HEADS, total_q], its natural-log lse; d_lse_ptr: float32 [NUM_Q_HEADS, total_q],
     lse's cotangent (read only if HAS_D_LSE). dq_ptr: [total_q, NUM_Q_HEADS, HEAD_DIM] in
     q's dtype; delta_ptr, lse_log2_ptr: float32 [NUM_Q_HEADS, total_q] (`_row_statistics`).
+    TMA: K and V as the forward kernel loads them (its key loop's helpers), HOST_TMA
+    included: k_ptr and v_ptr are then the launch's descriptors over all of K and V.
     Other arguments as the dK/dV kernel.
     """
     head = tl.program_id(1)

@@ -30,6 +30,9 @@ from triton_kernels.config import MIN_BLOCK, KernelConfig
 
 KINDS = ("forward", "backward_dkdv", "backward_dq")
 """The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
+HOST_DESCRIPTOR_KINDS = ("forward", "backward_dq")
+"""The kernels that can take K and V through the launch's descriptors (`host_descriptors`):
+the two that stream them, through the same key loop helpers."""
 
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
@@ -83,15 +86,18 @@ class AttentionKernelConfig(KernelConfig):
         34 / 34 exp2s beside the next QK^T under Triton 3.6 and 3.9, dK/dV 16 / 16
         beside dP under 3.6 (also assembled by CUDA 13.0's ptxas, as on the device) and
         none from 3.9's code, where ptxas waits for dP first.
-      host_descriptors (with `tma`, the forward's only): K and V through descriptors the
-        launch encodes over all of K and V (`jax_bridge.launch.host_descriptors`: on a GPU
-        jaxlib >= 0.11.2; Triton's interpreter anywhere), instead of two a tile that each
-        program writes to global memory and fences: the unmasked tiles lie inside their
-        sequence and load as they are, the masked ones zero the rows past it in registers
-        (`forward._key_rows`). Why the forward with `tma` ran 5% slower than by pointers on
-        an H100 is not known; this takes the per-tile descriptor work away. Off by
-        default: not yet run on a GPU (the A/B rows of `gpu-check --host-descriptors`).
-        Excludes `warp_specialize` (whose loop masks every tile).
+      host_descriptors (with `tma`; the forward's and dQ's, the kernels that stream K and
+        V): K and V through descriptors the launch encodes over all of K and V
+        (`jax_bridge.launch.host_descriptors`: on a GPU jaxlib >= 0.11.2; Triton's
+        interpreter anywhere), instead of two a tile that each program writes to global
+        memory and fences: the unmasked tiles lie inside their sequence and load as they
+        are, the masked ones zero the rows past it in registers (`forward._key_rows`,
+        which both kernels' key loops call). Why the forward with `tma` ran 5% slower
+        than by pointers on an H100 is not known; this takes the per-tile descriptor work
+        away. Off by default: not yet run on a GPU (the A/B rows of `gpu-check
+        --host-descriptors`). Excludes `warp_specialize` (whose loop masks every tile).
+        Not for dK/dV, whose streamed Q and dO would need the same zeroing in its masked
+        loop and whose dQ by bulk reductions needs a descriptor bounded by the sequence.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -231,8 +237,9 @@ class AttentionConfigs:
 
     Refused here, where the configs are built rather than when a gradient is first traced:
     `warp_specialize` and `overlap_softmax` in `backward_dq` (its exp2s already run beside
-    its dP), and a warp-specialized `backward_dkdv` with `dq_atomic` (Triton cannot
-    partition the atomic adds) or with a `block_m` over `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
+    its dP), `host_descriptors` in `backward_dkdv`, and a warp-specialized `backward_dkdv`
+    with `dq_atomic` (Triton cannot partition the atomic adds) or with a `block_m` over
+    `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
     """
 
     forward: AttentionKernelConfig | None = None
@@ -257,11 +264,12 @@ class AttentionConfigs:
     @classmethod
     def for_every_kernel(cls, config: AttentionKernelConfig) -> AttentionConfigs:
         """One config for all three kernels, each taking the options it runs: warp
-        specialization and the launch's descriptors are the forward's alone, the softmax
-        overlap the forward's and dK/dV's (the dQ kernel's exp2s already run beside its
-        dP)."""
+        specialization is the forward's alone (and dK/dV's at a tile of its own), the
+        launch's descriptors the forward's and dQ's, the softmax overlap the forward's and
+        dK/dV's (the dQ kernel's exp2s already run beside its dP)."""
         dkdv = config.replace(warp_specialize=False, host_descriptors=False)
-        return cls(config, dkdv, dkdv.replace(overlap_softmax=False))
+        dq = config.replace(warp_specialize=False, overlap_softmax=False)
+        return cls(config, dkdv, dq)
 
     def _check_options(self) -> None:
         """ValueError naming the kernel for an option its kernel cannot run (class doc)."""
@@ -272,11 +280,13 @@ class AttentionConfigs:
                     f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
                     f"configs only, got it in the backward_dq kernel's"
                 )
-        for kind, config in (("backward_dkdv", dkdv), ("backward_dq", dq)):
+        for kind in set(KINDS) - set(HOST_DESCRIPTOR_KINDS):
+            config = getattr(self, kind)
             if config is not None and config.host_descriptors:
                 raise ValueError(
-                    f"AttentionConfigs: host_descriptors=True is for the forward kernel's "
-                    f"config only, got it in the {kind} kernel's"
+                    f"AttentionConfigs: host_descriptors=True is for the "
+                    f"{' and '.join(HOST_DESCRIPTOR_KINDS)} kernels' configs only, got it in "
+                    f"the {kind} kernel's"
                 )
         if dkdv is None or not dkdv.warp_specialize:
             return

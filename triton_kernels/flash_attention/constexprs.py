@@ -95,9 +95,9 @@ def attention_constexprs(
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(PERSISTENT=persistent, TMA=config.tma, **features.kernel_flags())
+    if config.host_descriptors:  # the forward's and dQ's K and V (AttentionConfigs)
+        constexprs["TMA"] = HOST_TMA.value
     if kind == "forward":
-        if config.host_descriptors:
-            constexprs["TMA"] = HOST_TMA.value
         constexprs["HAS_SINKS"] = features.sinks
         constexprs["RAW_SCORE_MAX"] = raw_score_max(
             softmax_scale, soft_cap=features.soft_cap, alibi=features.alibi
