@@ -51,10 +51,13 @@ _REVERSE_MODE = (
 )
 
 
-def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, **kw):
-    """Validated `MatmulOptions` of one public call."""
+def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, sizes, **kw):
+    """Validated `MatmulOptions` of one public call of (m, k, n) `sizes` (a tiling
+    callable is asked for them here, so that a bad answer is refused on every backend;
+    the Triton kernels ask again for each of their own sizes)."""
     interpret = check_bool(op, interpret, "interpret")
     checks.check_tiling_arg(tiling)
+    checks.resolve_tiling(tiling, *sizes)
     if config is not None and not isinstance(config, GroupedMatmulConfig | GroupedMatmulConfigs):
         raise TypeError(
             f"{op}: config must be a GroupedMatmulConfig, a GroupedMatmulConfigs or None, "
@@ -165,6 +168,7 @@ def grouped_matmul(
             config,
             tiling,
             out_dtype,
+            (m, k, n),
             transpose_rhs=transpose_rhs,
         )
     refuse_forward_mode("grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
@@ -205,13 +209,16 @@ def transposed_grouped_matmul(
       num_groups: groups in the result; defaults to `len(group_sizes)` and must be
         given with `group_offset`.
       existing_out: [num_groups, k, n] of `preferred_element_type`: added to the result.
-      interpret, precision, implementation, config: as in `grouped_matmul`.
+      interpret, precision, implementation, config: as in `grouped_matmul`, but a
+        config with `tma` is refused (its descriptors need a token-major lhs, which only
+        grouped_matmul's weight gradient has).
 
     Returns:
       [num_groups, k, n] of `preferred_element_type`; an empty group gives zeros (or its
       `existing_out`).
     """
-    with naming_op("transposed_grouped_matmul"):
+    # The checks it shares with grouped_matmul (the backend table's included) name this op.
+    with naming_op("transposed_grouped_matmul", replacing=("grouped_matmul",)):
         checks.check_operands(lhs, rhs, lhs_doc="[k, m]", rhs_doc="[m, n]")
         k, m = lhs.shape
         n = rhs.shape[1]
@@ -240,9 +247,23 @@ def transposed_grouped_matmul(
             config,
             tiling,
             out_dtype,
+            (m, k, n),
         )
+        _refuse_tgmm_descriptors(config)
     refuse_forward_mode("transposed_grouped_matmul", lhs, rhs, existing_out, works=_REVERSE_MODE)
     return _tgmm(lhs, rhs, group_sizes, group_offset, existing_out, num_groups, options)
+
+
+def _refuse_tgmm_descriptors(config: GroupedMatmulConfig | GroupedMatmulConfigs | None) -> None:
+    """ValueError for a tgmm config with `tma`: its descriptors span a group's rows of a
+    token-major lhs ([m, k], as grouped_matmul's weight gradient has it), while this op's
+    lhs is [k, m], read by pointers: the option would be dropped silently."""
+    given = config.for_kernel(True) if isinstance(config, GroupedMatmulConfigs) else config
+    if given is not None and given.tma:
+        raise ValueError(
+            "config tma=True is for tgmm over a token-major lhs (grouped_matmul's weight "
+            "gradient); this op's lhs [k, m] is read by pointers: pass tma=False."
+        )
 
 
 # --- gmm: implementation dispatch and custom_vjp -------------------------------------

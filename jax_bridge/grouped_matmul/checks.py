@@ -171,7 +171,14 @@ def check_tiling_arg(tiling: Any) -> None:
 
 
 def resolve_tiling(tiling: TilingArg, m: int, k: int, n: int) -> tuple[int, int, int] | None:
-    """The tiling to use for sizes (m, k, n); None lets the launch configuration choose."""
-    if callable(tiling):
-        tiling = tiling(m, k, n)
-    return None if tiling is None else check_tiling(tiling)
+    """The tiling to use for sizes (m, k, n); None lets the launch configuration choose.
+    A callable's bad answer is refused naming the call that gave it."""
+    if not callable(tiling):
+        return None if tiling is None else check_tiling(tiling)
+    answer = tiling(m, k, n)
+    if answer is None:
+        return None
+    try:
+        return check_tiling(answer)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"tiling({m}, {k}, {n}) returned {answer!r}: {err}") from None

@@ -265,7 +265,9 @@ def _descriptor_reduce(self, kind, desc, value, indices):
 @contextlib.contextmanager
 def _gpu_arithmetic() -> Iterator[None]:
     """Within: the interpreter's bfloat16 and float32 dots and its float32 -> bfloat16
-    casts act like a GPU's, and it adds through tensor descriptors."""
+    casts act like a GPU's, it adds through tensor descriptors, and its IEEE special
+    values arise silently, as on a GPU (numpy would warn of each NaN or Inf an input
+    holds, from every op it passes through)."""
     builder = triton_interpreter.InterpreterBuilder
     # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
     patches = {
@@ -274,7 +276,7 @@ def _gpu_arithmetic() -> Iterator[None]:
         "create_fp_to_fp": _round_to_bfloat16(builder.create_fp_to_fp),
         "create_descriptor_reduce": _descriptor_reduce,
     }
-    with builder_patched(patches):
+    with builder_patched(patches), np.errstate(all="ignore"):
         yield
 
 

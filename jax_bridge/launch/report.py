@@ -393,10 +393,12 @@ def compile_offline(
         tempfile.TemporaryDirectory() as cache_dir,
     ):
         triton.knobs.cache.dir = cache_dir
+        # Fused multiply-adds on, as jax-triton compiles a launch (stated: Triton 3.9
+        # warns when the default decides).
         return triton.compile(
             source,
             target=GPUTarget("cuda", compute_capability, 32),
-            options={"num_warps": num_warps, "num_stages": num_stages},
+            options={"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True},
         )
 
 

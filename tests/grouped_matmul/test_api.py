@@ -122,7 +122,8 @@ def test_bad_precision_raises_naming_the_op(op, precision):
 
 
 def test_callable_tiling_is_asked_with_each_launch_sizes():
-    """The tgmm launch asks (m, k, n) once; the XLA backend ignores tilings."""
+    """The op asks (m, k, n) once to check the answer, on every backend; the tgmm launch
+    asks again for its own (the same here); the XLA backend uses no tiling."""
     lhs, _, sizes = _problem(6)
     calls = []
 
@@ -131,10 +132,10 @@ def test_callable_tiling_is_asked_with_each_launch_sizes():
         return (16, 16, 16)
 
     out = transposed_grouped_matmul(lhs.T, lhs, sizes, tiling=tiling, implementation="triton")
-    assert calls == [(48, 24, 24)]
+    assert calls == [(48, 24, 24)] * 2
     assert_close(out, tgmm_float64(lhs.T, lhs, sizes, num_groups=4))
     transposed_grouped_matmul(lhs.T, lhs, sizes, tiling=tiling, implementation="xla")
-    assert len(calls) == 1
+    assert calls == [(48, 24, 24)] * 3
 
 
 def test_check_tiling_accepts_lists_and_returns_a_tuple():
@@ -209,7 +210,12 @@ GMM_ERRORS = {
     "callable_tiling": (
         dict(tiling=lambda m, k, n: (m, k, n), implementation="triton"),
         ValueError,
-        "tiling",
+        r"^grouped_matmul: tiling\(32, 16, 8\) returned \(32, 16, 8\): tiling entries",
+    ),
+    "callable_tiling_xla": (  # refused alike, though XLA would not use it
+        dict(tiling=lambda m, k, n: (12, 16, 16), implementation="xla"),
+        ValueError,
+        r"^grouped_matmul: tiling\(32, 16, 8\) returned \(12, 16, 16\): tiling entries",
     ),
     "preferred_int": (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type"),
     "implementation": (dict(implementation="cuda"), ValueError, "implementation"),
@@ -244,6 +250,23 @@ TGMM_ERRORS = {
         r"group_sizes must hold at least one group .*got shape \(0,\)",
     ),
     "interpret_int": (dict(interpret=1), TypeError, "transposed_grouped_matmul: interpret must be"),
+    # The backend table's check, shared with grouped_matmul, names this op, once.
+    "pallas": (
+        dict(implementation="pallas"),
+        ValueError,
+        r"^transposed_grouped_matmul: implementation='pallas' is not available",
+    ),
+    "callable_tiling": (
+        dict(tiling=lambda m, k, n: (12, 16, 16)),
+        ValueError,
+        r"^transposed_grouped_matmul: tiling\(32, 16, 8\) returned \(12, 16, 16\)",
+    ),
+    # Its descriptors need a token-major lhs: the option would be dropped silently.
+    "tma": (
+        dict(config=GroupedMatmulConfig(16, 16, 16, tma=True)),
+        ValueError,
+        r"^transposed_grouped_matmul: config tma=True is for tgmm over a token-major lhs",
+    ),
 }
 
 

@@ -6,6 +6,8 @@ must carry that many; a kernel without a loop has none. The finder's rules (inne
 cheapest MMA loop, self-branches ignored) are checked on hand-written SASS listings.
 """
 
+import warnings
+
 import pytest
 import triton
 import triton.language as tl
@@ -33,6 +35,19 @@ def _k_loop_kernel(
         a_ptrs += BK
         b_ptrs += BK * BN
     tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc.to(c_ptr.dtype.element_ty))
+
+
+def test_the_report_compiles_with_fused_multiply_adds_and_says_so(monkeypatch):
+    """Fused multiply-adds on, as jax-triton compiles a launch, and stated: Triton 3.9
+    warns a user whose environment leaves it to its default (3.10 changes it)."""
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = static_kernel_report(
+            _k_loop_kernel, {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "K": "i32"},
+            dict(BM=64, BN=64, BK=32), compute_capability=90,
+        )  # fmt: skip
+    assert report.uses_wgmma
 
 
 @pytest.mark.parametrize("compute_capability", [80, 90])
