@@ -111,7 +111,8 @@ def varlen_attention(
         and so is any side of 2^30 or more. With `causal`, right is 0.
       logits_soft_cap: scores become cap * tanh(s / cap) (before ALiBi and masking);
         None or 0.0 (FlashAttention's `softcap=0.0`) is off.
-      softmax_scale: multiplies q.k; default 1 / sqrt(head_dim).
+      softmax_scale: multiplies q.k (finite, non-zero; negative is valid); default
+        1 / sqrt(head_dim).
       sinks: [num_q_heads] learnable logits, one per head, that join every row's softmax
         denominator and carry no value. They receive a gradient.
       alibi_slopes: [num_q_heads]; adds -slope[h] * |diag(i) - j| to the scores. Treated

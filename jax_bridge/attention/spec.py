@@ -57,8 +57,12 @@ class AttentionSpec:
     logits_soft_cap: float | None = None
 
     def __post_init__(self):
-        if not _is_finite_real(self.softmax_scale):
-            raise ValueError(f"softmax_scale must be a finite number, got {self.softmax_scale!r}")
+        if not _is_finite_real(self.softmax_scale) or self.softmax_scale == 0:
+            # Zero makes every score 0 (a uniform average, zero dQ and dK): almost always a
+            # bug such as `1 // head_dim**0.5`; block_sparse_attention refuses it too.
+            raise ValueError(
+                f"softmax_scale must be a finite non-zero number, got {self.softmax_scale!r}"
+            )
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
             if value is not None and (

@@ -268,6 +268,11 @@ BAD_CALLS = {
     "soft_cap": ({"logits_soft_cap": -1.0}, ValueError, "logits_soft_cap"),
     "soft_cap_inf": ({"logits_soft_cap": float("inf")}, ValueError, "logits_soft_cap"),
     "softmax_scale": ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
+    "softmax_scale_zero": (
+        {"softmax_scale": 0.0},
+        ValueError,
+        "varlen_attention: softmax_scale must be a finite non-zero number",
+    ),
     "max_seqlen_small": ({"max_seqlen_q": 3}, ValueError, "max_seqlen_q=3"),
     "max_seqlen_type": ({"max_seqlen_k": 2.0}, TypeError, "max_seqlen_k"),
     "implementation": ({"implementation": "cuda"}, ValueError, "implementation"),

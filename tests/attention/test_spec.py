@@ -18,6 +18,7 @@ def test_defaults():
     assert AttentionSpec.create(80).softmax_scale == pytest.approx(1 / math.sqrt(80))
     assert AttentionSpec.create(80, softmax_scale=0.3).softmax_scale == 0.3
     assert isinstance(AttentionSpec.create(64, softmax_scale=2).softmax_scale, float)
+    assert AttentionSpec.create(64, softmax_scale=-0.5).softmax_scale == -0.5
     assert AttentionSpec.create(64, logits_soft_cap=np.float32(5.0)).logits_soft_cap == 5.0
 
 
@@ -66,7 +67,9 @@ def test_bad_soft_cap_raises_naming_it(cap):
         AttentionSpec(1.0, logits_soft_cap=cap)
 
 
-@pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan, True, "0.5", None])
+# 0 too: every score 0 (a uniform average, zero dQ and dK), almost always a bug such as
+# `1 // head_dim**0.5`; a negative scale is valid math and kept.
+@pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan, True, "0.5", None, 0, 0.0])
 def test_bad_softmax_scale_raises_naming_it(scale):
     if scale is not None:  # None means "default" for create
         with pytest.raises(ValueError, match="softmax_scale"):
