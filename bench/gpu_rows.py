@@ -840,15 +840,7 @@ def _forward_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
     past their sequence in registers). Static report, sm_90, d=128, causal: 477 / 497
     warp-instructions in the full-tile loop under Triton 3.6 / 3.9 against 489 / 509 with
     the launch's, no spill, not serialized. Forward only."""
-    from jax_bridge import AttentionConfigs, AttentionKernelConfig
-
-    built = AttentionKernelConfig(128, 128, 8, 2, tma=True)
-    given = built.replace(host_descriptors=True)
-    return (
-        varlen_impl(spec, AttentionConfigs(forward=built), "forward tma", passes="forward"),
-        varlen_impl(spec, AttentionConfigs(forward=given), "forward tma host descriptors",
-                    passes="forward"),
-    )  # fmt: skip
+    return _descriptor_ab(spec, "forward", (128, 128, 8, 2), "forward")
 
 
 def _dq_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
@@ -860,15 +852,22 @@ def _dq_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
     277 / 298 warp-instructions under Triton 3.6 / 3.9 with a program's descriptors, 282 /
     309 with the launch's, 282 / 332 by pointers (the default); no spill in the loop, not
     serialized. The forward and dK/dV are the default's: fwd+bwd only."""
+    return _descriptor_ab(spec, "backward_dq", (128, 64, 8, 2), "dq", passes="fwd+bwd")
+
+
+def _descriptor_ab(
+    spec: MaskSpec, kind: str, tile: tuple[int, int, int, int], label: str, passes="forward"
+) -> tuple[Impl, Impl]:
+    """Kernel `kind` at `tile` (block_m, block_n, warps, stages) with `tma`, by each
+    program's descriptors ("<label> tma") and by the launch's ("... host descriptors")."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
-    built = AttentionKernelConfig(128, 64, 8, 2, tma=True)
+    built = AttentionKernelConfig(*tile, tma=True)
     given = built.replace(host_descriptors=True)
-    return (
-        varlen_impl(spec, AttentionConfigs(backward_dq=built), "dq tma", passes="fwd+bwd"),
-        varlen_impl(spec, AttentionConfigs(backward_dq=given), "dq tma host descriptors",
-                    passes="fwd+bwd"),
-    )  # fmt: skip
+    return tuple(
+        varlen_impl(spec, AttentionConfigs(**{kind: config}), name, passes=passes)
+        for config, name in ((built, f"{label} tma"), (given, f"{label} tma host descriptors"))
+    )
 
 
 def _dq_atomic_backward(spec: MaskSpec) -> Impl:
