@@ -465,8 +465,9 @@ def ring_attention(
       sequence_layout: "contiguous" (natural order; seq % R == 0) or "load_balanced":
         seq (and segment_ids) already in `reorder_sequence(x, R)` order (seq % 2R == 0),
         which gives every rank the same causal work. The output is in the same order.
-        Concrete segment_ids reordered for another R are refused (their documents read
-        as scattered runs); without segment_ids no check can tell.
+        Concrete segment_ids of several documents a row, reordered for another R, are
+        refused (their documents read as scattered runs); without segment_ids, or with
+        one document a row, no check can tell and the numbers are wrong.
       implementation: the local kernel: "auto" (Triton on GPUs, Pallas on TPUs, XLA
         elsewhere), "triton", "pallas" or "xla". Off a TPU, "pallas" inside this
         function's checked `shard_map` runs Pallas' TPU interpreter: minutes per call;

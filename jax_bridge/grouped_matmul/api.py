@@ -52,12 +52,14 @@ _REVERSE_MODE = (
 
 
 def _options(op: str, implementation, interpret, precision, config, tiling, out_dtype, sizes, **kw):
-    """Validated `MatmulOptions` of one public call of (m, k, n) `sizes` (a tiling
-    callable is asked for them here, so that a bad answer is refused on every backend;
-    the Triton kernels ask again for each of their own sizes)."""
+    """Validated `MatmulOptions` of one public call of (m, k, n) `sizes`. A tiling
+    callable is asked for them here, where a kernel of these sizes would ask it (no
+    config replaces the tiling, no size is 0), so that a bad answer is refused on every
+    backend; the Triton kernels ask again for each of their own sizes."""
     interpret = check_bool(op, interpret, "interpret")
     checks.check_tiling_arg(tiling)
-    checks.resolve_tiling(tiling, *sizes)
+    if 0 not in sizes and not _replaces_tiling(config):
+        checks.resolve_tiling(tiling, *sizes)
     if config is not None and not isinstance(config, GroupedMatmulConfig | GroupedMatmulConfigs):
         raise TypeError(
             f"{op}: config must be a GroupedMatmulConfig, a GroupedMatmulConfigs or None, "
@@ -72,6 +74,13 @@ def _options(op: str, implementation, interpret, precision, config, tiling, out_
         tiling=tuple(tiling) if isinstance(tiling, list) else tiling,
         **kw,
     )
+
+
+def _replaces_tiling(config: Any) -> bool:
+    """Whether `config` gives every kernel its launch (one config, or both entries)."""
+    if isinstance(config, GroupedMatmulConfigs):
+        return config.gmm is not None and config.tgmm is not None
+    return config is not None
 
 
 def grouped_matmul(
@@ -209,9 +218,11 @@ def transposed_grouped_matmul(
       num_groups: groups in the result; defaults to `len(group_sizes)` and must be
         given with `group_offset`.
       existing_out: [num_groups, k, n] of `preferred_element_type`: added to the result.
-      interpret, precision, implementation, config: as in `grouped_matmul`, but a
-        config with `tma` is refused (its descriptors need a token-major lhs, which only
-        grouped_matmul's weight gradient has).
+      interpret, precision, implementation, config: as in `grouped_matmul`. This op's
+        lhs [k, m] is read by pointers: tgmm's descriptors need the token-major lhs of
+        grouped_matmul's weight gradient, so `tma` in one config reaches this call's
+        gradient (its gmm launches) only, and in a `GroupedMatmulConfigs`' tgmm entry,
+        which would reach nothing, it is refused.
 
     Returns:
       [num_groups, k, n] of `preferred_element_type`; an empty group gives zeros (or its
@@ -255,14 +266,16 @@ def transposed_grouped_matmul(
 
 
 def _refuse_tgmm_descriptors(config: GroupedMatmulConfig | GroupedMatmulConfigs | None) -> None:
-    """ValueError for a tgmm config with `tma`: its descriptors span a group's rows of a
-    token-major lhs ([m, k], as grouped_matmul's weight gradient has it), while this op's
-    lhs is [k, m], read by pointers: the option would be dropped silently."""
-    given = config.for_kernel(True) if isinstance(config, GroupedMatmulConfigs) else config
-    if given is not None and given.tma:
+    """ValueError for `tma` in a `GroupedMatmulConfigs`' tgmm entry: tgmm's descriptors
+    span a group's rows of a token-major lhs ([m, k], as grouped_matmul's weight gradient
+    has it), while this op's lhs is [k, m], read by pointers, and that entry reaches no
+    other launch: the option would be dropped silently. (One config for every kernel
+    keeps it: the gradient's gmm launches take it.)"""
+    if isinstance(config, GroupedMatmulConfigs) and config.tgmm is not None and config.tgmm.tma:
         raise ValueError(
-            "config tma=True is for tgmm over a token-major lhs (grouped_matmul's weight "
-            "gradient); this op's lhs [k, m] is read by pointers: pass tma=False."
+            "config.tgmm tma=True is for tgmm over a token-major lhs (grouped_matmul's "
+            "weight gradient); this op's lhs [k, m] is read by pointers: pass tma=False "
+            "in the tgmm entry."
         )
 
 

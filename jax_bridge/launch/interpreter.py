@@ -265,9 +265,10 @@ def _descriptor_reduce(self, kind, desc, value, indices):
 @contextlib.contextmanager
 def _gpu_arithmetic() -> Iterator[None]:
     """Within: the interpreter's bfloat16 and float32 dots and its float32 -> bfloat16
-    casts act like a GPU's, it adds through tensor descriptors, and its IEEE special
-    values arise silently, as on a GPU (numpy would warn of each NaN or Inf an input
-    holds, from every op it passes through)."""
+    casts act like a GPU's, it adds through tensor descriptors, and its arithmetic on IEEE
+    special values raises no floating-point warning, as on a GPU (numpy's `errstate`: it
+    would warn of each NaN or Inf an input holds, from every op it passes through; a
+    reduction of a row that is all NaN still warns, from numpy's own `warnings`)."""
     builder = triton_interpreter.InterpreterBuilder
     # `create_fp_trunc` and friends are lambdas calling `self.cast_impl`: patched with it.
     patches = {

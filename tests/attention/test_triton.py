@@ -586,7 +586,9 @@ def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value
     """The forward and dQ through descriptors over all of K and V (`host_descriptors`): a
     masked tile reads past its sequence (the length-1 document's tile reads the next
     document's rows, the last document's the padding's), and must zero those rows itself,
-    so a non-finite K or V row reaches no other document's output or gradients."""
+    so a non-finite K or V row reaches no other document's output or gradients. Clean,
+    they give the same tiles' numbers by pointers (GQA: each query head's kv head's
+    columns of the descriptors)."""
     skip_unless_host_descriptors_launch()
     q, k, v, sinks, weights = robustness._inputs()
     host = AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)
@@ -594,6 +596,16 @@ def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value
     clean_out, clean_grads = robustness._value_and_grads(
         "triton", q, k, v, sinks, weights, **options
     )
+    assert q.shape[1] > k.shape[1] > 1, "GQA with several kv heads"
+    by_pointers = AttentionConfigs(forward=AttentionKernelConfig(16, 16),
+                                   backward_dq=AttentionKernelConfig(16, 16))  # fmt: skip
+    pointer_out, pointer_grads = robustness._value_and_grads(
+        "triton", q, k, v, sinks, weights, causal=causal, config=by_pointers
+    )
+    tol = robustness._tolerance(q, k, sinks)
+    for name, got, want in zip(("out", "dq"), (clean_out, clean_grads[0]),
+                               (pointer_out, pointer_grads[0]), strict=True):  # fmt: skip
+        assert_close(np.asarray(got)[:71], robustness._f64(want)[:71], tol, f"{name} by pointers")
     arrays = {"k": k, "v": v}
     arrays[array] = arrays[array].at[jnp.asarray(robustness.POISON_ROWS[where])].set(value)
     out, grads = robustness._value_and_grads(
@@ -605,7 +617,6 @@ def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value
         np.testing.assert_array_equal(np.asarray(got)[clean], np.asarray(want)[clean], f"d{name}")
     reference = attention_reference(q, k, v, robustness._cu(), robustness._cu(), sinks=sinks,
                                     causal=causal)  # fmt: skip
-    tol = robustness._tolerance(q, k, sinks)
     assert_close(np.asarray(clean_out)[:71], robustness._f64(reference)[:71], tol, "out")
 
 

@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from jax_bridge import GroupedMatmulConfig, grouped_matmul, transposed_grouped_matmul
+from jax_bridge import (
+    GroupedMatmulConfig,
+    GroupedMatmulConfigs,
+    grouped_matmul,
+    transposed_grouped_matmul,
+)
 from jax_bridge.core.backend import compiling_for_platform
 from jax_bridge.grouped_matmul import triton as triton_backend
 from jax_bridge.grouped_matmul import xla as xla_backend
@@ -136,6 +141,52 @@ def test_callable_tiling_is_asked_with_each_launch_sizes():
     assert_close(out, tgmm_float64(lhs.T, lhs, sizes, num_groups=4))
     transposed_grouped_matmul(lhs.T, lhs, sizes, tiling=tiling, implementation="xla")
     assert calls == [(48, 24, 24)] * 3
+
+
+@pytest.mark.parametrize("implementation", ["xla", "triton"])
+def test_callable_tiling_is_not_asked_where_no_kernel_would_ask_it(implementation):
+    """No rows (an expert-parallel shard without tokens), or a config that gives every
+    kernel its launch (it replaces the tiling): the op asks the callable nothing, as its
+    kernels would not, so an answer that would be refused there cannot fail the call."""
+    lhs, rhs, sizes = _problem(7)
+
+    def tiling(m, k, n):  # a tile from the sizes: invalid for m = 0
+        return (m, 16, 16)
+
+    empty = grouped_matmul(lhs[:0], rhs, jnp.zeros(4, jnp.int32), tiling=tiling,
+                           implementation=implementation)  # fmt: skip
+    assert empty.shape == (0, rhs.shape[2])
+    config = GroupedMatmulConfig(16, 16, 16)
+    out = grouped_matmul(lhs, rhs, sizes, tiling=tiling, config=config,
+                         implementation=implementation)  # fmt: skip
+    assert_close(out, gmm_float64(lhs, rhs, sizes))
+    # One kernel left to the tiling: asked, and its answer refused.
+    half = GroupedMatmulConfigs(gmm=config)
+    with pytest.raises(ValueError, match=r"^grouped_matmul: tiling\(48, 24, 16\) returned"):
+        grouped_matmul(lhs, rhs, sizes, tiling=tiling, config=half, implementation=implementation)
+
+
+def test_one_config_with_tma_reaches_tgmm_gradients_gmm_launches(monkeypatch):
+    """One config for every kernel keeps `tma` in transposed_grouped_matmul: its forward
+    reads its lhs [k, m] by pointers, its gradient's gmm launches take the descriptors."""
+    lhs, _, sizes = _problem(8, k=32)
+    config = GroupedMatmulConfig(16, 16, 16, tma=True)
+    launches = []  # what each launch that asks decides
+    decide = triton_backend._tma
+
+    def recorded(*args, **kwargs):
+        launches.append(decide(*args, **kwargs))
+        return launches[-1]
+
+    monkeypatch.setattr(triton_backend, "_tma", recorded)
+
+    def tgmm(a, b):
+        return transposed_grouped_matmul(a, b, sizes, config=config, implementation="triton")
+
+    assert_close(tgmm(lhs.T, lhs), tgmm_float64(lhs.T, lhs, sizes, num_groups=4))
+    assert launches == []  # the forward's lhs [k, m]: by pointers, never asked
+    jax.make_jaxpr(jax.grad(lambda a, b: tgmm(a, b).sum(), (0, 1)))(lhs.T, lhs)
+    assert launches == [True, True]  # the gradient's two gmm launches
 
 
 def test_check_tiling_accepts_lists_and_returns_a_tuple():
@@ -261,11 +312,11 @@ TGMM_ERRORS = {
         ValueError,
         r"^transposed_grouped_matmul: tiling\(32, 16, 8\) returned \(12, 16, 16\)",
     ),
-    # Its descriptors need a token-major lhs: the option would be dropped silently.
-    "tma": (
-        dict(config=GroupedMatmulConfig(16, 16, 16, tma=True)),
+    # Its descriptors need a token-major lhs: tgmm's own entry would reach no launch.
+    "tgmm_tma": (
+        dict(config=GroupedMatmulConfigs(tgmm=GroupedMatmulConfig(16, 16, 16, tma=True))),
         ValueError,
-        r"^transposed_grouped_matmul: config tma=True is for tgmm over a token-major lhs",
+        r"^transposed_grouped_matmul: config.tgmm tma=True is for tgmm over a token-major",
     ),
 }
 
