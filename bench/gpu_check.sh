@@ -5,10 +5,10 @@
 # STEPs, in this order, the first three by default:
 #   tma    kernels with tensor descriptors (TMA) alone, on the device (the default dK/dV
 #          kernel at d=128 on sm_90 is one); if they pass, `bench` also times the TMA A/B
-#          anchors (`gpu-check --tma`); then gmm and the varlen forward with descriptors
-#          the launch encodes (`--host-descriptors`) and the warp-specialized kernels,
-#          whose A/B rows `bench` times if they pass too (`--warp-specialized`), and the
-#          warp-specialized dK/dV apart (`--warp-specialized-dkdv`);
+#          anchors (`gpu-check --tma`); then gmm and the varlen forward and dQ with
+#          descriptors the launch encodes (`--host-descriptors`) and the warp-specialized
+#          kernels, whose A/B rows `bench` times if they pass too (`--warp-specialized`),
+#          and the warp-specialized dK/dV apart (`--warp-specialized-dkdv`);
 #   bench  `python -m bench gpu-check`: every GPU row with its anchors, JSON under
 #          $OUT/bench/results/ (copy it to bench/results/: the README's figures come from there),
 #          and its verdicts in summary.txt (`gpu-check --verdicts`: A/B anchors, issue 27's bars);

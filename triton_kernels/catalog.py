@@ -190,7 +190,7 @@ def attention_variant(
     )  # fmt: skip
     signature = attention_signature(kernel, dtype_name)
     if config.host_descriptors:  # the forward's or dQ's K and V: the launch's descriptors
-        box = descriptor_type(TRITON_TYPES[dtype_name], (config.block_n, head_dim))
+        box = descriptor_type(TRITON_TYPES[dtype_name], config.key_descriptor_box(head_dim))
         signature |= {"k_ptr": box, "v_ptr": box}
     return KernelVariant(
         name=f"attention_{kind}"

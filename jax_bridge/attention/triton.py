@@ -244,7 +244,7 @@ def _key_operands(k: jax.Array, v: jax.Array, config: AttentionKernelConfig) -> 
     [block_n, D] boxes (`forward._sequence_keys`)."""
     if not config.host_descriptors:
         return k, v
-    box = (config.block_n, k.shape[2])
+    box = config.key_descriptor_box(k.shape[2])
     return tuple(HostDescriptor(x.reshape(x.shape[0], -1), box) for x in (k, v))
 
 

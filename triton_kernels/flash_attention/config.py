@@ -125,6 +125,11 @@ class AttentionKernelConfig(KernelConfig):
                 f"warp_specialize={self.warp_specialize}."
             )
 
+    def key_descriptor_box(self, head_dim: int) -> tuple[int, int]:
+        """The box the forward and dQ load K and V in through the launch's descriptors
+        over [total_k, kv heads x head_dim] (`host_descriptors`): one head of a key tile."""
+        return self.block_n, head_dim
+
 
 # The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
 # gpu-check` until a GPU has timed it: (block_m, block_n, num_warps, num_stages), the
@@ -280,7 +285,7 @@ class AttentionConfigs:
                     f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
                     f"configs only, got it in the backward_dq kernel's"
                 )
-        for kind in set(KINDS) - set(HOST_DESCRIPTOR_KINDS):
+        for kind in (k for k in KINDS if k not in HOST_DESCRIPTOR_KINDS):
             config = getattr(self, kind)
             if config is not None and config.host_descriptors:
                 raise ValueError(

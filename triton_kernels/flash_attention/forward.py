@@ -43,8 +43,8 @@ import triton.language as tl
 from triton_kernels.flash_attention.steps import _online_softmax_step
 
 LOG2E = tl.constexpr(1.4426950408889634)
-# The forward's TMA constexpr where its K and V are the launch's descriptors (the value
-# True is the kernel's own, per sequence): `_sequence_keys`.
+# The TMA constexpr of the forward and dQ kernels where their K and V are the launch's
+# descriptors (the value True is the kernel's own, per sequence): `_sequence_keys`.
 HOST_TMA = tl.constexpr(2)
 LN2 = tl.constexpr(0.6931471805599453)
 
