@@ -119,8 +119,8 @@ def _add_ab_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-descriptors",
         action="store_true",
         help="A/B anchors of TMA with descriptors the launch encodes (jaxlib >= 0.11.2): "
-        "gmm so on the grouped matmul rows, one a tile and persistent, and the varlen "
-        "forward and dQ with either kind of descriptor on two rows (on with --dry-run)",
+        "gmm so on the grouped matmul rows, one a tile and persistent, and each varlen "
+        "kernel with either kind of descriptor on two rows (on with --dry-run)",
     )
     parser.add_argument(
         "--warp-specialized",

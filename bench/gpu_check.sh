@@ -5,7 +5,7 @@
 # STEPs, in this order, the first three by default:
 #   tma    kernels with tensor descriptors (TMA) alone, on the device (the default dK/dV
 #          kernel at d=128 on sm_90 is one); if they pass, `bench` also times the TMA A/B
-#          anchors (`gpu-check --tma`); then gmm and the varlen forward and dQ with
+#          anchors (`gpu-check --tma`); then gmm and the varlen kernels with
 #          descriptors the launch encodes (`--host-descriptors`) and the warp-specialized
 #          kernels, whose A/B rows `bench` times if they pass too (`--warp-specialized`),
 #          and the warp-specialized dK/dV apart (`--warp-specialized-dkdv`);
@@ -104,8 +104,8 @@ if [[ $steps == *" tma "* ]] && gate tma 100 8 copies_on_a_hopper_gpu "TMA kerne
   -k "(tma or hopper) and not warp_specialized and not warp-specialized and not host"; then
   tma_flag="--tma"
   # Descriptors the launch encodes (jaxlib's, from Triton's metadata), apart: their rows'
-  # gate (the launch layer's copy kernel, then gmm and the varlen forward and dQ).
-  if gate host_descriptors 120 6 "writes_every_row_once.*tma-host" "host-side descriptors" \
+  # gate (the launch layer's copy kernel, then gmm and the three varlen kernels: 46 tests).
+  if gate host_descriptors 150 6 "writes_every_row_once.*tma-host" "host-side descriptors" \
     tests/launch/test_host_descriptors.py tests/grouped_matmul/test_triton.py \
     tests/attention/test_triton.py -k "host and not warp-specialized"; then
     tma_flag="$tma_flag --host-descriptors"

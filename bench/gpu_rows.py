@@ -281,8 +281,9 @@ def jax_attention_impl(spec: MaskSpec, implementation: str) -> Impl:
 USE_TMA = False
 # True: the grouped matmul rows also time gmm with TMA through descriptors the launch
 # encodes (`GroupedMatmulConfig.host_descriptors`), one program a tile (forward only) and
-# persistent (forward and fwd+bwd), and two varlen rows the forward and dQ with TMA by
-# either kind of descriptor (`_forward_descriptors`, `_dq_descriptors`; fwd+bwd for dQ)
+# persistent (forward and fwd+bwd), and two varlen rows each varlen kernel with TMA by
+# either kind of descriptor (`_forward_descriptors`, `_dq_descriptors`,
+# `_dkdv_descriptors`; fwd+bwd for the backward's)
 # (`gpu-check --host-descriptors`, which
 # bench/gpu_check.sh passes once their device tests passed: jaxlib encodes them, not
 # Triton's launcher).
@@ -855,6 +856,20 @@ def _dq_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
     return _descriptor_ab(spec, "backward_dq", (128, 64, 8, 2), "dq", passes="fwd+bwd")
 
 
+def _dkdv_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
+    """The A/B of dK/dV's descriptors, as `_forward_descriptors`: at its default tile where
+    descriptors can be launched (sm_90, d=128, causal: 64x128, 8 warps, two stages) with
+    `tma`, Q and dO through descriptors each program builds for its sequence, or through
+    the launch's over all of q and dO (`host_descriptors`; masked query tiles zero the
+    rows past their sequence in registers, which the program's descriptors leave to the
+    copy engine). Static report, sm_90, d=128, causal, Triton 3.6 / 3.9: 360 / 341
+    warp-instructions per MFLOP with a program's descriptors, 384 / 356 with the
+    launch's; under 3.6 the launch's spill 40 / 52 B a thread in the loop (a program's
+    20 / 24 B outside it), none under 3.9. The forward and dQ are the default's: fwd+bwd
+    only."""
+    return _descriptor_ab(spec, "backward_dkdv", (64, 128, 8, 2), "dkdv", passes="fwd+bwd")
+
+
 def _descriptor_ab(
     spec: MaskSpec, kind: str, tile: tuple[int, int, int, int], label: str, passes="forward"
 ) -> tuple[Impl, Impl]:
@@ -1033,7 +1048,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec),
                _dq_by_tensor_reduction(spec)) if USE_TMA else ()  # fmt: skip
         if USE_HOST_DESCRIPTORS:
-            tma += (*_forward_descriptors(spec), *_dq_descriptors(spec))
+            tma += (*_forward_descriptors(spec), *_dq_descriptors(spec), *_dkdv_descriptors(spec))
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)
 
     cases = [

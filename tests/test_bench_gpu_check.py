@@ -242,8 +242,8 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # tile before TMA, the backward and the forward of two CTAs per SM, and the forward
     # and dK/dV with their softmax overlapped, on the many documents the persistent
     # forward at 128x128, on the first two the warp-specialized forward and dK/dV (the
-    # forward also without a bound) and the forward and dQ with TMA by the programs'
-    # descriptors and by the launch's.
+    # forward also without a bound) and each kernel with TMA by the programs' descriptors
+    # and by the launch's.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
@@ -256,13 +256,14 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "ours triton varlen dkdv overlapped softmax",
         "ours triton varlen backward 64x64 4 warps", "ours triton varlen forward tma",
         "ours triton varlen forward tma host descriptors", "ours triton varlen dq tma",
-        "ours triton varlen dq tma host descriptors",
+        "ours triton varlen dq tma host descriptors", "ours triton varlen dkdv tma",
+        "ours triton varlen dkdv tma host descriptors",
     }  # fmt: skip
     _passes_of(found, (
         ("forward tma", "forward"), ("forward overlapped", "forward"),
         ("dkdv overlapped", "fwd+bwd"), ("backward 64x64", "fwd+bwd"),
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
-        ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"),
+        ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"), ("dkdv tma", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out
     assert "dq" in out and "MISMATCH" not in out

@@ -27,7 +27,6 @@ from triton_kernels.flash_attention.backward import (
 )
 from triton_kernels.flash_attention.config import (
     DQ_REDUCE_DKDV_TILE,
-    HOST_DESCRIPTOR_KINDS,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -189,9 +188,10 @@ def attention_variant(
         persistent=persistent, dq_atomic=dq_atomic,
     )  # fmt: skip
     signature = attention_signature(kernel, dtype_name)
-    if config.host_descriptors:  # the forward's or dQ's K and V: the launch's descriptors
-        box = descriptor_type(TRITON_TYPES[dtype_name], config.key_descriptor_box(head_dim))
-        signature |= {"k_ptr": box, "v_ptr": box}
+    if config.host_descriptors:  # the streamed tiles' arrays: the launch's descriptors
+        box = descriptor_type(TRITON_TYPES[dtype_name], config.descriptor_box(kind, head_dim))
+        streamed = ("q_ptr", "d_out_ptr") if kind == "backward_dkdv" else ("k_ptr", "v_ptr")
+        signature |= dict.fromkeys(streamed, box)
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")
@@ -213,8 +213,8 @@ def tma_variant(
     """An attention kernel (bf16, causal) with `tma`, its streamed tiles through
     device-side tensor descriptors (sm_90 and up): its default config where descriptors
     can be launched (dK/dV at sm_90, d=128: 64x128 with `tma`, what a GPU with a recent
-    jaxlib runs), with `tma` set on the others' default tiles; `host` (the forward and
-    dQ, `HOST_DESCRIPTOR_KINDS`): through the launch's descriptors over all of K and V."""
+    jaxlib runs), with `tma` set on the others' default tiles; `host`: through the
+    launch's descriptors over the whole arrays."""
     default = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
                                        features=CAUSAL, descriptors=True)  # fmt: skip
     config = dataclasses.replace(default, tma=True, host_descriptors=host)
@@ -400,9 +400,9 @@ def default_variants(
             variants += [
                 tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
             ]
-            variants += [  # the kernels that stream K and V, through the launch's descriptors
+            variants += [  # and through the launch's descriptors
                 tma_variant(kind, head_dim, compute_capability, host=True)
-                for kind in HOST_DESCRIPTOR_KINDS
+                for kind in ATTENTION_KERNELS
             ]
         if compute_capability == 90 and head_dim == 128:  # the softmax overlap
             for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),

@@ -219,7 +219,7 @@ def forward(
     scalars = _spec_arguments(options.spec, shift)
     return triton_call(
         q,
-        *_key_operands(k, v, config),
+        *_streamed_operands("forward", config, k, v),
         schedule.cu_q,
         schedule.cu_k,
         chunks,
@@ -238,14 +238,17 @@ def forward(
     )
 
 
-def _key_operands(k: jax.Array, v: jax.Array, config: AttentionKernelConfig) -> tuple:
-    """k and v as the forward and dQ kernels take them: arrays, or (`host_descriptors`)
-    the descriptors the launch encodes over all of each, [total_k, Hkv * D] in
-    [block_n, D] boxes (`forward._sequence_keys`)."""
+def _streamed_operands(
+    kind: str, config: AttentionKernelConfig, first: jax.Array, second: jax.Array
+) -> tuple:
+    """The two arrays kernel `kind` streams tile by tile (the forward's and dQ's k and v,
+    dK/dV's q and d_out) as it takes them: arrays, or (`host_descriptors`) descriptors
+    the launch encodes over all of each, [rows, heads * D] in boxes of one head of a tile
+    (`AttentionKernelConfig.descriptor_box`)."""
     if not config.host_descriptors:
-        return k, v
-    box = config.key_descriptor_box(k.shape[2])
-    return tuple(HostDescriptor(x.reshape(x.shape[0], -1), box) for x in (k, v))
+        return first, second
+    box = config.descriptor_box(kind, first.shape[2])
+    return tuple(HostDescriptor(x.reshape(x.shape[0], -1), box) for x in (first, second))
 
 
 def _lse_without_keys(sinks: jax.Array | None, num_q_heads: int, total_q: int) -> jax.Array:
@@ -350,7 +353,7 @@ def _dq_and_row_statistics(
     stats = jax.ShapeDtypeStruct((num_q_heads, total_q), jnp.float32)
     return triton_call(
         q,
-        *_key_operands(k, launch.v, config),
+        *_streamed_operands("backward_dq", config, k, launch.v),
         out,
         launch.d_out,
         lse,
@@ -414,11 +417,12 @@ def _dkdv(
     chunks = launch.schedule.key_tiles
     dq_atomic = _dq_atomic(launch.options)
     dq_accum = jax.ShapeDtypeStruct(q.shape if dq_atomic else (1,), jnp.float32)
+    q_in, d_out_in = _streamed_operands("backward_dkdv", config, q, launch.d_out)
     return triton_call(
-        q,
+        q_in,
         k,
         v,
-        launch.d_out,
+        d_out_in,
         lse_log2,
         delta,
         launch.schedule.cu_q,

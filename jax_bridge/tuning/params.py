@@ -41,15 +41,13 @@ _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent")
 # Each kernel config's fields and the params fields that hold them (config -> params):
 # the one table every conversion below reads, both ways. The forward (`FwdParams`) and
 # dK/dV (`BwdParams`' unprefixed fields) hold every field of `AttentionKernelConfig`
-# under the same names but `host_descriptors` (the forward's and dQ's); dQ holds no
-# option but `tma` and `host_descriptors`.
+# under the same names; dQ holds no option but `tma` and `host_descriptors`.
 _LAUNCH = {"num_warps": "num_warps", "num_stages": "num_stages", "tma": "tma"}
 _ATTENTION_KERNEL = {
     "block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
     "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
+    "host_descriptors": "host_descriptors",
 }  # fmt: skip
-# The forward's and dQ's among attention's kernels: descriptors the launch encodes.
-_ATTENTION_FORWARD = {**_ATTENTION_KERNEL, "host_descriptors": "host_descriptors"}
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent",
            "host_descriptors": "host_descriptors"}  # fmt: skip
@@ -141,8 +139,8 @@ class _Params:
 
 def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
     """ValueError naming `where` if `config` turns on an option (a bool field) that the
-    params have no field for (`held`: the config fields they hold; dQ lacks some, dK/dV
-    `host_descriptors`): converting it would drop the option silently."""
+    params have no field for (`held`: the config fields they hold; dQ lacks some):
+    converting it would drop the option silently."""
     dropped = [
         f.name
         for f in dataclasses.fields(config)
@@ -179,7 +177,7 @@ class FwdParams(_Params):
         `warp_specialize`).
       host_descriptors: with `tma`: the kernel's descriptors encoded by the launch
         (`GroupedMatmulConfig.host_descriptors`; attention's forward kernel,
-        `AttentionKernelConfig.host_descriptors`; the dQ kernel's: `BwdParams`).
+        `AttentionKernelConfig.host_descriptors`; the backward kernels': `BwdParams`).
     """
 
     q_blocksize: int | None = None
@@ -198,7 +196,7 @@ class FwdParams(_Params):
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
         """Every field of the forward kernel's `config` as params."""
-        return cls._from_config(config, _ATTENTION_FORWARD)
+        return cls._from_config(config, _ATTENTION_KERNEL)
 
     @classmethod
     def from_grouped_matmul_config(cls, config: GroupedMatmulConfig) -> FwdParams:
@@ -212,7 +210,7 @@ class FwdParams(_Params):
         together (e.g. `warp_specialize` without `tma`), and ValueError for grouped
         matmul fields."""
         self._refuse(_MATMUL_FIELDS, "attention")
-        return self._to_config(default, _ATTENTION_FORWARD)
+        return self._to_config(default, _ATTENTION_KERNEL)
 
     def to_grouped_matmul_config(self, default: GroupedMatmulConfig) -> GroupedMatmulConfig:
         """A grouped matmul config: the set fields, the rest from `default` (the config's
@@ -232,8 +230,9 @@ class BwdParams(_Params):
       dq_q_blocksize, dq_kv_blocksize, dq_num_warps, dq_num_stages: the dQ kernel, which
         keeps a query tile stationary and streams key tiles (the forward's structure).
       tma, dq_tma: the dK/dV (dQ) kernel's streamed tiles through tensor descriptors.
-      dq_host_descriptors: with `dq_tma`: the dQ kernel's K and V through descriptors the
-        launch encodes (`AttentionKernelConfig.host_descriptors`; not dK/dV's).
+      host_descriptors, dq_host_descriptors: with `tma` (`dq_tma`): the dK/dV kernel's Q
+        and dO (the dQ kernel's K and V) through descriptors the launch encodes
+        (`AttentionKernelConfig.host_descriptors`).
       warp_specialize: the dK/dV kernel's query loop split into a producer warpgroup of
         copies and consumer warpgroups (`AttentionKernelConfig.warp_specialize`).
       overlap_softmax: the dK/dV kernel issues each query tile's dP before P's exp2s
@@ -251,6 +250,7 @@ class BwdParams(_Params):
     dq_num_stages: int | None = None
     tma: bool | None = None
     dq_tma: bool | None = None
+    host_descriptors: bool | None = None
     dq_host_descriptors: bool | None = None
     warp_specialize: bool | None = None
     overlap_softmax: bool | None = None
@@ -262,12 +262,11 @@ class BwdParams(_Params):
         The dQ kernel has the forward's structure (stationary query tile, streamed key
         tiles), so it takes the forward's tiles as they are; the dK/dV kernel is the
         mirror image (stationary key tile, streamed query tiles), so it takes them
-        swapped. Warps, stages and `tma` carry over, `overlap_softmax` to dK/dV only (dQ
-        refuses it), `host_descriptors` to dQ only (dK/dV refuses it); `warp_specialize`
-        does not (dK/dV's takes its own tile, `WARP_SPECIALIZED_DKDV_TILE`); unset fields
-        stay unset. The backward holds more
-        tiles in registers than the forward, so check the result with the static report
-        (`static_report_prune`) before trusting it.
+        swapped. Warps, stages, `tma` and `host_descriptors` carry over, `overlap_softmax`
+        to dK/dV only (dQ refuses it); `warp_specialize` does not (dK/dV's takes its own
+        tile, `WARP_SPECIALIZED_DKDV_TILE`); unset fields stay unset. The backward holds
+        more tiles in registers than the forward, so check the result with the static
+        report (`static_report_prune`) before trusting it.
         """
         fwd._refuse(_MATMUL_FIELDS, "attention's backward")
         return cls(
@@ -281,6 +280,7 @@ class BwdParams(_Params):
             dq_num_stages=fwd.num_stages,
             tma=fwd.tma,
             dq_tma=fwd.tma,
+            host_descriptors=fwd.host_descriptors,
             dq_host_descriptors=fwd.host_descriptors,
             overlap_softmax=fwd.overlap_softmax,
         )
@@ -288,8 +288,7 @@ class BwdParams(_Params):
     @classmethod
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only (every field
-        of `AttentionKernelConfig` has one but `host_descriptors`, which dK/dV refuses:
-        ValueError if it is on)."""
+        of `AttentionKernelConfig` has one)."""
         _check_held(config, _ATTENTION_KERNEL, "BwdParams.from_dkdv_config")
         return cls._from_config(config, _ATTENTION_KERNEL)
 

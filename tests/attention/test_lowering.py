@@ -38,7 +38,7 @@ from triton_kernels.catalog import (
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
     DQ_REDUCE_DKDV_TILE,
-    HOST_DESCRIPTOR_KINDS,
+    KINDS,
     WARP_SPECIALIZED_DKDV_TILE,
     WARP_SPECIALIZED_FORWARD_TILE,
     AttentionFeatures,
@@ -514,15 +514,22 @@ def test_static_report_of_tma_kernels_shows_bulk_tensor_copies(kind, persistent)
     assert_spills_expected(report, (90, 128, name, AttentionFeatures(causal=True), None))
 
 
+# Bytes a thread spills (the more of stores and loads) and whether in the loop, under
+# Triton 3.6, by the persistent kernels with the launch's descriptors: dQ outside its
+# loop; dK/dV (32x128) in it, where its masked query tiles zero Q's and dO's rows past
+# the sequence in registers (168 B stored, 192 loaded).
+_PERSISTENT_HOST_SPILLS_3_6 = {"backward_dq": (16, False), "backward_dkdv": (192, True)}
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
-@pytest.mark.parametrize("kind", HOST_DESCRIPTOR_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_kernels_with_host_descriptors_build_none_on_the_device(kind, persistent):
-    """The forward's and dQ's default sm_90 tiles (d=128, causal) through the launch's
-    descriptors over all of K and V: the same bulk copies as with a program's own, no
+    """Each kernel's default sm_90 tile (d=128, causal) through the launch's descriptors
+    over the whole arrays it streams: the same bulk copies as with a program's own, no
     spill, wgmma not serialized, but no descriptor-building (`tensormap`) instruction in
     the PTX, no descriptor prefetch or flush (UTMACCTL, UTMACMDFLUSH), no global scratch.
-    Under Triton 3.6 the persistent dQ kernel, at 255 registers by pointers too, spills
-    16 B outside its loop with them (none under 3.9)."""
+    Under Triton 3.6 two persistent kernels, at 255 registers by pointers too, spill with
+    them (`_PERSISTENT_HOST_SPILLS_3_6`); none under 3.9."""
     default = attention_variant(kind, 128, 90, persistent=persistent)
     tile = (default.constexprs["BLOCK_M"], default.constexprs["BLOCK_N"], default.num_warps,
             default.num_stages)  # fmt: skip
@@ -533,9 +540,11 @@ def test_the_kernels_with_host_descriptors_build_none_on_the_device(kind, persis
     )  # fmt: skip
     reports = [variant_report(v, 90) for v in (built, given)]
     print(reports[1].summary())
-    allowed = 16 if TRITON_3_6 and (kind, persistent) == ("backward_dq", True) else 0
+    allowed, in_loop = (0, False)
+    if TRITON_3_6 and persistent:
+        allowed, in_loop = _PERSISTENT_HOST_SPILLS_3_6.get(kind, (0, False))
     spilled = max(reports[1].spill_store_bytes, reports[1].spill_load_bytes)
-    assert spilled <= allowed and not reports[1].loop_spills, reports[1].summary()
+    assert spilled <= allowed and in_loop >= reports[1].loop_spills, reports[1].summary()
     assert reports[1].uses_wgmma and not reports[1].serialized_wgmma
     assert reports[1].sass_opcodes.get("UTMALDG") == reports[0].sass_opcodes.get("UTMALDG") > 0
     for building in ("UTMACCTL", "UTMACMDFLUSH"):

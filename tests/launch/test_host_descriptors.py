@@ -270,20 +270,65 @@ def test_a_kernel_taking_host_descriptors_lowers_for_cuda_without_scratch(
     """gmm and the varlen forward with `host_descriptors` lower for an H100 to two Triton
     calls (a schedule kernel and theirs), theirs built without global scratch (no
     descriptor is written on the device) and declaring the two descriptors' maps."""
-    built = []
-    real = kernel_needs._NeedsPassingLib.TritonKernel
-
-    def recording(self, name, *args):
-        built.append((name, args))
-        return real(self, name, *args)
-
-    monkeypatch.setattr(kernel_needs._NeedsPassingLib, "TritonKernel", recording)
-    host_descriptors._compiled.cache_clear()
+    built, given_scratch = _record_builds(monkeypatch)
     text = lower()
     assert text.count("@triton_kernel_call") == 2
     args = next(args for name, args in built if name.startswith(kernel))
-    assert len(args) == 6  # no scratch size and alignment appended
+    assert not any(name.startswith(kernel) for name in given_scratch)
     assert _ptx_parameter_kinds(args[3]).count("map") == 2
+
+
+def _record_builds(monkeypatch) -> tuple[list, list]:
+    """(the (name, args) of every kernel the launch layer builds from now on, the names of
+    those it gives global scratch), in a fresh cache of host-descriptor kernels."""
+    built, given_scratch = [], []
+    real_build = kernel_needs._NeedsPassingLib.TritonKernel
+    real_scratch = kernel_needs.kernel_with_scratch
+
+    def building(self, name, *args):
+        built.append((name, args))
+        return real_build(self, name, *args)
+
+    def with_scratch(lib, name, args, needs):
+        given_scratch.append(name)
+        return real_scratch(lib, name, args, needs)
+
+    monkeypatch.setattr(kernel_needs._NeedsPassingLib, "TritonKernel", building)
+    monkeypatch.setattr(kernel_needs, "kernel_with_scratch", with_scratch)
+    host_descriptors._compiled.cache_clear()
+    return built, given_scratch
+
+
+@pytest.mark.skipif(
+    not host_descriptors_launchable(), reason="jaxlib >= 0.11.2 passes host-side descriptors"
+)
+@pytest.mark.parametrize("dq_atomic", [False, True], ids=["dq-kernel", "dq-atomic"])
+def test_the_dkdv_kernel_with_host_descriptors_builds_only_its_dq_descriptor(
+    dq_atomic, monkeypatch
+):
+    """The varlen gradient with dK/dV's Q and dO through the launch's descriptors, lowered
+    for an H100: the dK/dV kernel declares the two maps and needs no global scratch,
+    unless it adds dQ by bulk reductions (`dq_atomic` with `tma`), whose descriptor over
+    each sequence's rows it still writes there."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig, varlen_attention
+
+    dkdv = AttentionKernelConfig(64, 128, 8, 2, tma=True, host_descriptors=True)
+    config = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=dq_atomic)
+    q = jax.ShapeDtypeStruct((1024, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1024, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+
+    def loss(q, k, v, cu):
+        out = varlen_attention(q, k, v, cu, cu, causal=True, implementation="triton",
+                               config=config)  # fmt: skip
+        return out.astype(jnp.float32).sum()
+
+    built, given_scratch = _record_builds(monkeypatch)
+    lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, compute_capability=90)
+    dkdv_kernel = "attention_backward_dkdv"
+    args = next(args for name, args in built if name.startswith(dkdv_kernel))
+    assert _ptx_parameter_kinds(args[3]).count("map") == 2
+    assert any(name.startswith(dkdv_kernel) for name in given_scratch) == dq_atomic
 
 
 @pytest.mark.skipif(host_descriptors_launchable(), reason="this jaxlib passes them")

@@ -54,7 +54,7 @@ _FIELDS = {
     },
     "backward_dkdv": {
         "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",
-        "overlap_softmax",
+        "overlap_softmax", "host_descriptors",
     },
     "backward_dq": {
         "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma",

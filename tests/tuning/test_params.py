@@ -285,11 +285,11 @@ def test_grouped_matmul_warp_specialize_round_trips(tiling):
     assert FwdParams.from_dict(params.to_dict()).to_grouped_matmul_config(_PLAIN_GMM) == config
 
 
-def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward_and_dq():
+def test_host_descriptors_round_trip_for_gmm_and_every_attention_kernel():
     """`host_descriptors` (the kernel's descriptors encoded by the launch) round-trips
-    through params and their dict for gmm, attention's forward and dQ (`dq_host_
-    descriptors`, which a backward seeded by the forward's params takes), needs `tma` (the
-    configs' own errors), and has no dK/dV field."""
+    through params and their dict for gmm and attention's three kernels (dQ's as
+    `dq_host_descriptors`; a backward seeded by the forward's params takes it in both),
+    and needs `tma` (the configs' own errors)."""
     config = dataclasses.replace(_PLAIN_GMM, tma=True, persistent=True, host_descriptors=True)
     params = FwdParams.from_grouped_matmul_config(config)
     assert params.to_dict()["host_descriptors"] is True
@@ -302,17 +302,22 @@ def test_host_descriptors_round_trip_for_gmm_and_the_attention_forward_and_dq():
     with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
         FwdParams(host_descriptors=True).to_attention_config(_PLAIN_ATTENTION)
     seeded = BwdParams.from_fwd_params(params)
-    assert "host_descriptors" not in seeded.to_dict() and seeded.dq_host_descriptors is True
+    assert seeded.host_descriptors is True and seeded.dq_host_descriptors is True
     assert seeded.to_dq_config(_PLAIN_ATTENTION) == forward
+    dkdv = dataclasses.replace(forward, block_m=forward.block_n, block_n=forward.block_m)
+    assert seeded.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
     assert BwdParams.from_dict(BwdParams.from_dq_config(forward).to_dict()) == BwdParams(
         dq_q_blocksize=forward.block_m, dq_kv_blocksize=forward.block_n,
         dq_num_warps=forward.num_warps, dq_num_stages=forward.num_stages, dq_tma=True,
         dq_host_descriptors=True,
     )  # fmt: skip
-    with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
-        BwdParams(dq_host_descriptors=True).to_dq_config(_PLAIN_ATTENTION)
-    with pytest.raises(ValueError, match="has no field for"):
-        BwdParams.from_dkdv_config(forward)
+    held = BwdParams.from_dict(BwdParams.from_dkdv_config(dkdv).to_dict())
+    assert held.host_descriptors is True and held.dq_host_descriptors is None
+    assert held.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
+    for kind, unset in (("to_dkdv_config", BwdParams(host_descriptors=True)),
+                        ("to_dq_config", BwdParams(dq_host_descriptors=True))):  # fmt: skip
+        with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
+            getattr(unset, kind)(_PLAIN_ATTENTION)
 
 
 def _config_error(make) -> str:

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.flash_attention.forward import (
+    HOST_TMA,
     LOG2E,
     _alibi_slope_log2,
     _chunk_bounds,
@@ -144,7 +145,10 @@ def _dkdv_query_tiles(
     around the tile loop would keep its own state live across three tile loops, which
     costs registers the stationary dk, dv and the pipeline need. q_seq, do_seq: row 0 of the
     sequence at head first_head, as pointers or, with TMA, as tensor descriptors over its
-    [len_q, GROUP * HEAD_DIM] rows (rows past len_q load as 0); lse_log2_seq_ptr,
+    [len_q, GROUP * HEAD_DIM] rows (rows past len_q load as 0), or (TMA == HOST_TMA)
+    (the launch's descriptor over all of q or dO, the sequence's first row, head
+    first_head's first column), whose masked tiles zero the rows past len_q themselves
+    (unmasked tiles lie inside the sequence, `_column_phases`); lse_log2_seq_ptr,
     delta_seq_ptr: row 0 of the sequence in head first_head's row ([NUM_Q_HEADS, total_q]).
     With DQ_ATOMIC, each step also adds its query tile's dQ share (dS K over this program's
     keys, unscaled) to dq_seq (float32, laid out as q's rows, row 0 of the sequence at
@@ -186,7 +190,14 @@ def _dkdv_query_tiles(
         col_ok = cols < len_q
         # Inline, not a helper: as a call it costs the non-TMA kernel spills under
         # register-heavy options with GQA groups that are not powers of two.
-        if TMA:
+        if TMA == HOST_TMA:  # (descriptor, the sequence's row 0, head first_head's column)
+            q = q_seq[0].load([q_seq[1] + m, q_seq[2] + g * HEAD_DIM])
+            do = do_seq[0].load([do_seq[1] + m, do_seq[2] + g * HEAD_DIM])
+            if APPLY_MASK:  # another sequence's rows, perhaps not finite: P is 0 there,
+                # and 0 * inf in P^T dO or dS^T Q would still reach dK and dV
+                q = tl.where(col_ok[:, None], q, 0.0)
+                do = tl.where(col_ok[:, None], do, 0.0)
+        elif TMA:
             q = q_seq.load([m, g * HEAD_DIM])
             do = do_seq.load([m, g * HEAD_DIM])
         else:
@@ -362,7 +373,7 @@ def _dkdv_tile(
     keys = n0 + offs_n  # key positions within the sequence
     key_ok = keys < len_k
     d_ok = offs_d < HEAD_DIM
-    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * q_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
+    ROWS_ALIGNED: tl.constexpr = (HEAD_DIM * k_ptr.dtype.element_ty.primitive_bitwidth) % 128 == 0
     k, v = _stationary_keys(
         k_ptr, v_ptr, k_start, len_k, n0, kv_head, offs_n, offs_d, key_ok, d_ok,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, WARP_SPECIALIZE,
@@ -383,17 +394,24 @@ def _dkdv_tile(
         HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, BLOCK_M,
     )  # fmt: skip
     first_head = kv_head * GROUP
-    q_rows = q_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
-    do_rows = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
-    if TMA:  # over the GROUP heads of this kv head, this sequence's rows only
-        q_seq = _sequence_rows(q_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
-        do_seq = _sequence_rows(do_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
+    if TMA == HOST_TMA:  # the launch's descriptors over all of q and dO
+        q_seq = (q_ptr, q_start, first_head * HEAD_DIM)
+        do_seq = (d_out_ptr, q_start, first_head * HEAD_DIM)
     else:
-        q_seq, do_seq = q_rows, do_rows
+        q_rows = q_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+        do_rows = d_out_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
+        if TMA:  # over the GROUP heads of this kv head, this sequence's rows only
+            q_seq = _sequence_rows(q_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
+            do_seq = _sequence_rows(do_rows, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M,
+                                    HEAD_DIM)  # fmt: skip
+        else:
+            q_seq, do_seq = q_rows, do_rows
     lse_log2_seq_ptr = lse_log2_ptr + first_head.to(tl.int64) * total_q + q_start
     delta_seq_ptr = delta_ptr + first_head.to(tl.int64) * total_q + q_start
     dq_seq = dq_accum_ptr + q_start.to(tl.int64) * Q_STRIDE + first_head * HEAD_DIM
-    if TMA and DQ_ATOMIC:  # added to through the copy engine, as q_seq is read
+    # Added to through the copy engine (with HOST_TMA too: only a descriptor bounded by
+    # the sequence keeps a non-finite dS K out of the next sequence's rows).
+    if TMA and DQ_ATOMIC:
         dq_seq = _sequence_rows(dq_seq, len_q, GROUP * HEAD_DIM, Q_STRIDE, BLOCK_M, HEAD_DIM)
     if WARP_SPECIALIZE:  # every tile masked, in the band's loop; no middle
         band_start, band_end, middle_start = start, tl.where(live, end, start), end
@@ -475,7 +493,9 @@ def attention_backward_dkdv_kernel(
     lse_log2_ptr, delta_ptr: float32 [NUM_Q_HEADS, total_q], as the dQ kernel (or, with
     DQ_ATOMIC, `attention_backward_row_stats_kernel`) writes them (`_row_statistics`);
     dk_ptr, dv_ptr: [total_k, NUM_KV_HEADS, HEAD_DIM] in k's dtype. TMA: the streamed Q
-    and dO tiles come through tensor descriptors. DQ_ATOMIC: the kernel also accumulates
+    and dO tiles come through tensor descriptors; HOST_TMA: through descriptors the launch
+    encodes, q_ptr and d_out_ptr (over all of q and dO, [total_q, NUM_Q_HEADS * HEAD_DIM],
+    boxes of [BLOCK_M, HEAD_DIM]; not WARP_SPECIALIZE). DQ_ATOMIC: the kernel also accumulates
     dQ, unscaled (dS K; the caller multiplies by the softmax scale), into dq_accum_ptr:
     float32 [total_q, NUM_Q_HEADS, HEAD_DIM], zeros at launch, by atomic adds (no dQ
     kernel then: FlashAttention-2's backward; the order of the float32 sums varies from
@@ -488,6 +508,8 @@ def attention_backward_dkdv_kernel(
     one loop whose every tile is masked; its surplus programs run an empty loop instead of
     returning. Other arguments (shift_ptr included) as the forward kernel.
     """
+    tl.static_assert(not (TMA == HOST_TMA and WARP_SPECIALIZE),
+                     "the launch's descriptors are not warp-specialized")  # fmt: skip
     kv_head = tl.program_id(1)
     chunk = tl.program_id(0)
     if PERSISTENT:

@@ -30,9 +30,6 @@ from triton_kernels.config import MIN_BLOCK, KernelConfig
 
 KINDS = ("forward", "backward_dkdv", "backward_dq")
 """The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
-HOST_DESCRIPTOR_KINDS = ("forward", "backward_dq")
-"""The kernels that can take K and V through the launch's descriptors (`host_descriptors`):
-the two that stream them, through the same key loop helpers."""
 
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
@@ -86,18 +83,19 @@ class AttentionKernelConfig(KernelConfig):
         34 / 34 exp2s beside the next QK^T under Triton 3.6 and 3.9, dK/dV 16 / 16
         beside dP under 3.6 (also assembled by CUDA 13.0's ptxas, as on the device) and
         none from 3.9's code, where ptxas waits for dP first.
-      host_descriptors (with `tma`; the forward's and dQ's, the kernels that stream K and
-        V): K and V through descriptors the launch encodes over all of K and V
+      host_descriptors (with `tma`): the streamed tiles (the forward's and dQ's K and V,
+        dK/dV's Q and dO) through descriptors the launch encodes over the whole arrays
         (`jax_bridge.launch.host_descriptors`: on a GPU jaxlib >= 0.11.2; Triton's
         interpreter anywhere), instead of two a tile that each program writes to global
         memory and fences: the unmasked tiles lie inside their sequence and load as they
         are, the masked ones zero the rows past it in registers (`forward._key_rows`,
-        which both kernels' key loops call). Why the forward with `tma` ran 5% slower
-        than by pointers on an H100 is not known; this takes the per-tile descriptor work
-        away. Off by default: not yet run on a GPU (the A/B rows of `gpu-check
-        --host-descriptors`). Excludes `warp_specialize` (whose loop masks every tile).
-        Not for dK/dV, whose streamed Q and dO would need the same zeroing in its masked
-        loop and whose dQ by bulk reductions needs a descriptor bounded by the sequence.
+        which the forward's and dQ's key loops call; dK/dV's query loop). dK/dV with
+        `dq_atomic` still builds each sequence's dQ descriptor itself: its bulk
+        reductions must stop at the sequence's last row. Why the forward with `tma` ran
+        5% slower than by pointers on an H100 is not known; this takes the per-tile
+        descriptor work away. Off by default: not yet run on a GPU (the A/B rows of
+        `gpu-check --host-descriptors`). Excludes `warp_specialize` (whose loop masks
+        every tile).
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -125,10 +123,12 @@ class AttentionKernelConfig(KernelConfig):
                 f"warp_specialize={self.warp_specialize}."
             )
 
-    def key_descriptor_box(self, head_dim: int) -> tuple[int, int]:
-        """The box the forward and dQ load K and V in through the launch's descriptors
-        over [total_k, kv heads x head_dim] (`host_descriptors`): one head of a key tile."""
-        return self.block_n, head_dim
+    def descriptor_box(self, kind: str, head_dim: int) -> tuple[int, int]:
+        """The box kernel `kind` loads its streamed tiles in through the launch's
+        descriptors (`host_descriptors`) over [rows, heads x head_dim]: one head of a key
+        tile (the forward's and dQ's K and V), or of a query tile (dK/dV's Q and dO)."""
+        check_kind(kind)
+        return (self.block_m if kind == "backward_dkdv" else self.block_n), head_dim
 
 
 # The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
@@ -242,9 +242,8 @@ class AttentionConfigs:
 
     Refused here, where the configs are built rather than when a gradient is first traced:
     `warp_specialize` and `overlap_softmax` in `backward_dq` (its exp2s already run beside
-    its dP), `host_descriptors` in `backward_dkdv`, and a warp-specialized `backward_dkdv`
-    with `dq_atomic` (Triton cannot partition the atomic adds) or with a `block_m` over
-    `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
+    its dP) and a warp-specialized `backward_dkdv` with `dq_atomic` (Triton cannot
+    partition the atomic adds) or with a `block_m` over `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
     """
 
     forward: AttentionKernelConfig | None = None
@@ -270,9 +269,9 @@ class AttentionConfigs:
     def for_every_kernel(cls, config: AttentionKernelConfig) -> AttentionConfigs:
         """One config for all three kernels, each taking the options it runs: warp
         specialization is the forward's alone (and dK/dV's at a tile of its own), the
-        launch's descriptors the forward's and dQ's, the softmax overlap the forward's and
-        dK/dV's (the dQ kernel's exp2s already run beside its dP)."""
-        dkdv = config.replace(warp_specialize=False, host_descriptors=False)
+        softmax overlap the forward's and dK/dV's (the dQ kernel's exp2s already run
+        beside its dP)."""
+        dkdv = config.replace(warp_specialize=False)
         dq = config.replace(warp_specialize=False, overlap_softmax=False)
         return cls(config, dkdv, dq)
 
@@ -284,14 +283,6 @@ class AttentionConfigs:
                 raise ValueError(
                     f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
                     f"configs only, got it in the backward_dq kernel's"
-                )
-        for kind in (k for k in KINDS if k not in HOST_DESCRIPTOR_KINDS):
-            config = getattr(self, kind)
-            if config is not None and config.host_descriptors:
-                raise ValueError(
-                    f"AttentionConfigs: host_descriptors=True is for the "
-                    f"{' and '.join(HOST_DESCRIPTOR_KINDS)} kernels' configs only, got it in "
-                    f"the {kind} kernel's"
                 )
         if dkdv is None or not dkdv.warp_specialize:
             return

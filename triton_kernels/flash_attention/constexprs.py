@@ -95,7 +95,7 @@ def attention_constexprs(
     check_kind(kind)
     constexprs = _tile_constexprs(config, num_q_heads, num_kv_heads, head_dim, input_precision)
     constexprs |= dict(PERSISTENT=persistent, TMA=config.tma, **features.kernel_flags())
-    if config.host_descriptors:  # the forward's and dQ's K and V (AttentionConfigs)
+    if config.host_descriptors:  # the streamed tiles through the launch's descriptors
         constexprs["TMA"] = HOST_TMA.value
     if kind == "forward":
         constexprs["HAS_SINKS"] = features.sinks

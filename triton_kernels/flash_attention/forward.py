@@ -43,8 +43,9 @@ import triton.language as tl
 from triton_kernels.flash_attention.steps import _online_softmax_step
 
 LOG2E = tl.constexpr(1.4426950408889634)
-# The TMA constexpr of the forward and dQ kernels where their K and V are the launch's
-# descriptors (the value True is the kernel's own, per sequence): `_sequence_keys`.
+# The TMA constexpr of the varlen kernels where their streamed arrays (K and V; dK/dV's Q
+# and dO) are the launch's descriptors (the value True is the kernel's own, per
+# sequence): `_sequence_keys`, `backward._dkdv_tile`.
 HOST_TMA = tl.constexpr(2)
 LN2 = tl.constexpr(0.6931471805599453)
 
