@@ -1026,8 +1026,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # without a right bound, the forward at its default tile three stages deep, a forward
     # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
     # many documents, the persistent forward at 128x128; with --host-descriptors, of the
-    # first two, the forward at its default tile with TMA, its descriptors each program's
-    # or the launch's; of the row without a right bound,
+    # first two, each kernel at its default tile with TMA (dK/dV at 64x128), its
+    # descriptors each program's or the launch's; of the row without a right bound,
     # dK/dV's pipeline four stages deep; with --warp-specialized, of the first two and the
     # one without a right bound, the warp-specialized forward (and with
     # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass

@@ -214,6 +214,7 @@ SLOW: tuple[tuple[str, str], ...] = (
         "a whole ported script (20 s); each kernel against JAX's splash kept",
     ),
     ("tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[*", "QUICK: 1"),
+    ("tests/attention/test_triton.py::test_host_descriptors_keep_poisoned_queries_*[*", "QUICK: 1"),
     # --- the seventh pass (CI ran the quick suite in 9:59 on 2026-12-06, 4:40 here that
     # day): target checks whose numbers the interpreter checks in `make test`, and the
     # second and later cases of grids that `make test` keeps one of
@@ -242,6 +243,7 @@ SLOW: tuple[tuple[str, str], ...] = (
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
 QUICK: tuple[str, ...] = (
     "tests/attention/test_triton.py::test_host_descriptors_keep_a_poisoned_*[v-inf-True-padding]",
+    "tests/attention/test_triton.py::test_host_descriptors_keep_poisoned_queries_*[causal-window-left-shifted]",
     "tests/launch/test_gpu_launches_interpreted.py::test_varlen_attention[sm_90]",
     "tests/launch/test_gpu_launches_interpreted.py::test_block_sparse_attention[causal-sm_90]",
     # the TPU kernels compiled for one TPU in bf16 (tests/aot/test_no_host_loops.py compiles

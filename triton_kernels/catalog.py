@@ -127,8 +127,8 @@ def _loading_tags(config: Any) -> tuple[str, str]:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
     warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
     forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk, "_host"
-    / " host descriptors" for descriptors encoded by the launch (gmm's, attention's K and
-    V)."""
+    / " host descriptors" for descriptors encoded by the launch (gmm's, the streamed
+    arrays of attention's kernels)."""
     tags = [
         ("tma", "_tma", " tma"),
         ("host_descriptors", "_host", " host descriptors"),

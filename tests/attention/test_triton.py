@@ -621,6 +621,80 @@ def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value
     assert_close(np.asarray(clean_out)[:71], robustness._f64(reference)[:71], tol, "out")
 
 
+# (AttentionSpec.create's keywords, (len_q, len_k) a sequence, shifts or None, (q heads,
+# kv heads), dq_atomic): queries shorter and longer than their keys, a length-1
+# sequence, each window side, shifts of both signs (ring attention's pieces), GQA groups
+# of 3 and 2, and dQ added by the dK/dV kernel.
+_POISONED_QUERY_CASES = {
+    "causal-gqa3": (dict(causal=True), ((5, 21), (20, 7), (1, 1), (18, 30), (9, 9)), None,
+                    (3, 1), False),
+    "window-both-shifted": (dict(sliding_window=(4, 1)), ((20, 17), (9, 30), (3, 9), (19, 12)),
+                            (-3, 25, 3, 0), (4, 2), False),
+    "causal-window-left-shifted": (dict(causal=True, sliding_window=(5, None)),
+                                   ((20, 33), (7, 5), (1, 1), (12, 12), (35, 40)),
+                                   (-5, 9, 0, 3, 17), (4, 2), False),
+    "window-right": (dict(sliding_window=(None, 3)), ((17, 17), (3, 20), (18, 5), (9, 9)), None,
+                     (3, 1), False),
+    "dq-atomic-causal": (dict(causal=True), ((5, 21), (20, 7), (1, 1), (18, 30), (9, 9)), None,
+                         (4, 2), True),
+    "dq-atomic-window-shifted": (dict(sliding_window=(4, 1)),
+                                 ((20, 17), (9, 30), (3, 9), (19, 12)), (-3, 25, 3, 0), (3, 1),
+                                 True),
+}  # fmt: skip
+
+
+# A NaN query row's scores are all NaN: the interpreter's row max (numpy's nanmax) warns.
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", sorted(_POISONED_QUERY_CASES))
+def test_host_descriptors_keep_poisoned_queries_to_their_document(name):
+    """dK/dV through the launch's descriptors over all of q and dO: NaN in one document's
+    queries, or Inf in its output's cotangent (each document in turn, then the padding),
+    changes no other document's dq, dk or dv, whichever masked range (the diagonal band,
+    a window's edges, the sequence's end) reads past it; clean, the gradients are the same
+    tiles' by pointers. The backends are driven directly, as ring attention calls them,
+    to pass shifts."""
+    skip_unless_host_descriptors_launch()
+    keywords, lengths, shifts, heads, dq_atomic = _POISONED_QUERY_CASES[name]
+    inputs = make_inputs(3, lengths, *heads, 16, pad=(6, 0))
+    q, k, v, d_out = (inputs[n] for n in ("q", "k", "v", "d_out"))
+    cu_q, cu_k = jnp.asarray(inputs["cu_q"]), jnp.asarray(inputs["cu_k"])
+    shift = None if shifts is None else jnp.asarray(shifts, jnp.int32)
+    spec = AttentionSpec.create(16, **keywords)
+
+    def gradients(dkdv: AttentionKernelConfig, q, d_out) -> list[np.ndarray]:
+        config = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=dq_atomic)
+        options = AttentionOptions(implementation="triton", precision=DEFAULT_PRECISION,
+                                   config=config, spec=spec)  # fmt: skip
+        out, lse = attention_triton.forward(q, k, v, cu_q, cu_k, None, None, options, shift=shift)
+        grads = attention_triton.backward(q, k, v, out, lse, d_out, None, cu_q, cu_k, None, None,
+                                          options, shift=shift)  # fmt: skip
+        return [np.asarray(g) for g in grads[:3]]
+
+    host = AttentionKernelConfig(16, 16, tma=True, host_descriptors=True)
+    clean = gradients(host, q, d_out)
+    tol = attention_tolerance(q, k, cu_q=inputs["cu_q"], cu_k=inputs["cu_k"])
+    by_pointers = gradients(AttentionKernelConfig(16, 16), q, d_out)
+    for label, got, want in zip(("dq", "dk", "dv"), clean, by_pointers, strict=True):
+        assert_close(got, want.astype(np.float64), tol, f"{label} by pointers")
+    cq, ck = inputs["cu_q"], inputs["cu_k"]
+    owners = [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(lengths))
+              if cq[b + 1] > cq[b]]  # fmt: skip
+    owners.append((cq[-1], q.shape[0], 0, 0))  # the padding: rows of no sequence, no keys
+    for q_lo, q_hi, k_lo, k_hi in owners:
+        rows = jnp.arange(q_lo, q_hi)
+        others = np.r_[0:q_lo, q_hi : q.shape[0]], np.r_[0:k_lo, k_hi : k.shape[0]]
+        for poisoned in (gradients(host, q.at[rows].set(jnp.nan), d_out),
+                         gradients(host, q, d_out.at[rows].set(jnp.inf))):  # fmt: skip
+            where = f"rows [{q_lo}, {q_hi}) poisoned"
+            keeps = (others[0], others[1], others[1])
+            for label, got, want, keep in zip(("dq", "dk", "dv"), poisoned, clean, keeps,
+                                              strict=True):  # fmt: skip
+                if label == "dq" and dq_atomic:  # on a GPU its adds land in any order
+                    assert_close(got[keep], want[keep].astype(np.float64), tol, f"dq, {where}")
+                else:
+                    np.testing.assert_array_equal(got[keep], want[keep], f"{label}, {where}")
+
+
 @pytest.mark.parametrize(
     "array, value, causal, config",
     [
