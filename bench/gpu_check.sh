@@ -104,7 +104,8 @@ if [[ $steps == *" tma "* ]] && gate tma 100 8 copies_on_a_hopper_gpu "TMA kerne
   -k "(tma or hopper) and not warp_specialized and not warp-specialized and not host"; then
   tma_flag="--tma"
   # Descriptors the launch encodes (jaxlib's, from Triton's metadata), apart: their rows'
-  # gate (the launch layer's copy kernel, then gmm and the three varlen kernels: 46 tests).
+  # gate (the launch layer's copy kernel, then gmm and the three varlen kernels: 54 tests,
+  # 2 of them skipped there).
   if gate host_descriptors 150 6 "writes_every_row_once.*tma-host" "host-side descriptors" \
     tests/launch/test_host_descriptors.py tests/grouped_matmul/test_triton.py \
     tests/attention/test_triton.py -k "host and not warp-specialized"; then
