@@ -695,6 +695,7 @@ def test_host_descriptors_keep_poisoned_queries_to_their_document(name):
                     np.testing.assert_array_equal(got[keep], want[keep], f"{label}, {where}")
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # as above
 @pytest.mark.parametrize(
     "array, value, causal, config",
     [
