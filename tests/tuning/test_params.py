@@ -314,10 +314,11 @@ def test_host_descriptors_round_trip_for_gmm_and_every_attention_kernel():
     held = BwdParams.from_dict(BwdParams.from_dkdv_config(dkdv).to_dict())
     assert held.host_descriptors is True and held.dq_host_descriptors is None
     assert held.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
-    for kind, unset in (("to_dkdv_config", BwdParams(host_descriptors=True)),
-                        ("to_dq_config", BwdParams(dq_host_descriptors=True))):  # fmt: skip
+    without_tma = (("to_dkdv_config", BwdParams(host_descriptors=True)),
+                   ("to_dq_config", BwdParams(dq_host_descriptors=True)))  # fmt: skip
+    for convert, params in without_tma:
         with pytest.raises(ValueError, match="host_descriptors=True needs tma=True"):
-            getattr(unset, kind)(_PLAIN_ATTENTION)
+            getattr(params, convert)(_PLAIN_ATTENTION)
 
 
 def _config_error(make) -> str:
