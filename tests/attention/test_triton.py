@@ -621,25 +621,23 @@ def test_host_descriptors_keep_a_poisoned_document_to_itself(where, array, value
     assert_close(np.asarray(clean_out)[:71], robustness._f64(reference)[:71], tol, "out")
 
 
+# Queries shorter and longer than their keys, and a length-1 sequence.
+_UNEQUAL_LENGTHS = ((5, 21), (20, 7), (1, 1), (18, 30), (9, 9))
+# (len_q, len_k) and shift of each sequence: shifts of both signs (ring attention's pieces).
+_SHIFTED = (((20, 17), (9, 30), (3, 9), (19, 12)), (-3, 25, 3, 0))
 # (AttentionSpec.create's keywords, (len_q, len_k) a sequence, shifts or None, (q heads,
-# kv heads), dq_atomic): queries shorter and longer than their keys, a length-1
-# sequence, each window side, shifts of both signs (ring attention's pieces), GQA groups
-# of 3 and 2, and dQ added by the dK/dV kernel.
+# kv heads), dq_atomic): each window side, GQA groups of 3 and 2, and dQ added by the
+# dK/dV kernel.
 _POISONED_QUERY_CASES = {
-    "causal-gqa3": (dict(causal=True), ((5, 21), (20, 7), (1, 1), (18, 30), (9, 9)), None,
-                    (3, 1), False),
-    "window-both-shifted": (dict(sliding_window=(4, 1)), ((20, 17), (9, 30), (3, 9), (19, 12)),
-                            (-3, 25, 3, 0), (4, 2), False),
+    "causal-gqa3": (dict(causal=True), _UNEQUAL_LENGTHS, None, (3, 1), False),
+    "window-both-shifted": (dict(sliding_window=(4, 1)), *_SHIFTED, (4, 2), False),
     "causal-window-left-shifted": (dict(causal=True, sliding_window=(5, None)),
                                    ((20, 33), (7, 5), (1, 1), (12, 12), (35, 40)),
                                    (-5, 9, 0, 3, 17), (4, 2), False),
     "window-right": (dict(sliding_window=(None, 3)), ((17, 17), (3, 20), (18, 5), (9, 9)), None,
                      (3, 1), False),
-    "dq-atomic-causal": (dict(causal=True), ((5, 21), (20, 7), (1, 1), (18, 30), (9, 9)), None,
-                         (4, 2), True),
-    "dq-atomic-window-shifted": (dict(sliding_window=(4, 1)),
-                                 ((20, 17), (9, 30), (3, 9), (19, 12)), (-3, 25, 3, 0), (3, 1),
-                                 True),
+    "dq-atomic-causal": (dict(causal=True), _UNEQUAL_LENGTHS, None, (4, 2), True),
+    "dq-atomic-window-shifted": (dict(sliding_window=(4, 1)), *_SHIFTED, (3, 1), True),
 }  # fmt: skip
 
 
