@@ -29,6 +29,7 @@ from triton_kernels.flash_attention.config import (
     DQ_REDUCE_DKDV_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
+    STREAMED_TILES,
     TWO_CTA_BACKWARD_TILE,
     WARP_SPECIALIZED_DKDV_TILE,
     WARP_SPECIALIZED_FORWARD_TILE,
@@ -190,8 +191,7 @@ def attention_variant(
     signature = attention_signature(kernel, dtype_name)
     if config.host_descriptors:  # the streamed tiles' arrays: the launch's descriptors
         box = descriptor_type(TRITON_TYPES[dtype_name], config.descriptor_box(kind, head_dim))
-        streamed = ("q_ptr", "d_out_ptr") if kind == "backward_dkdv" else ("k_ptr", "v_ptr")
-        signature |= dict.fromkeys(streamed, box)
+        signature |= dict.fromkeys(STREAMED_TILES[kind].parameters, box)
     return KernelVariant(
         name=f"attention_{kind}"
         + ("_persistent" if persistent else "")

@@ -31,6 +31,27 @@ from triton_kernels.config import MIN_BLOCK, KernelConfig
 KINDS = ("forward", "backward_dkdv", "backward_dq")
 """The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
 
+
+@dataclasses.dataclass(frozen=True)
+class StreamedTiles:
+    """What one kernel streams tile by tile through its loop (the rest stay put a
+    program): the tiles `tma` and `host_descriptors` load.
+
+    Attributes:
+      parameters: the two kernel parameters streamed (arrays [rows, heads, head_dim]).
+      rows: the config field that gives a streamed tile's rows.
+    """
+
+    parameters: tuple[str, str]
+    rows: str
+
+
+STREAMED_TILES = {
+    "forward": StreamedTiles(("k_ptr", "v_ptr"), "block_n"),
+    "backward_dq": StreamedTiles(("k_ptr", "v_ptr"), "block_n"),
+    "backward_dkdv": StreamedTiles(("q_ptr", "d_out_ptr"), "block_m"),
+}
+
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
 
@@ -128,7 +149,7 @@ class AttentionKernelConfig(KernelConfig):
         descriptors (`host_descriptors`) over [rows, heads x head_dim]: one head of a key
         tile (the forward's and dQ's K and V), or of a query tile (dK/dV's Q and dO)."""
         check_kind(kind)
-        return (self.block_m if kind == "backward_dkdv" else self.block_n), head_dim
+        return getattr(self, STREAMED_TILES[kind].rows), head_dim
 
 
 # The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
