@@ -821,15 +821,16 @@ def _overlapped_dkdv(spec: MaskSpec) -> Impl:
     )
 
 
-def _wide_persistent_forward(spec: MaskSpec) -> Impl:
-    """An A/B of the persistent forward's tile (launches of more than 60 documents): it
-    keeps 128x64 since 128x128 spills there (static report, sm_90, d=128, Triton 3.6: 80 B
-    stored and 100 B loaded a thread, outside the key loop, none in it), though its key
-    loop runs 496 warp-instructions per MFLOP against 654. Forward only."""
+def _narrow_persistent_forward(spec: MaskSpec) -> Impl:
+    """An A/B of the persistent forward's tile (launches of more than 60 documents): the
+    tile it kept until it fit the light calls' 128x128 (128x64, three stages), whose key
+    loop runs 652 / 702 warp-instructions per MFLOP against 492 / 547 (static report,
+    sm_90, d=128, causal, Triton 3.6 / 3.9; 128x128 stores 12 / 20 B a thread before the
+    walk and reloads them once a tile, none in its key loop). Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
-    wide = AttentionConfigs(forward=AttentionKernelConfig(128, 128, 8, 2))
-    return varlen_impl(spec, wide, "forward 128x128", passes="forward")
+    narrow = AttentionConfigs(forward=AttentionKernelConfig(128, 64, 8, 3))
+    return varlen_impl(spec, narrow, "forward 128x64 3 stages", passes="forward")
 
 
 def _forward_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
@@ -1022,12 +1023,12 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
     # dQ at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
     # default before TMA, the backward at one warpgroup a CTA and dQ by bulk tensor
-    # reductions; of those and the row
-    # without a right bound, the forward at its default tile three stages deep, a forward
-    # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
-    # many documents, the persistent forward at 128x128; with --host-descriptors, of the
-    # first two, each kernel at its default tile with TMA (dK/dV at 64x128), its
-    # descriptors each program's or the launch's; of the row without a right bound,
+    # reductions; of those and the row without a right bound, the forward at its default
+    # tile three stages deep, a forward of two CTAs per SM and the forward and dK/dV with
+    # their softmax overlapped; of the many documents, the persistent forward at its former
+    # tile (128x64); with --host-descriptors, of the first two, each kernel at its default
+    # tile with TMA (dK/dV at 64x128), its descriptors each program's or the launch's; of
+    # the row without a right bound,
     # dK/dV's pipeline four stages deep; with --warp-specialized, of the first two and the
     # one without a right bound, the warp-specialized forward (and with
     # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass
@@ -1036,7 +1037,7 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # `gpu-check --compile-for h100` reads them under Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
-            return (_wide_persistent_forward(spec),)
+            return (_narrow_persistent_forward(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
         overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
         if not spec.causal:

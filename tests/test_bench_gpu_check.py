@@ -241,14 +241,14 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
     # tile before TMA, the backward and the forward of two CTAs per SM, and the forward
     # and dK/dV with their softmax overlapped, on the many documents the persistent
-    # forward at 128x128, on the first two the warp-specialized forward and dK/dV (the
-    # forward also without a bound) and each kernel with TMA by the programs' descriptors
-    # and by the launch's.
+    # forward at its former tile (128x64), on the first two the warp-specialized forward
+    # and dK/dV (the forward also without a bound) and each kernel with TMA by the
+    # programs' descriptors and by the launch's.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
         "ours triton varlen forward 128x128 3 stages",
-        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x128",
+        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x64 3 stages",
         "ours triton varlen dq by atomics", "ours triton varlen dq by tma reduction",
         "ours triton varlen forward warp-specialized",
         "ours triton varlen dkdv warp-specialized",

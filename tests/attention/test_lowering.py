@@ -198,16 +198,15 @@ _DKDV_SPILL_OUTSIDE_LOOP = 64
 
 
 # Under either Triton, outside the loop: the persistent sliding-window forward at its
-# 128x64 tile spills 12 B under 3.9 (at two stages or three; none under 3.6); the sm_80
-# persistent forward at d=64, which ptxas fits in 128 registers, in the walk over its
-# tiles: causal 4 B under 3.6 (3 instructions a tile, since the masked tiles take their
-# window bounds once a row), not causal 40 B under 3.9 since the epilogue normalizes by a
-# reciprocal a row (which saves 184 instructions a tile on sm_90; none under 3.6). Keys
-# as `_TRITON_3_6_SPILLS`'s, then persistent.
+# 128x64 tile spills 12 B under 3.9 (at two stages or three; none under 3.6); the
+# persistent light forward at d=128 on sm_90, at 128x128, stores 12-20 B a thread once
+# before its walk and reloads them once a tile (3.6: 12 B causal, 20 without a bound;
+# 3.9: 36 and 28 B loaded), none in the key loops. Keys as `_TRITON_3_6_SPILLS`'s, then
+# persistent.
 _OUTSIDE_LOOP_SPILLS = {
     ((90, 128, "forward", SLIDING, None), True): 12,
-    ((80, 64, "forward", AttentionFeatures(causal=True), None), True): 4,
-    ((80, 64, "forward", AttentionFeatures(), None), True): 40,
+    ((90, 128, "forward", AttentionFeatures(causal=True), None), True): 36,
+    ((90, 128, "forward", AttentionFeatures(), None), True): 28,
 }
 
 

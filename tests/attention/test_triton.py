@@ -163,25 +163,34 @@ def test_heavy_calls_take_the_light_tiles_listed_for_them(options):
         assert config == (light if key in listed else heavy), (options, key, causal)
 
 
-def test_persistent_launches_take_the_light_backward_tiles_but_not_the_forward():
-    """A persistent walk (past 64 sequences) keeps the forward's smaller tile (128x128
-    spills there) and takes the light calls' dQ and dK/dV tiles, as a program a tile
-    does (the static report: spill-free under Triton 3.6 and 3.9), except the TMA one."""
+def test_persistent_launches_take_the_light_tiles_where_they_fit():
+    """A persistent walk (past 64 sequences) takes the light calls' dQ and dK/dV tiles, as
+    a program a tile does, but not the TMA one (the static report: spill-free under
+    Triton 3.6 and 3.9), and the forward's 128x128 where `_PERSISTENT_LIGHT_FORWARD` lists
+    it: not at d=128 on sm_80, where the walk's registers make it spill."""
     causal = AttentionFeatures(causal=True)
     for compute_capability, head_dim, kind in [
         (90, 128, "backward_dq"), (90, 64, "backward_dq"), (80, 64, "backward_dq"),
-        (90, 64, "backward_dkdv"),
+        (90, 64, "backward_dkdv"), (90, 128, "forward"), (90, 64, "forward"),
+        (80, 64, "forward"),
     ]:  # fmt: skip
         args = (head_dim, "bfloat16", compute_capability, kind)
         walk = default_attention_config(*args, features=causal, persistent=True)
         assert walk == default_attention_config(*args, features=causal), args
-    walk = default_attention_config(128, "bfloat16", 90, "forward", features=causal,
+    walk = default_attention_config(128, "bfloat16", 80, "forward", features=causal,
                                     persistent=True)  # fmt: skip
-    assert (walk.block_m, walk.block_n) == (128, 64)
-    assert default_attention_config(128, "bfloat16", 90, "forward", features=causal).block_n == 128
+    assert (walk.block_m, walk.block_n) == (128, 32)
+    assert default_attention_config(128, "bfloat16", 80, "forward", features=causal).block_n == 128
+    tma_tile = default_attention_config(128, "bfloat16", 90, "backward_dkdv", features=causal,
+                                        descriptors=True)  # fmt: skip
+    walk = default_attention_config(128, "bfloat16", 90, "backward_dkdv", features=causal,
+                                    persistent=True, descriptors=True)  # fmt: skip
+    assert tma_tile.tma and not walk.tma
     heavy = AttentionFeatures(causal=True, soft_cap=True, alibi=True)
     assert default_attention_config(128, "bfloat16", 90, "backward_dq", features=heavy,
                                     persistent=True).block_n == 32  # fmt: skip
+    assert default_attention_config(128, "bfloat16", 90, "forward", features=heavy,
+                                    persistent=True).block_n == 64  # fmt: skip
 
 
 @pytest.mark.parametrize(

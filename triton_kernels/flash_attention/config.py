@@ -395,8 +395,15 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # (sm_90 and sm_80, causal or not, 1, 3 or 7 query heads per kv head; 4 B under 3.6
 # with 3 or 7), warp-instructions per MFLOP 3.6 / 3.9: dQ d=128 496 -> 360 / 600 -> 422,
 # d=64 783 -> 610 / 931 -> 702, sm_80 d=64 992 -> 837 / 987 -> 837; dK/dV d=64 843 ->
-# 654 / 874 -> 643. Not the forward's 128x128: 80-100 B of spill at two stages under
-# 3.6 (40-68 B at three), 16-28 B under 3.9.
+# 654 / 874 -> 643. The forward takes its light 128x128 where `_PERSISTENT_LIGHT_FORWARD`
+# lists it. At d=64 spill-free under both Tritons, on sm_90 and sm_80, causal or not,
+# with sinks, and with each option set `_HEAVY_LIGHT` lists (the 128x64 tile it replaces
+# spilled 4-40 B on sm_80); key loop, 3.6 / 3.9, causal: sm_90 1072 -> 868 / 1133 -> 902,
+# sm_80 1442 -> 1133 / 1389 -> 1135. At d=128 on sm_90 it stores 12-20 / 16-20 B once
+# before the walk and reloads them once a tile (3 / 9 loads, a few against a tile's key
+# loops; none in them): 652 -> 492 / 702 -> 547, causal, without a bound or with sinks
+# alike. Not sm_80 at d=128 (72-120 B), nor d=128 with a register-heavy option (4-376 B).
+_PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64)})
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
 # through TMA at 64x128: 341 / 360 warp-instructions per MFLOP under Triton 3.9 / 3.6,
@@ -416,10 +423,11 @@ _HOPPER_DKDV_TMA = AttentionKernelConfig(64, 128, 8, 2, tma=True)
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
 _BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
-# Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls:
-# dQ at d=128 spills 12 B at two stages and none at one. The forward at d=64 spills 4 B
-# at three stages under Triton 3.6 (none under 3.9); at two it spills under neither and
-# its loop is no longer (warp-instructions per MFLOP, 3.9: 3288 -> 3231; 3.6: 3304 -> 3170).
+# Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls
+# without a light tile: dQ at d=128 spills 12 B at two stages and none at one. The
+# forward at d=64 spills 4 B at three stages under Triton 3.6 (none under 3.9); at two it
+# spills under neither and its loop is no longer (warp-instructions per MFLOP, 3.9: 3288
+# -> 3231; 3.6: 3304 -> 3170).
 _AMPERE_PERSISTENT_HEAVY: _Table = {
     "forward": {64: (128, 64, 8, 2)},
     "backward_dq": {128: (128, 32, 8, 1)},
@@ -489,10 +497,10 @@ def _takes_hopper_dkdv_tma(
 # At d=64 every listed option set takes these (forward, dQ, dK/dV on sm_90; forward and
 # dQ on sm_80); at d=128 each set its own.
 _HEAVY_LIGHT_D64 = frozenset({
-    (90, "forward", 64, False),
+    (90, "forward", 64, False), (90, "forward", 64, True),
     (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
     (90, "backward_dkdv", 64, False), (90, "backward_dkdv", 64, True),
-    (80, "forward", 64, False),
+    (80, "forward", 64, False), (80, "forward", 64, True),
     (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
 })  # fmt: skip
 _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
@@ -513,10 +521,13 @@ def _takes_light_tile(
     features: AttentionFeatures, compute_capability: int, kind: str, tile_d: int, persistent: bool
 ) -> bool:
     """Whether a call takes `_LIGHT_TABLES`' tile, where it has one: calls without the
-    register-heavy options, and heavy ones where `_HEAVY_LIGHT` lists them; never a
-    persistent forward (its walk holds registers: 128x128 spills there)."""
-    if compute_capability not in _LIGHT_TABLES or (persistent and kind == "forward"):
+    register-heavy options, and heavy ones where `_HEAVY_LIGHT` lists them; a persistent
+    forward only where `_PERSISTENT_LIGHT_FORWARD` lists it (its walk holds registers)."""
+    if compute_capability not in _LIGHT_TABLES:
         return False
+    if persistent and kind == "forward":
+        if (compute_capability, tile_d) not in _PERSISTENT_LIGHT_FORWARD:
+            return False
     if not features.register_heavy:
         return True
     listed = _HEAVY_LIGHT.get(features.heavy_options, frozenset())
@@ -549,8 +560,8 @@ def default_attention_config(
       kind: one of `KINDS`.
       features: the call's code-changing options (larger tiles where they do not spill).
       persistent: the kernel walks its tile list (PERSISTENT): the walk holds registers,
-        so the forward does not take the larger tiles of light calls (128x128 spills
-        there: see `_LIGHT_TABLES`), nor dK/dV the TMA tile.
+        so the forward takes the larger tiles of light calls only where they fit
+        (`_PERSISTENT_LIGHT_FORWARD`), and dK/dV not the TMA tile.
       descriptors: the launch can use device-side tensor descriptors
         (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
@@ -573,6 +584,8 @@ def default_attention_config(
     # (consumer Blackwell: mma.sync and 99 KiB, like sm_86/89) the Ampere ones.
     hopper = 90 <= compute_capability < 120
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
+    if not hopper and persistent and features.register_heavy:  # a light tile overrides it
+        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     if compute_capability in (86, 89) or compute_capability >= 120:
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
@@ -586,6 +599,4 @@ def default_attention_config(
         ):
             return _HOPPER_DKDV_TMA
         config = _LIGHT_TABLES[compute_capability].get(kind, {}).get(tile_d, config)
-    if not hopper and persistent and features.register_heavy:
-        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)
