@@ -73,6 +73,22 @@ def check_triton_dtypes(op: str, operand_dtype: Any, out_dtype: Any) -> None:
             )
 
 
+# The Triton kernels index within one group's weights ([k, n]) in int32; row and group
+# offsets are int64.
+MAX_TRITON_GROUP_ELEMENTS = 2**31 - 1
+
+
+def check_triton_group_elements(op: str, k: int, n: int) -> None:
+    """ValueError where one group's [k, n] weights (or weight gradient) hold more elements
+    than the Triton kernels index in int32 (`MAX_TRITON_GROUP_ELEMENTS`)."""
+    if k * n > MAX_TRITON_GROUP_ELEMENTS:
+        raise ValueError(
+            f"{op}: one group's weights are k x n = {k} x {n} = {k * n} elements, more than "
+            f"the Triton kernels index within a group ({MAX_TRITON_GROUP_ELEMENTS}); use "
+            'implementation="xla", or split n.'
+        )
+
+
 def check_group_offset(
     group_offset: Any, *, num_groups: int, num_groups_total: int
 ) -> jax.Array | None:

@@ -235,6 +235,7 @@ def gmm(
     checks.check_triton_dtypes("grouped_matmul", lhs.dtype, options.preferred_element_type)
     m, k = lhs.shape
     n = rhs.shape[1] if options.transpose_rhs else rhs.shape[2]
+    checks.check_triton_group_elements("grouped_matmul", k, n)
     out_shape = jax.ShapeDtypeStruct((m, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # nothing to multiply: every row keeps its init
         return _init_only(existing_out, out_shape)
@@ -330,6 +331,7 @@ def tgmm(
     )
     m, k = lhs.shape if options.lhs_token_major else lhs.shape[::-1]
     n = rhs.shape[1]
+    checks.check_triton_group_elements("transposed_grouped_matmul", k, n)
     out_shape = jax.ShapeDtypeStruct((num_groups, k, n), options.preferred_element_type)
     if m == 0 or n == 0 or k == 0:  # every group is empty, or its product is
         return _init_only(existing_out, out_shape)

@@ -73,6 +73,22 @@ def _grid_of(grid: Grid, constexprs: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(g) for g in (grid if isinstance(grid, tuple | list) else (grid,)))
 
 
+# CUDA's largest grid: x up to 2**31 - 1 blocks, y and z up to 65535.
+CUDA_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def _check_cuda_grid(grid: tuple[int, ...], name: str) -> None:
+    """ValueError, at trace time, for a grid the GPU would refuse at run time (there
+    `cuLaunchKernel` fails with CUDA_ERROR_INVALID_VALUE; the interpreter takes any)."""
+    for axis, (size, limit) in enumerate(zip(grid, CUDA_GRID_LIMITS, strict=False)):
+        if size > limit:
+            raise ValueError(
+                f"{name}: launch grid {grid} has {size} programs on axis {axis}, past "
+                f"CUDA's limit of {limit} there (the op's arguments size that axis: split "
+                "the call, e.g. the batch, into smaller ones)."
+            )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class _HostLaunch:
     """The interpreter-path callback of one `triton_call`; called with its arrays, launches.
@@ -210,6 +226,7 @@ def triton_call(
         ]
 
     if launch_target().on_gpu:
+        _check_cuda_grid(grid, name or kernel.__name__)
         launch = functools.partial(
             _gpu_launch,
             rebuild=rebuild,

@@ -946,3 +946,29 @@ def test_tma_tgmm_on_a_hopper_gpu(tiling):
 
     d_rhs = jax.jit(jax.grad(loss))(rhs)
     assert_close(d_rhs, tgmm_float64(lhs.T, weight, sizes, num_groups=4), dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["gmm", "tgmm"])
+def test_a_group_past_int32_indexing_is_refused(transposed):
+    """The kernels index within one group's [k, n] weights in int32: a group of 2**31
+    elements or more is a ValueError naming the op (traced only: nothing is allocated)."""
+    k, n, m, groups = 65536, 32768, 64, 2
+    sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
+    if transposed:
+        op, name = transposed_grouped_matmul, "transposed_grouped_matmul"
+        args = (
+            jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        )
+    else:
+        op, name = grouped_matmul, "grouped_matmul"
+        args = (
+            jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((groups, k, n), jnp.bfloat16),
+        )
+    call = functools.partial(op, implementation="triton")
+    with pytest.raises(ValueError, match=f"{name}: one group's weights are k x n = 65536 x 32768"):
+        jax.eval_shape(call, *args, sizes)
+    n //= 2  # 2**30 elements a group: traced as usual
+    args = (*args[:-1], jax.ShapeDtypeStruct((*args[-1].shape[:-1], n), jnp.bfloat16))
+    assert jax.eval_shape(call, *args, sizes).shape[-1] == n

@@ -1,5 +1,7 @@
 """The Triton launcher: CPU interpreter path, cuda lowering, static kernel report."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,6 +168,24 @@ def test_unwritten_outputs_are_poisoned_and_aliases_start_as_their_input():
 def test_empty_grid_launches_nothing():
     x = jnp.zeros((0, 8), jnp.float32)
     assert softmax(x).shape == (0, 8)
+
+
+def _softmax_on_grid(x: jax.Array, grid: tuple[int, ...]) -> jax.Array:
+    return triton_call(
+        x, x.shape[1], kernel=softmax_rows_kernel, out_shape=x, grid=grid, name="wide_softmax",
+        BLOCK_COLS=softmax_block_cols(x.shape[1]),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("grid", [(1, 65536), (1, 1, 70000), (2**31, 1)], ids=str)
+def test_a_grid_past_cudas_limits_is_refused_at_trace_time_for_the_gpu(grid):
+    """CUDA launches at most 2**31 - 1 programs on x and 65535 on y and z; past that the
+    device refuses the launch at run time (the interpreter takes any grid)."""
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    with cuda_lowering(90), pytest.raises(ValueError, match=r"wide_softmax: launch grid .* past"):
+        jax.eval_shape(functools.partial(_softmax_on_grid, grid=grid), x)
+    with cuda_lowering(90):  # the limits themselves are launchable
+        jax.eval_shape(functools.partial(_softmax_on_grid, grid=(2**31 - 1, 65535, 65535)), x)
 
 
 def test_alias_of_a_scalar_is_rejected():

@@ -12,7 +12,8 @@ Tokens (rows) arrive sorted by group (expert); group `g` owns the contiguous row
 
 Both accumulate in float32 and cast once when storing. Shapes are constexprs (JAX
 shapes are static, so every shape compiles once anyway, and the compiler sees the
-strides). Offsets that scale with the problem size are computed in int64.
+strides). Offsets that scale with the rows or the groups are computed in int64; within
+one group's [K, N] weights in int32 (the bridge refuses K * N >= 2**31).
 """
 
 import triton
