@@ -86,7 +86,7 @@ def _config(
     return default_attention_config(
         q.shape[2], jnp.dtype(q.dtype).name, capability, kind, features=features,
         persistent=persistent, descriptors=tensor_descriptors_available(),
-        gqa_group=q.shape[1] // k.shape[1], dq_atomic=_dq_atomic(options),
+        dq_atomic=_dq_atomic(options),
     )  # fmt: skip
 
 

@@ -289,10 +289,10 @@ def test_dkdv_groups_not_a_power_of_two(group, features):
         assert report.instructions_per_mflop <= DKDV_GROUPS_TARGET, report.summary()
 
 
-@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("group", [1, 2, 3, 7, 8])
 def test_dkdv_tma_default_has_a_clean_shorter_loop(group):
     """Hopper's dK/dV default where descriptors launch (64x128, Q and dO through TMA;
-    causal; GQA groups that are powers of two, as the default requires), under Triton 3.6
+    causal; any GQA group: 3 and 7 carry the walk's (tile, head) pair), under Triton 3.6
     and 3.9: wgmma not serialized, bulk tensor copies, no spill in its loop (under 3.6 one
     reload of a loop invariant, `LOOP_RELOADS_TOLERATED`; a few bytes outside it: its
     wgmma kept in flight, since the masked tiles share one loop, cost the registers;

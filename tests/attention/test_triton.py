@@ -119,13 +119,12 @@ def test_hopper_dkdv_takes_tma_only_where_it_is_spill_free_and_launchable():
     assert (tma.block_m, tma.block_n, tma.tma) == (64, 128, True)
     window = AttentionFeatures(window_right=True)
     assert default_attention_config(128, "float16", 90, "backward_dkdv", features=window,
-                                    descriptors=True, gqa_group=4) == tma  # fmt: skip
+                                    descriptors=True) == tma  # fmt: skip
     no_tma = [
         dict(descriptors=False),
         dict(features=AttentionFeatures()),  # no right bound: spills
         dict(persistent=True),
         dict(features=AttentionFeatures(causal=True, soft_cap=True)),  # register-heavy
-        dict(gqa_group=3),  # carries its (tile, head) pair: spills under Triton 3.6
         dict(head_dim=96),  # not a power of two
         dict(head_dim=64),
         dict(compute_capability=100),

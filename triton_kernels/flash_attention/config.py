@@ -409,16 +409,19 @@ _PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64)})
 # through TMA at 64x128: 341 / 360 warp-instructions per MFLOP under Triton 3.9 / 3.6,
 # against 528 / 492 for 32x128 by pointers, its loop free of spills (under 3.6 one
 # reload of a loop invariant; a few bytes outside it: 0-20 B under 3.9, 20-32 B under
-# 3.6; by pointers the tile spills 84-116 B under 3.9, in its loop).
+# 3.6; by pointers the tile spills 84-116 B under 3.9, in its loop). Any GQA group: those
+# that are not powers of two carry the walk's (tile, head) pair, and spill less (3.6: 8 B
+# outside the loop at 3, 5, 6, 7 or 12 query heads a kv head; 3.9: none).
 # (Until 2026-11-27 every causal dK/dV kernel compiled by Triton 3.6 had its wgmma
 # serialized by ptxas, C7515: the kernel now visits its masked tiles in one loop.) Not
-# taken without a right bound, nor persistent (they spilled more: 8-44 B, measured before
-# that change). On the H100 (Triton 3.6, 2026-11-27, with the serialized kernel,
+# taken without a right bound (3.6, 4 query heads a kv head: 2 spill instructions in the
+# loop), nor persistent (44-116 B under both Tritons). On the H100 (Triton 3.6,
+# 2026-11-27, with the serialized kernel,
 # bench/results/gpu-check-20261127T0221Z-tma.json) 4 x 4096 causal fwd+bwd took 3.46 ms
 # with it against 3.74 by default, though the other two kernels ran with TMA too (all
 # three with TMA at their default tiles: forward 5% slower, fwd+bwd 3%); 16 x 1024: 1.35
 # ms against 1.33 (12% slower with the default tiles on TMA). This tile alone is not timed
-# yet (`gpu-check --tma` does it), nor with GQA; groups that are not powers of two spill.
+# yet (`gpu-check --tma` does it), nor with GQA.
 _HOPPER_DKDV_TMA = AttentionKernelConfig(64, 128, 8, 2, tma=True)
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
 # 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
@@ -467,19 +470,16 @@ def _takes_hopper_dkdv_tma(
     kind: str,
     features: AttentionFeatures,
     descriptors: bool,
-    gqa_group: int,
 ) -> bool:
     """`_HOPPER_DKDV_TMA`'s conditions, past the light-call check (16-bit inputs): where
-    the static report found that tile spill-free under Triton 3.6 and 3.9. Other GQA
-    groups than powers of two carry the dK/dV walk's (tile, head) pair in registers: 44-64
-    B of spills under 3.6. d=64 has its own light tile; others were not measured."""
+    the static report found that tile free of spills in its loop under Triton 3.6 and 3.9.
+    d=64 has its own light tile; others were not measured."""
     return (
         descriptors
         and compute_capability == 90
         and kind == "backward_dkdv"
         and head_dim == 128
         and features.bounded_right
-        and gqa_group & (gqa_group - 1) == 0
     )
 
 
@@ -548,7 +548,6 @@ def default_attention_config(
     features: AttentionFeatures = AttentionFeatures(),
     persistent: bool = False,
     descriptors: bool = False,
-    gqa_group: int = 1,
     dq_atomic: bool = False,
 ) -> AttentionKernelConfig:
     """The launch configuration of one attention kernel.
@@ -565,7 +564,6 @@ def default_attention_config(
       descriptors: the launch can use device-side tensor descriptors
         (`jax_bridge.launch.target.tensor_descriptors_available`): configs with `tma`
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
-      gqa_group: query heads per key/value head (`_HOPPER_DKDV_TMA` takes powers of two).
       dq_atomic: the dK/dV kernel also accumulates dQ (`AttentionConfigs.dq_atomic`):
         it holds a third tile product, so it keeps the base tables' tile, by pointers
         (`_HOPPER_DQ_ATOMIC_DKDV`).
@@ -595,7 +593,7 @@ def default_attention_config(
             config = _HOPPER_DQ_ATOMIC_DKDV.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
-            head_dim, compute_capability, kind, features, descriptors, gqa_group
+            head_dim, compute_capability, kind, features, descriptors
         ):
             return _HOPPER_DKDV_TMA
         config = _LIGHT_TABLES[compute_capability].get(kind, {}).get(tile_d, config)
