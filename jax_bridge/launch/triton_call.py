@@ -29,6 +29,7 @@ import numpy as np
 import triton
 
 from jax_bridge.core.vma import varying_like
+from jax_bridge.launch.host_callbacks import running_on_host
 from jax_bridge.launch.host_descriptors import (
     HostDescriptor,
     call_with_descriptors,
@@ -145,6 +146,10 @@ class _HostLaunch:
         return hash(self._key)
 
     def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        with running_on_host():  # Python's exit waits for it
+            return self._launch(*arrays)
+
+    def _launch(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         given = iter(np.ascontiguousarray(a) for a in arrays)
         scalars = dict(self.scalars)
         args = [scalars[i] if i in scalars else next(given) for i in range(self.num_inputs)]
