@@ -197,14 +197,17 @@ DKDV_GROUPS_TARGET = 550
 _DKDV_SPILL_OUTSIDE_LOOP = 64
 
 
-# Under either Triton, outside the loop: the persistent sliding-window forward at its
-# 128x64 tile spills 12 B under 3.9 (at two stages or three; none under 3.6); the
-# persistent light forward at d=128 on sm_90, at 128x128, stores 12-20 B a thread once
-# before its walk and reloads them once a tile (3.6: 12 B causal, 20 without a bound;
-# 3.9: 36 and 28 B loaded), none in the key loops. Keys as `_TRITON_3_6_SPILLS`'s, then
-# persistent.
+# Under either Triton, outside the loop: the sliding-window forward at d=128 on sm_90
+# (128x128) 20-64 B between its loops under 3.6 (8-16 B a persistent walk; 0-8 B under
+# 3.9), and its persistent dQ (128x64) 8 B under 3.9 (`_HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS`);
+# the persistent light forward at d=128 on
+# sm_90, at 128x128, stores 12-20 B a thread once before its walk and reloads them once
+# a tile (3.6: 12 B causal, 20 without a bound; 3.9: 36 and 28 B loaded), none in the
+# key loops. Keys as `_TRITON_3_6_SPILLS`'s, then persistent.
 _OUTSIDE_LOOP_SPILLS = {
-    ((90, 128, "forward", SLIDING, None), True): 12,
+    ((90, 128, "forward", SLIDING, None), False): 64,
+    ((90, 128, "forward", SLIDING, None), True): 16,
+    ((90, 128, "backward_dq", SLIDING, None), True): 8,
     ((90, 128, "forward", AttentionFeatures(causal=True), None), True): 36,
     ((90, 128, "forward", AttentionFeatures(), None), True): 28,
 }
@@ -254,6 +257,17 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind, fe
         assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
 
 
+# Light tiles of heavy calls that spill between their loops, at most these bytes a thread
+# (the larger of stores and loads, under either Triton): the sliding-window forward at
+# d=128 (3.6: 64 B a program, 16 a persistent walk; 3.9: 0 and 4), its persistent dQ
+# (3.9: 8 B).
+_HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS = {
+    (("window_left",), (90, "forward", 128, False)): 64,
+    (("window_left",), (90, "forward", 128, True)): 16,
+    (("window_left",), (90, "backward_dq", 128, True)): 8,
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "options, key",
@@ -261,16 +275,20 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind, fe
     ids=str,
 )
 def test_heavy_calls_light_tiles_stay_free(options, key):
-    """Every light tile `_HEAVY_LIGHT` gives a register-heavy call: no spill, and on sm_90
-    wgmma that ptxas does not serialize (causal, GQA; the table's comment lists the other
-    problems measured), under the Triton that runs the test (CI: 3.9; 3.6 by hand)."""
+    """Every light tile `_HEAVY_LIGHT` gives a register-heavy call: no spill (or where
+    `_HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS` lists one, that many bytes outside the loop), and on
+    sm_90 wgmma that ptxas does not serialize (causal, GQA; the table's comment lists the
+    other problems measured), under the Triton that runs the test (CI: 3.9; 3.6 by hand)."""
     compute_capability, kind, head_dim, persistent = key
     features = AttentionFeatures(causal=True, **dict.fromkeys(options, True))
     report = attention_kernel_report(
         kind, head_dim, compute_capability, features=features, persistent=persistent
     )
     print(report.summary())
-    assert not (report.spill_store_bytes or report.spill_load_bytes), report.summary()
+    allowed = _HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS.get((options, key), 0)
+    assert not report.loop_spills, report.summary()
+    spilled = max(report.spill_store_bytes, report.spill_load_bytes)
+    assert spilled <= allowed, (report.summary(), f"allowed {allowed} B")
     assert not report.serialized_wgmma, report.summary()
 
 

@@ -484,16 +484,20 @@ def _takes_hopper_dkdv_tma(
 
 
 # Calls with register-heavy options take the light tiles where those stay free with them:
-# spill-free and not serialized under Triton 3.6 and 3.9 (causal or not, sinks, 1 or 3
-# query heads per kv head), listed by the call's heavy options, then (arch, kind,
-# head-dim tile, persistent). A left window alone (sliding-window attention) masks only
+# not serialized and spill-free under Triton 3.6 and 3.9 (causal or not, sinks, 1 or 3
+# query heads per kv head), or, for a left window alone at d=128, spilling a few bytes
+# between loops only, listed by the call's heavy options, then (arch, kind, head-dim
+# tile, persistent). A left window alone (sliding-window attention) masks only
 # the tiles at its edges, so its unmasked loop is the causal one; a soft cap and ALiBi
 # add work to every score. Warp-instructions per MFLOP, 3.6 / 3.9, sm_90 dQ d=128:
 # window 526 -> 373 / 610 -> 417, soft cap 1055 -> 923 / 1172 -> 987, ALiBi 636 -> 497
 # / 750 -> 553; ALiBi's forward at d=128 870 -> 685 / 1089 -> 934; at d=64 the forward,
-# dQ and dK/dV gain 8-25%. Not listed: the forward at d=128 with a window or a soft cap
-# (32-148 B of spill), the persistent dQ at d=128 with a window alone (3.9: 112-148 B),
-# the forward at d=128 on sm_80 (4-148 B), any other combination of options.
+# dQ and dK/dV gain 8-25%. The sliding-window forward at d=128, 128x128: key loop 692 ->
+# 537 / 723 -> 543, spilling 20-64 / 0 B a thread between its loops (a persistent walk
+# 8-16 / 4-8 B), none in any; the persistent dQ 521 -> 373 / 603 -> 420 (3.9: 8 B
+# outside its loops). Not listed: the forward at d=128 with a soft
+# cap (its loop spills under 3.6), the forward at d=128 on sm_80 (4-148 B), any other
+# combination of options.
 # At d=64 every listed option set takes these (forward, dQ, dK/dV on sm_90; forward and
 # dQ on sm_80); at d=128 each set its own.
 _HEAVY_LIGHT_D64 = frozenset({
@@ -504,7 +508,10 @@ _HEAVY_LIGHT_D64 = frozenset({
     (80, "backward_dq", 64, False), (80, "backward_dq", 64, True),
 })  # fmt: skip
 _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
-    ("window_left",): _HEAVY_LIGHT_D64 | {(90, "backward_dq", 128, False)},
+    ("window_left",): _HEAVY_LIGHT_D64 | {
+        (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
+        (90, "forward", 128, False), (90, "forward", 128, True),
+    },
     ("soft_cap",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
     },
