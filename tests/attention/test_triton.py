@@ -479,12 +479,9 @@ def test_warp_specialized_dkdv_gives_the_float64_gradients(options):
         assert_close(got, other, 2 * tol, f"{name} vs the loop unspecialized")
 
 
-def _assert_device_float64_numbers(dtype, causal: bool, config=None, group: int = 4) -> None:
-    """varlen_attention at `config` (d=128, 2 kv heads of `group` query heads, `dtype`)
-    on unequal, empty and one-token documents and ones longer than a tile: output, lse
-    and gradients against the float64 oracle."""
-    lengths = [(300, 300), (1, 1), (0, 0), (517, 517), (64, 64)]
-    inputs = make_inputs(42, lengths, 2 * group, 2, 128, dtype=dtype)
+def _assert_float64_numbers(inputs, causal: bool, config) -> None:
+    """varlen_attention at `config` on `inputs` (`make_inputs`): output, lse and every
+    gradient against the float64 oracle."""
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
     def fn(q, k, v, s):
@@ -502,6 +499,14 @@ def _assert_device_float64_numbers(dtype, causal: bool, config=None, group: int 
         assert_close(a, b, tol, name)
 
 
+def _assert_device_float64_numbers(dtype, causal: bool, config=None, group: int = 4) -> None:
+    """`_assert_float64_numbers` at d=128, 2 kv heads of `group` query heads, `dtype`, on
+    unequal, empty and one-token documents and ones longer than a tile."""
+    lengths = [(300, 300), (1, 1), (0, 0), (517, 517), (64, 64)]
+    inputs = make_inputs(42, lengths, 2 * group, 2, 128, dtype=dtype)
+    _assert_float64_numbers(inputs, causal, config)
+
+
 @needs_tensor_descriptors
 @pytest.mark.parametrize("group", [4, 3])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -516,27 +521,13 @@ def test_default_tma_dkdv_gives_the_float64_gradients_on_a_hopper_gpu(dtype, gro
 def test_tma_dkdv_over_a_group_that_is_not_a_power_of_two(host):
     """dK/dV through descriptors (each program's, or the launch's) when its walk over
     (query tile, head) pairs carries the pair, 3 query heads a kv head: the float64
-    oracle's gradients, on documents shorter and longer than a tile, empty and of one
+    oracle's numbers, on documents shorter and longer than a tile, empty and of one
     token."""
     if host:
         skip_unless_host_descriptors_launch()
     inputs = make_inputs(43, [(37, 37), (1, 1), (0, 0), (20, 20)], 6, 2, 32)
-    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
     dkdv = AttentionKernelConfig(16, 16, tma=True, host_descriptors=host)
-    config = AttentionConfigs(backward_dkdv=dkdv)
-
-    def fn(q, k, v, s):
-        return varlen_attention(q, k, v, cu_q, cu_k, causal=True, return_lse=True,
-                                implementation="triton", config=config)  # fmt: skip
-
-    def reference(q, k, v, s):
-        return attention_reference(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
-
-    got = value_and_grads(fn, q, k, v, None, inputs["d_out"])
-    expected = oracle_value_and_grads(reference, q, k, v, None, inputs["d_out"])
-    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
-    for name, a, b in zip(("dq", "dk", "dv"), got[2], expected[2], strict=True):
-        assert_close(a, b, tol, name)
+    _assert_float64_numbers(inputs, True, AttentionConfigs(backward_dkdv=dkdv))
 
 
 @pytest.mark.slow

@@ -402,7 +402,8 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # sm_80 1442 -> 1133 / 1389 -> 1135. At d=128 on sm_90 it stores 12-20 / 16-20 B once
 # before the walk and reloads them once a tile (3 / 9 loads, a few against a tile's key
 # loops; none in them): 652 -> 492 / 702 -> 547, causal, without a bound or with sinks
-# alike. Not sm_80 at d=128 (72-120 B), nor d=128 with a register-heavy option (4-376 B).
+# alike. Not sm_80 at d=128 (72-120 B), nor d=128 with a soft cap or ALiBi (4-376 B; a
+# left window alone takes it, `_HEAVY_LIGHT`).
 _PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64)})
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
@@ -495,9 +496,8 @@ def _takes_hopper_dkdv_tma(
 # dQ and dK/dV gain 8-25%. The sliding-window forward at d=128, 128x128: key loop 692 ->
 # 537 / 723 -> 543, spilling 20-64 / 0 B a thread between its loops (a persistent walk
 # 8-16 / 4-8 B), none in any; the persistent dQ 521 -> 373 / 603 -> 420 (3.9: 8 B
-# outside its loops). Not listed: the forward at d=128 with a soft
-# cap (its loop spills under 3.6), the forward at d=128 on sm_80 (4-148 B), any other
-# combination of options.
+# outside its loops). Not listed: the forward at d=128 with a soft cap (its loop spills
+# under 3.6), the forward at d=128 on sm_80 (4-148 B), any other combination of options.
 # At d=64 every listed option set takes these (forward, dQ, dK/dV on sm_90; forward and
 # dQ on sm_80); at d=128 each set its own.
 _HEAVY_LIGHT_D64 = frozenset({
@@ -532,9 +532,9 @@ def _takes_light_tile(
     forward only where `_PERSISTENT_LIGHT_FORWARD` lists it (its walk holds registers)."""
     if compute_capability not in _LIGHT_TABLES:
         return False
-    if persistent and kind == "forward":
-        if (compute_capability, tile_d) not in _PERSISTENT_LIGHT_FORWARD:
-            return False
+    fits = (compute_capability, tile_d) in _PERSISTENT_LIGHT_FORWARD
+    if persistent and kind == "forward" and not fits:
+        return False
     if not features.register_heavy:
         return True
     listed = _HEAVY_LIGHT.get(features.heavy_options, frozenset())
