@@ -260,11 +260,15 @@ def test_static_report_at_default_configs(compute_capability, head_dim, kind, fe
 # Light tiles of heavy calls that spill between their loops, at most these bytes a thread
 # (the larger of stores and loads, under either Triton): the sliding-window forward at
 # d=128 (3.6: 64 B a program, 16 a persistent walk; 3.9: 0 and 4), its persistent dQ
-# (3.9: 8 B).
+# (3.9: 8 B); the forward at d=256 (3.6 / 3.9: window 112 / 0 B, soft cap 0 / 16, soft
+# cap and window 16 / 0).
 _HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS = {
     (("window_left",), (90, "forward", 128, False)): 64,
     (("window_left",), (90, "forward", 128, True)): 16,
     (("window_left",), (90, "backward_dq", 128, True)): 8,
+    (("window_left",), (90, "forward", 256, False)): 112,
+    (("soft_cap",), (90, "forward", 256, False)): 16,
+    (("soft_cap", "window_left"), (90, "forward", 256, False)): 16,
 }
 
 

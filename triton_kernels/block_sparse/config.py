@@ -44,6 +44,11 @@ _OVERRIDES = {
     (90, "bfloat16", "backward_dkdv", 64, False): (64, 128, 8, 3),
     # dK/dV with a soft cap at d=128 spills 8 B at 32x128.
     (90, "bfloat16", "backward_dkdv", 128, True): (16, 128, 8, 2),
+    # The varlen forward's 64-key steps at d=256 spill in this forward's full-tile loop
+    # with a soft cap (Triton 3.6) or ALiBi (3.9), and 20-28 B outside it without: it
+    # keeps 32-key steps (no spill with either).
+    (90, "bfloat16", "forward", 256, False): (128, 32, 8, 2),
+    (90, "bfloat16", "forward", 256, True): (128, 32, 8, 2),
     # sm_80: the light 128x128 forward spills 16 B at d=128; 16x64 dK/dV at d=256 none.
     (80, "bfloat16", "forward", 128, False): (128, 32, 8, 3),
     # ... and with a soft cap plus ALiBi 16 B at three stages.

@@ -378,9 +378,13 @@ _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
 # takes 64x128 (904 -> 650 at d=64). With a soft cap, ALiBi and a left window these
 # tiles spill, so heavy calls keep the tables above, but where `_HEAVY_LIGHT` lists
 # them. sm_80 gains too (forward 1301 -> 845); its dQ at d=128 spills at 128x64. Other
-# architectures keep the tables above.
+# architectures keep the tables above. At d=256 (head dims 129-256) the Hopper forward
+# takes 64-key steps where it took 32 (192 KiB of shared memory): loop 729 -> 443 / 835
+# -> 528 under Triton 3.6 / 3.9 (causal, with sinks or a right window alike; not causal
+# 706 -> 460 / 772 -> 508), none spilled in the loop, 0 / 16-20 B between loops. Its
+# persistent walk keeps 32 (88-260 B of spill with 64).
 _HOPPER_16BIT_LIGHT: _Table = {
-    "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
+    "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2), 256: (128, 64, 8, 2)},
     "backward_dkdv": {64: (64, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
 }
@@ -496,10 +500,15 @@ def _takes_hopper_dkdv_tma(
 # dQ and dK/dV gain 8-25%. The sliding-window forward at d=128, 128x128: key loop 692 ->
 # 537 / 723 -> 543, spilling 20-64 / 0 B a thread between its loops (a persistent walk
 # 8-16 / 4-8 B), none in any; the persistent dQ 521 -> 373 / 603 -> 420 (3.9: 8 B
-# outside its loops). Not listed: the forward at d=128 with a soft cap (its loop spills
-# under 3.6), the forward at d=128 on sm_80 (4-148 B), any other combination of options.
-# At d=64 every listed option set takes these (forward, dQ, dK/dV on sm_90; forward and
-# dQ on sm_80); at d=128 each set its own.
+# outside its loops). At d=256 the forward's 64-key steps hold with each listed option
+# set: none spilled in the loop (under 3.6 with a soft cap and a window one reload of a
+# loop invariant), between loops up to 16 B with a soft cap, 112 B with a window (under
+# 3.6; the 32-key tile it replaces spilled 4-8 B); loop, 3.6 / 3.9: soft cap 1122 -> 878
+# / 1167 -> 952, ALiBi 811 -> 554 / 965 -> 695, window 704 -> 459 / 748 -> 512, soft cap
+# and window 1095 -> 882 / 1152 -> 994. Not listed: the forward at d=128 with a soft cap
+# (its loop spills under 3.6), the forward at d=128 on sm_80 (4-148 B), any other
+# combination of options. At d=64 every listed option set takes these (forward, dQ, dK/dV
+# on sm_90; forward and dQ on sm_80); at d=128 and 256 each set its own.
 _HEAVY_LIGHT_D64 = frozenset({
     (90, "forward", 64, False), (90, "forward", 64, True),
     (90, "backward_dq", 64, False), (90, "backward_dq", 64, True),
@@ -511,16 +520,20 @@ _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
     ("window_left",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
         (90, "forward", 128, False), (90, "forward", 128, True),
+        (90, "forward", 256, False),
     },
     ("soft_cap",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
+        (90, "forward", 256, False),
     },
     ("alibi",): _HEAVY_LIGHT_D64 | {
         (90, "backward_dq", 128, False), (90, "backward_dq", 128, True),
-        (90, "forward", 128, False),
+        (90, "forward", 128, False), (90, "forward", 256, False),
     },
-    # persistent only: a program a tile spills 8-16 B (3.9 causal, 3.6 GQA 3)
-    ("soft_cap", "window_left"): _HEAVY_LIGHT_D64 | {(90, "backward_dq", 128, True)},
+    # dQ persistent only: a program a tile spills 8-16 B (3.9 causal, 3.6 GQA 3)
+    ("soft_cap", "window_left"): _HEAVY_LIGHT_D64 | {
+        (90, "backward_dq", 128, True), (90, "forward", 256, False),
+    },
 }  # fmt: skip
 
 
