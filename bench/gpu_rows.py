@@ -821,16 +821,18 @@ def _overlapped_dkdv(spec: MaskSpec) -> Impl:
     )
 
 
-def _narrow_persistent_forward(spec: MaskSpec) -> Impl:
-    """An A/B of the persistent forward's tile (launches of more than 60 documents): the
-    tile it kept until it fit the light calls' 128x128 (128x64, three stages), whose key
-    loop runs 652 / 702 warp-instructions per MFLOP against 492 / 547 (static report,
-    sm_90, d=128, causal, Triton 3.6 / 3.9; 128x128 stores 12 / 20 B a thread before the
-    walk and reloads them once a tile, none in its key loop). Forward only."""
+def _former_forward_tile(spec: MaskSpec) -> Impl:
+    """An A/B of a forward tile taken without a device's word, against the one it
+    replaced (128x64, three stages), on the rows whose default moved to 128x128 at two
+    stages once the static report found it spill-free in its loops (sm_90, d=128, Triton
+    3.6 / 3.9, warp-instructions per MFLOP of the key loop): the persistent launch of many
+    documents (652 -> 492 / 702 -> 547; it stores 12 / 20 B a thread before its walk and
+    reloads them once a tile) and a causal sliding window (692 -> 537 / 723 -> 543; 20-68
+    / 0-8 B between its loops). Forward only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
-    narrow = AttentionConfigs(forward=AttentionKernelConfig(128, 64, 8, 3))
-    return varlen_impl(spec, narrow, "forward 128x64 3 stages", passes="forward")
+    former = AttentionConfigs(forward=AttentionKernelConfig(128, 64, 8, 3))
+    return varlen_impl(spec, former, "forward 128x64 3 stages", passes="forward")
 
 
 def _forward_descriptors(spec: MaskSpec) -> tuple[Impl, Impl]:
@@ -1028,16 +1030,16 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # their softmax overlapped; of the many documents, the persistent forward at its former
     # tile (128x64); with --host-descriptors, of the first two, each kernel at its default
     # tile with TMA (dK/dV at 64x128), its descriptors each program's or the launch's; of
-    # the row without a right bound,
-    # dK/dV's pipeline four stages deep; with --warp-specialized, of the first two and the
-    # one without a right bound, the warp-specialized forward (and with
+    # the row without a right bound, dK/dV's pipeline four stages deep; of the window,
+    # the forward at its former tile (128x64); with --warp-specialized, of the first two
+    # and the one without a right bound, the warp-specialized forward (and with
     # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass
     # only times that pass. Not on the row without a right bound: dK/dV at Flex's config
     # and warp-specialized, whose loops spill there (192 and 524 B a thread stored, as
     # `gpu-check --compile-for h100` reads them under Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
-            return (_narrow_persistent_forward(spec),)
+            return (_former_forward_tile(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
         overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
         if not spec.causal:
@@ -1064,7 +1066,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         _attention_case("attention", "varlen_attention", key, mixed, heads, sizes,
                         varlen_impl(mixed), []),
         _attention_case("attention", "varlen_attention", f"1x{t} causal window {sizes.window}",
-                        windowed, heads, sizes, varlen_impl(windowed), []),
+                        windowed, heads, sizes, varlen_impl(windowed), [],
+                        variants=(_former_forward_tile(windowed),)),
     ]  # fmt: skip
     return cases
 

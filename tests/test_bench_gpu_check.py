@@ -141,6 +141,9 @@ def test_the_issue_rows_are_declared():
     assert case.forward_flops == 4 * 128 * 16 * 16 * 1024 * 1025 / 2
     assert case.flops("fwd+bwd") == FWD_BWD_FLOP_FACTOR["attention"] * case.forward_flops
     assert case.anchors[0].name == "jax cudnn attention"
+    # The window's forward moved to 128x128 by the static report: its A/B times the former.
+    window = next(c for c in gpu_rows.cases(sizes) if c.key == "1x16384 causal window 1024")
+    assert "ours triton varlen forward 128x64 3 stages" in [a.name for a in window.anchors]
     matmul = next(c for c in gpu_rows.cases(sizes) if c.key == "m8192 G64")
     assert matmul.flops("fwd+bwd") == 3 * 2 * 8192 * 2048 * 1408
     assert [a.name for a in matmul.anchors][:2] == ["jax ragged_dot", "dense matmul (roofline)"]
