@@ -200,10 +200,10 @@ _DKDV_SPILL_OUTSIDE_LOOP = 64
 # Under either Triton, outside the loop: the sliding-window forward at d=128 on sm_90
 # (128x128) 20-64 B between its loops under 3.6 (8-16 B a persistent walk; 0-8 B under
 # 3.9), and its persistent dQ (128x64) 8 B under 3.9 (`_HEAVY_LIGHT_OUTSIDE_LOOP_SPILLS`);
-# the persistent light forward at d=128 on
-# sm_90, at 128x128, stores 12-20 B a thread once before its walk and reloads them once
-# a tile (3.6: 12 B causal, 20 without a bound; 3.9: 36 and 28 B loaded), none in the
-# key loops. Keys as `_TRITON_3_6_SPILLS`'s, then persistent.
+# the persistent light forward at d=128 on sm_90, at 128x128, stores 12-20 B a thread
+# once before its walk and reloads them once a tile (3.6: 12 B causal, 20 without a
+# bound; 3.9: 36 and 28 B loaded), none in the key loops. Keys as `_TRITON_3_6_SPILLS`'s,
+# then persistent.
 _OUTSIDE_LOOP_SPILLS = {
     ((90, 128, "forward", SLIDING, None), False): 64,
     ((90, 128, "forward", SLIDING, None), True): 16,

@@ -149,7 +149,7 @@ def test_heavy_calls_take_the_light_tiles_listed_for_them(options):
     listed = _HEAVY_LIGHT.get(options, frozenset())
     everything = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
     for causal, compute_capability, kind, head_dim, persistent in itertools.product(
-        (True, False), (80, 90), KINDS, (64, 128), (False, True)
+        (True, False), (80, 90), KINDS, (64, 128, 256), (False, True)
     ):
         features = AttentionFeatures(causal=causal, **dict.fromkeys(options, True))
         assert features.heavy_options == options
