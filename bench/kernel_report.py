@@ -6,9 +6,12 @@ Each kernel of `triton_kernels.catalog.default_variants` is compiled offline at 
 default configuration for each architecture, and one line per (kernel, architecture)
 gives: registers per thread, spills, shared memory, resident CTAs per SM, tensor-core
 instructions (HGMMA on sm_90, HMMA on sm_80) and the static throughput proxy: the
-warp-instructions of the innermost unmasked tensor-core loop per MFLOP of its tensor-core
-work (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
+warp-instructions of the innermost unmasked tensor-core loop per MFLOP of the work its tile
+owes (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
 kernels of different tile shapes fairly, and it moves with every change to a kernel.
+"MMA x" is the loop's executed tensor-core FLOPs over that work
+(`KernelReport.mma_redundancy`): above 1 where warps compute the same products (at 8
+warps, products of fewer than 128 rows; the d=256 dK/dV kernels at 1.5).
 Beside it, what the count cannot price: the loop's exp2s issued while an MMA is in
 flight ("exp2 by MMA") and its barriers of the whole CTA ("CTA bar"), each of which holds
 a CTA's warpgroups in step (a CTA of one warpgroup, 4 warps, is held by none). On the
@@ -53,7 +56,7 @@ on sm_90 (bf16, head_dim 128, causal)."""
 _TARGET_KERNELS = ("attention_forward", "attention_backward_dq", "attention_backward_dkdv")
 _COLUMNS = (
     "kernel", "arch", "problem", "warps", "stages", "regs", "spill B", "smem KiB",
-    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "exp2 by MMA", "CTA bar", "flags",
+    "CTAs/SM", "MMA", "loop instr", "instr/MFLOP", "MMA x", "exp2 by MMA", "CTA bar", "flags",
 )  # fmt: skip
 
 
@@ -100,6 +103,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
             mma = sum(n for op, n in report.sass_opcodes.items() if op.endswith("MMA"))
             loop = report.inner_loop
             proxy = report.instructions_per_mflop
+            redundancy = report.mma_redundancy
             head_dim = variant.constexprs.get("HEAD_DIM")
             rows.append(
                 {
@@ -117,6 +121,7 @@ def report_rows(archs: Sequence[int], head_dims: Sequence[int]) -> list[dict[str
                     "loop_instructions": loop.instructions if loop else None,
                     "loop_mma_flops": loop.mma_flops if loop else None,
                     "instructions_per_mflop": None if proxy is None else round(proxy, 1),
+                    "mma_redundancy": None if redundancy is None else round(redundancy, 3),
                     "loop_mufu": loop.mufu if loop else None,
                     "loop_mufu_beside_mma": loop.mufu_beside_mma if loop else None,
                     "loop_cta_barriers": loop.cta_barriers if loop else None,
@@ -130,7 +135,7 @@ def format_report(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as one aligned table (figures right-aligned)."""
     cells = [_cells(r) for r in rows]
     widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
-    left = {0, 1, 2, 14}
+    left = {0, 1, 2, 15}
 
     def line(row: Sequence[str]) -> str:
         pairs = enumerate(zip(row, widths, strict=True))
@@ -147,6 +152,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         str(r["ctas_per_sm"]), f"{r['mma_instructions']} {r['mma_kind']}",
         "-" if r["loop_instructions"] is None else str(r["loop_instructions"]),
         "-" if r["instructions_per_mflop"] is None else f"{r['instructions_per_mflop']:.0f}",
+        "-" if r.get("mma_redundancy") is None else f"{r['mma_redundancy']:.2f}",
         f"{r['loop_mufu_beside_mma']}/{r['loop_mufu']}" if r.get("loop_mufu") else "-",
         _barrier_cell(r),
         " ".join(r["flags"]) or "ok",
@@ -246,8 +252,10 @@ def main(argv: Sequence[str]) -> None:
     )
     print(
         f"\ninstr/MFLOP: warp-instructions of the innermost unmasked tensor-core loop per "
-        f"MFLOP of its tensor-core work (target <= {TARGET_PER_MFLOP} for the sm_90 "
-        "attention kernels at bf16, head_dim 128, causal); exp2 by MMA: of that loop's "
+        f"MFLOP of the work its tile owes (target <= {TARGET_PER_MFLOP} for the sm_90 "
+        "attention kernels at bf16, head_dim 128, causal); MMA x: the FLOPs that loop's "
+        "MMAs execute over that work (above 1: warps computing the same products); "
+        "exp2 by MMA: of that loop's "
         "MUFU instructions, those issued while a warpgroup MMA is in flight; CTA bar: "
         "that loop's barriers of the whole CTA, each holding its warpgroups in step (one "
         "warpgroup's exp2s cannot run beside another's MMAs); \"n (1 WG)\": counted in a "

@@ -266,8 +266,9 @@ def test_a_subcommand_name_as_a_section_is_an_error(capsys) -> None:
 
 def test_kernel_report_lists_every_kernel_with_the_proxy(tmp_path: Path, capsys) -> None:
     """`python -m bench report` at one architecture and head_dim: one row per catalog
-    kernel, the proxy on every tensor-core kernel, nothing flagged at d=64 (the target
-    applies to d=128), and the JSON carries every column and the grid sizes."""
+    kernel, the proxy on every tensor-core kernel, each kernel's loop computing each of
+    its tile's products once, nothing flagged at d=64 (the target applies to d=128), and
+    the JSON carries every column and the grid sizes."""
     from bench import kernel_report
     from triton_kernels.catalog import default_variants
 
@@ -280,6 +281,7 @@ def test_kernel_report_lists_every_kernel_with_the_proxy(tmp_path: Path, capsys)
     for row in rows:
         assert row["spill_bytes"] == 0 and row["flags"] == []
         assert row["mma_kind"] == "HGMMA" and row["instructions_per_mflop"] > 0
+        assert row["mma_redundancy"] == 1.0, row
     grid = document["grid"]
     assert grid["grid_now"] <= grid["real_tiles"] <= grid["tile_rows"] < grid["grid_before"]
 

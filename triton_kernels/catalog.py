@@ -91,6 +91,9 @@ class KernelVariant:
       constexprs: the value of every `tl.constexpr` parameter.
       num_warps, num_stages: the launch configuration.
       description: the problem it was specialised for (dtype, head_dim, features).
+      loop_work_flops: the tensor-core FLOPs one iteration of its inner loop owes its
+        tile (`loop_work_flops`), which the static report sets against the FLOPs its
+        MMAs execute (`KernelReport.mma_redundancy`).
     """
 
     name: str
@@ -100,6 +103,26 @@ class KernelVariant:
     num_warps: int
     num_stages: int
     description: str
+    loop_work_flops: int | None = None
+
+
+# The tile products one iteration of each attention kernel's loop computes: the forward
+# QK^T and PV; dQ QK^T, dO V^T and dS K; dK/dV K Q^T, V dO^T, P^T dO and dS^T Q, and dS K
+# where it adds dQ too (DQ_ATOMIC). The block-sparse kernels' loops compute the same.
+_LOOP_PRODUCTS = {"forward": 2, "backward_dq": 3, "backward_dkdv": 4}
+
+
+def loop_work_flops(kind: str, constexprs: Mapping[str, Any]) -> int:
+    """The tensor-core FLOPs one iteration of a kernel's inner loop owes its tile, from
+    its constexprs: 2 x BLOCK_M x BLOCK_K x BLOCK_N for grouped matmul (`kind` "matmul"),
+    2 x BLOCK_M x BLOCK_N x BLOCK_D for each of an attention kernel's products (`kind` in
+    forward/backward_dkdv/backward_dq; the head dim padded to its tile, as the MMAs run
+    it)."""
+    c = constexprs
+    if kind == "matmul":
+        return 2 * c["BLOCK_M"] * c["BLOCK_K"] * c["BLOCK_N"]
+    products = _LOOP_PRODUCTS[kind] + bool(c.get("DQ_ATOMIC", False))
+    return products * 2 * c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_D"]
 
 
 _ATTENTION_SCALARS = dict(
@@ -204,6 +227,7 @@ def attention_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} {features.describe()} "
         f"{config.block_m}x{config.block_n}" + _loading_tags(config)[1],
+        loop_work_flops=loop_work_flops(kind, constexprs),
     )
 
 
@@ -297,6 +321,7 @@ def block_sparse_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''}"
         f"{'+alibi' if alibi else ''} {config.block_m}x{config.block_n}{description_tag}",
+        loop_work_flops=loop_work_flops(kind, constexprs),
     )
 
 
@@ -375,6 +400,7 @@ def grouped_matmul_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n}" + _loading_tags(config)[1],
+        loop_work_flops=loop_work_flops("matmul", constexprs),
     )
 
 
@@ -512,6 +538,7 @@ def tgmm_walk_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n} walk",
+        loop_work_flops=loop_work_flops("matmul", constexprs),
     )
 
 

@@ -5,7 +5,9 @@ Compiles for an NVIDIA target with no GPU present (Triton's compiler and its bun
 it ever runs: registers per thread, spills, shared memory, CTAs per SM, whether the Hopper
 warpgroup tensor-core instructions (`wgmma`, SASS `HGMMA`) were emitted, and the static
 throughput proxy: warp-instructions of the innermost tensor-core loop per MFLOP of the
-tensor-core work that loop does (`InnerLoop`).
+tensor-core work that loop does (`InnerLoop`), counted as the tile's work where the caller
+states it (`KernelReport.mma_redundancy`: MMAs that repeat another warpgroup's products
+are instructions, not work).
 """
 
 from __future__ import annotations
@@ -202,6 +204,11 @@ class KernelReport:
         each waits for the one before, no overlap with other work). The instruction
         counts cannot see it; on an H100 the dK/dV kernel it hit ran at two thirds of the
         dQ kernel's tensor throughput.
+      loop_warps: the warps that run the inner loop (None: `num_warps`): a
+        warp-specialized kernel's consumers, without the producer warpgroup.
+      loop_work_flops: the tensor-core FLOPs one iteration of the loop owes its tile (2 x
+        M x N x K for each product of the tile's shapes), where the caller knows them
+        (`triton_kernels.catalog` does); None otherwise.
     """
 
     kernel: str
@@ -218,6 +225,8 @@ class KernelReport:
     sass_opcodes: Mapping[str, int]
     inner_loop: InnerLoop | None = None
     serialized_wgmma: bool = False
+    loop_warps: int | None = None
+    loop_work_flops: int | None = None
 
     @property
     def spills(self) -> bool:
@@ -246,10 +255,29 @@ class KernelReport:
         return self.shared_memory_bytes > max_shared_memory_per_cta(self.compute_capability)
 
     @property
-    def instructions_per_mflop(self) -> float | None:
-        if self.inner_loop is None:
+    def mma_redundancy(self) -> float | None:
+        """The inner loop's tensor-core FLOPs over the work its tile owes
+        (`loop_work_flops`; None where unknown): 1.0 where every MMA computes its own
+        part; above 1 where warps compute the same products. At 8 warps Triton gives a
+        product of fewer than 128 rows (sm_80: 16 a warp; sm_90: 64 a warpgroup) to
+        warps that each compute all of it: Hopper's dQ at 64x32, d=256, ran its QK^T
+        and dO V^T twice (5/3)."""
+        if self.inner_loop is None or not self.loop_work_flops:
             return None
-        return self.inner_loop.instructions_per_mflop(self.num_warps)
+        return self.inner_loop.mma_flops / self.loop_work_flops
+
+    @property
+    def instructions_per_mflop(self) -> float | None:
+        """Warp-instructions of the inner loop per MFLOP of the work its tile owes
+        (`loop_work_flops`), or per MFLOP its MMAs execute where that is unknown (the
+        same where `mma_redundancy` is 1)."""
+        loop = self.inner_loop
+        if loop is None:
+            return None
+        warps = self.loop_warps or self.num_warps
+        if not self.loop_work_flops:
+            return loop.instructions_per_mflop(warps)
+        return loop.instructions * warps / (self.loop_work_flops / 1e6)
 
     def summary(self) -> str:
         return (
@@ -333,6 +361,7 @@ def static_kernel_report(
     compute_capability: int = 90,
     num_warps: int = 4,
     num_stages: int = 2,
+    loop_work_flops: int | None = None,
 ) -> KernelReport:
     """Compiles `kernel` offline for `compute_capability` and reports on the result.
 
@@ -343,6 +372,8 @@ def static_kernel_report(
       constexprs: values of the `tl.constexpr` parameters, by name.
       compute_capability: 80 (A100), 90 (H100), ...
       num_warps, num_stages: the launch configuration to compile.
+      loop_work_flops: the tensor-core FLOPs one iteration of the kernel's inner loop owes
+        its tile (`KernelReport.loop_work_flops`), if known.
     """
     compiled = compile_offline(
         kernel, signature, constexprs, compute_capability=compute_capability,
@@ -350,11 +381,14 @@ def static_kernel_report(
     )  # fmt: skip
     statistics, _ = _ptxas(compiled.asm["ptx"], compute_capability)
     # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
-    return _kernel_report(
+    # Its consumers run the loop; the producer warpgroup, the warps asked, copies.
+    warps = int(compiled.metadata.num_warps)
+    report = _kernel_report(
         kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
-        compute_capability, int(compiled.metadata.num_warps), num_stages,
-        int(compiled.metadata.shared),
+        compute_capability, warps, num_stages, int(compiled.metadata.shared),
+        loop_warps=warps - num_warps if warps > num_warps else warps,
     )  # fmt: skip
+    return dataclasses.replace(report, loop_work_flops=loop_work_flops)
 
 
 def compile_offline(
@@ -423,7 +457,7 @@ def ptx_kernel_report(
 
 def _kernel_report(
     kernel: str, ptx: str, cubin: bytes, statistics: Mapping[str, Any], compute_capability: int,
-    num_warps: int, num_stages: int, shared_memory_bytes: int,
+    num_warps: int, num_stages: int, shared_memory_bytes: int, loop_warps: int | None = None,
 ) -> KernelReport:  # fmt: skip
     sass = _sass(cubin)
     opcodes = _sass_opcodes(sass)
@@ -438,14 +472,16 @@ def _kernel_report(
         # as tensor-core use, but no loop FLOPs (no throughput proxy on sm_100).
         uses_mma=any(op in ("HMMA", "HGMMA") or _TCGEN05_MMA.match(op) for op in opcodes),
         sass_opcodes=types.MappingProxyType(dict(opcodes)),
-        inner_loop=innermost_mma_loop(sass, num_warps),
+        inner_loop=innermost_mma_loop(sass, loop_warps or num_warps),
+        loop_warps=loop_warps,
         **statistics,
     )
 
 
 def variant_report(variant: Any, compute_capability: int) -> KernelReport:
     """`static_kernel_report` of a `triton_kernels.catalog.KernelVariant` (anything with
-    its kernel, signature, constexprs, num_warps and num_stages)."""
+    its kernel, signature, constexprs, num_warps and num_stages; and its loop's work,
+    `loop_work_flops`, where it has one)."""
     return static_kernel_report(
         variant.kernel,
         variant.signature,
@@ -453,4 +489,5 @@ def variant_report(variant: Any, compute_capability: int) -> KernelReport:
         compute_capability=compute_capability,
         num_warps=variant.num_warps,
         num_stages=variant.num_stages,
+        loop_work_flops=getattr(variant, "loop_work_flops", None),
     )

@@ -341,6 +341,8 @@ def test_static_report_of_warp_specialized_gmm_shows_its_partitions(kernel):
     report = variant_report(variant, 90)
     print(report.summary())
     assert report.num_warps == 12 and report.sass_opcodes.get("USETMAXREG", 0) > 0
+    # the two consumer warpgroups run the loop, each its own half of the tile
+    assert report.loop_warps == 8 and report.mma_redundancy == 1.0, report.mma_redundancy
     assert report.sass_opcodes.get("UTMALDG", 0) > 0 and "LDGSTS" not in report.sass_opcodes
     assert report.uses_wgmma and not report.spills and not report.serialized_wgmma
     assert not report.exceeds_shared_memory

@@ -231,3 +231,37 @@ def test_loop_spills_tolerate_one_reload_and_no_store(body, spills):
         inner_loop=innermost_mma_loop(sass, num_warps=8),
     )  # fmt: skip
     assert report.loop_spills is spills
+
+
+def test_the_proxy_counts_the_tiles_work_not_repeated_mmas():
+    """Given the work a loop iteration owes its tile (`loop_work_flops`), the report sets
+    it against what the loop's MMAs execute (`mma_redundancy`) and prices instructions
+    per MFLOP of that work: warps that compute the same product twice pay twice the
+    instructions for it. Without it, the proxy is per executed MFLOP as before; a
+    warp-specialized kernel's consumers (`loop_warps`) run the loop, not its producer."""
+    sass = """
+        /*0010*/  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/  FADD R3, R3, R4 ;
+        /*0030*/  @P0 BRA 0x10 ;
+    """
+    executed = 2 * 64 * 128 * 16 * 2  # one HGMMA per warpgroup, two warpgroups
+    fields = dict(
+        kernel="k", compute_capability=90, num_warps=8, num_stages=2, registers=128,
+        spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, shared_memory_bytes=0,
+        uses_wgmma=True, uses_mma=True, sass_opcodes={},
+        inner_loop=innermost_mma_loop(sass, num_warps=8),
+    )  # fmt: skip
+    unknown = KernelReport(**fields)
+    assert unknown.mma_redundancy is None
+    assert unknown.instructions_per_mflop == pytest.approx(3 * 8 / (executed / 1e6))
+    once = KernelReport(**fields, loop_work_flops=executed)
+    assert once.mma_redundancy == 1.0
+    assert once.instructions_per_mflop == pytest.approx(unknown.instructions_per_mflop)
+    twice = KernelReport(**fields, loop_work_flops=executed // 2)
+    assert twice.mma_redundancy == 2.0
+    assert twice.instructions_per_mflop == pytest.approx(2 * once.instructions_per_mflop)
+    # 12 warps of which 8 run the loop: its HGMMAs are two warpgroups' work, not three
+    specialized = {**fields, "num_warps": 12, "inner_loop": innermost_mma_loop(sass, 8)}
+    consumers = KernelReport(**specialized, loop_warps=8, loop_work_flops=executed)
+    assert consumers.mma_redundancy == 1.0
+    assert consumers.instructions_per_mflop == pytest.approx(once.instructions_per_mflop)
