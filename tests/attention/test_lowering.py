@@ -216,6 +216,11 @@ _OUTSIDE_LOOP_SPILLS = {
     ((90, 256, "forward", SLIDING, None), False): 112,
     ((90, 256, "forward", AttentionFeatures(causal=True, soft_cap=True), None), False): 16,
     ((90, 256, "forward", SOFT_CAP_SLIDING, None), False): 16,
+    # dQ at d=256 (128x32), persistent, under 3.9 (none under 3.6): reloaded once a tile
+    # by the walk, none in the key loops.
+    ((90, 256, "backward_dq", AttentionFeatures(causal=True), None), True): 16,
+    ((90, 256, "backward_dq", AttentionFeatures(), None), True): 12,
+    ((90, 256, "backward_dq", HEAVY, None), True): 24,
 }
 
 
@@ -250,13 +255,14 @@ def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bflo
 )
 def test_static_report_at_default_configs(compute_capability, head_dim, kind, features, persistent):
     """Every feature set's default tiles, in both launch modes: no spills at head_dim
-    <= 128, tensor cores, and on sm_90 wgmma that ptxas does not serialize."""
+    <= 128 (and dQ at 256), tensor cores, and on sm_90 wgmma that ptxas does not
+    serialize."""
     report = attention_kernel_report(
         kind, head_dim, compute_capability, features=features, persistent=persistent
     )
     print(report.summary())
     assert report.uses_mma
-    if head_dim <= 128:
+    if head_dim <= 128 or kind == "backward_dq":
         key = (compute_capability, head_dim, kind, features, None)
         assert_spills_expected(report, key, persistent)
     if compute_capability >= 90:
@@ -286,6 +292,24 @@ def test_heavy_calls_light_tiles_stay_free(options, key):
     spilled = max(report.spill_store_bytes, report.spill_load_bytes)
     assert spilled <= allowed, (report.summary(), f"allowed {allowed} B")
     assert not report.serialized_wgmma, report.summary()
+
+
+def test_dq_at_head_dim_256_computes_each_product_once():
+    """Hopper's dQ default at d=256 (128 query rows at 8 warps, m64 a warpgroup) runs each
+    of its tile's three products once a key step, where the 64x32 tile it replaced had
+    both warpgroups compute all of QK^T and dO V^T (5/3 of the work): the static report
+    sees it (`mma_redundancy`) and prices the repeats as instructions, not work."""
+    from triton_kernels.flash_attention.config import AttentionKernelConfig
+
+    default = attention_kernel_report("backward_dq", 256, 90)
+    former = attention_kernel_report(
+        "backward_dq", 256, 90, config=AttentionKernelConfig(64, 32, 8, 2)
+    )
+    print(default.summary(), default.instructions_per_mflop)
+    print(former.summary(), former.instructions_per_mflop)
+    assert default.mma_redundancy == 1.0
+    assert former.mma_redundancy == pytest.approx(5 / 3)
+    assert default.instructions_per_mflop < 0.5 * former.instructions_per_mflop
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())

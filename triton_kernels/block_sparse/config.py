@@ -49,6 +49,9 @@ _OVERRIDES = {
     # keeps 32-key steps (no spill with either).
     (90, "bfloat16", "forward", 256, False): (128, 32, 8, 2),
     (90, "bfloat16", "forward", 256, True): (128, 32, 8, 2),
+    # (dQ at d=256 takes the varlen 128x32: none spilled in its loops, 24-68 B outside
+    # them under Triton 3.6, once a program; its full-tile loop 1071 -> 343 / 1628 -> 528
+    # warp-instructions per MFLOP of the tile's work under 3.6 / 3.9, against 64x32's.)
     # sm_80: the light 128x128 forward spills 16 B at d=128; 16x64 dK/dV at d=256 none.
     (80, "bfloat16", "forward", 128, False): (128, 32, 8, 3),
     # ... and with a soft cap plus ALiBi 16 B at three stages.

@@ -352,12 +352,22 @@ def row_stats_config(head_dim: int, compute_capability: int | None) -> Attention
 # warpgroup on sm_90); the query tile it streams is small. Hopper d=128 fits 32x128 with
 # every option on since the kernel walks (query tile, head) pairs in one loop and reads
 # lse in log2 units (bench report, bf16 causal: 828 -> 540 warp-instructions per MFLOP).
-# dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed).
+# dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed). At 8 warps a Hopper
+# kernel's stationary tile wants 128 rows, m64 for each of its two warpgroups: dQ at d=256
+# took 64x32 until 2026-12-06, whose two warpgroups each computed all of QK^T and dO V^T
+# (64 m64n16 wgmma a key step, SASS, Triton 3.6 and 3.9): 5/3 of the tile's tensor-core
+# work (`KernelReport.mma_redundancy`). 128x32 (192 KiB of shared memory) does it once and
+# spills nothing in any loop under Triton 3.6 and 3.9, causal or not, with each
+# register-heavy option and all of them, GQA 1, 3 and 4, a program a tile or persistent
+# (outside the key loops: none under 3.6; under 3.9 a persistent walk 12-88 B, once a
+# tile). Key loop, warp-instructions per MFLOP of the tile's work, 3.6 / 3.9: causal 1035
+# -> 328 / 1607 -> 510, soft cap 1628 -> 621 / 2200 -> 790, ALiBi 1208 -> 448 / 1757 ->
+# 615. sm_100 keeps 64x32 (`_BLACKWELL_OVERRIDES`).
 _Table = dict[str, dict[int, tuple[int, int, int, int]]]
 _HOPPER_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (128, 32, 8, 2)},
     "backward_dkdv": {64: (32, 128, 8, 3), 128: (32, 128, 8, 2), 256: (16, 64, 8, 3)},
-    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (128, 32, 8, 2)},
 }
 # sm_80..89: mma.sync tiles hold more per thread, so the head-dim-128 tiles are halved.
 _AMPERE_16BIT: _Table = {
@@ -434,8 +444,12 @@ _PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64)})
 # yet (`gpu-check --tma` does it), nor with GQA.
 _HOPPER_DKDV_TMA = AttentionKernelConfig(64, 128, 8, 2, tma=True)
 # sm_100 (tcgen05 code): the Hopper dK/dV tile at d=128 spills there (176 B, causal);
-# 16x64 does not (12 B with soft cap, ALiBi and a left window all on).
-_BLACKWELL_OVERRIDES: _Table = {"backward_dkdv": {128: (16, 64, 8, 2)}}
+# 16x64 does not (12 B with soft cap, ALiBi and a left window all on). dQ at d=256 keeps
+# 64x32: its persistent walk spills 492 B at Hopper's 128x32 under Triton 3.6 (144 B).
+_BLACKWELL_OVERRIDES: _Table = {
+    "backward_dkdv": {128: (16, 64, 8, 2)},
+    "backward_dq": {256: (64, 32, 8, 2)},
+}
 # Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls
 # without a light tile: dQ at d=128 spills 12 B at two stages and none at one. The
 # forward at d=64 spills 4 B at three stages under Triton 3.6 (none under 3.9); at two it
