@@ -258,10 +258,10 @@ class KernelReport:
     def mma_redundancy(self) -> float | None:
         """The inner loop's tensor-core FLOPs over the work its tile owes
         (`loop_work_flops`; None where unknown): 1.0 where every MMA computes its own
-        part; above 1 where warps compute the same products. At 8 warps Triton gives a
-        product of fewer than 128 rows (sm_80: 16 a warp; sm_90: 64 a warpgroup) to
-        warps that each compute all of it: Hopper's dQ at 64x32, d=256, ran its QK^T
-        and dO V^T twice (5/3)."""
+        part; above 1 where warps compute the same products, as Triton's layouts have
+        them do, e.g., for products of fewer rows than the warps cover (16 a warp with
+        mma.sync, 64 a warpgroup with wgmma: 128 at 8 warps). Hopper's dQ at 64x32,
+        d=256, ran its QK^T and dO V^T in both warpgroups (5/3)."""
         if self.inner_loop is None or not self.loop_work_flops:
             return None
         return self.inner_loop.mma_flops / self.loop_work_flops

@@ -312,6 +312,22 @@ def test_dq_at_head_dim_256_computes_each_product_once():
     assert default.instructions_per_mflop < 0.5 * former.instructions_per_mflop
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
+def test_ampere_dkdv_at_head_dim_256_computes_each_product_once(features, persistent):
+    """sm_80's dK/dV default at d=256 (32 keys at 4 warps, m16 a warp) runs each of its
+    tile's four products once a query step, where 16x64 at 8 warps ran K Q^T and V dO^T
+    four times (2.5x the work); no spill in its loop (GQA, every feature set, both
+    launches), at most a few bytes outside it."""
+    report = attention_kernel_report(
+        "backward_dkdv", 256, 80, features=features, persistent=persistent
+    )
+    print(report.summary(), report.instructions_per_mflop)
+    assert report.num_warps == 4 and report.mma_redundancy == 1.0, report.summary()
+    assert not report.loop_spills, report.summary()
+    assert max(report.spill_store_bytes, report.spill_load_bytes) <= 24, report.summary()
+
+
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
 @pytest.mark.parametrize("group", [3, 7])
 def test_dkdv_groups_not_a_power_of_two(group, features):

@@ -370,9 +370,19 @@ _HOPPER_16BIT: _Table = {
     "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (128, 32, 8, 2)},
 }
 # sm_80..89: mma.sync tiles hold more per thread, so the head-dim-128 tiles are halved.
+# dK/dV at d=256 took 16x64 at 8 warps until 2026-12-06, whose warps computed K Q^T and V
+# dO^T four times over (64 keys where 8 warps of m16 cover 128; 2.5x the tile's work,
+# `KernelReport.mma_redundancy`). 32x32 at 4 warps computes each product once, at 66 KiB
+# and 255 registers two CTAs an SM (8 warps, as before); loop, per MFLOP of the tile's
+# work, Triton 3.6 / 3.9: causal 1896 -> 788 / 1877 -> 772, soft cap 2945 -> 1091 / 2914
+# -> 1066. No spill in its loop with 2, 3 or 4 query heads a kv head, causal or not, with
+# each register-heavy option and all of them, a program a tile or persistent (0-24 B
+# outside it), but under 3.9 at one query head a kv head without options: 2-4 local
+# accesses an iteration (one stage spills none there, but loads each step unprefetched).
+# The kernel that adds dQ too (`dq_atomic`) keeps 16x64 (`_AMPERE_DQ_ATOMIC_DKDV`).
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
-    "backward_dkdv": {64: (32, 128, 8, 2), 128: (32, 64, 8, 2), 256: (16, 64, 8, 3)},
+    "backward_dkdv": {64: (32, 128, 8, 2), 128: (32, 64, 8, 2), 256: (32, 32, 4, 2)},
     "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
 }
 # sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
@@ -467,6 +477,9 @@ _AMPERE_PERSISTENT_HEAVY: _Table = {
 # on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
 # for wgmma: every wgmma tile tried there spills, 20-3000 B).
 _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
+# sm_80 at d=256: the base table's 32x32 at 4 warps spills in that kernel's loop (16 B,
+# Triton 3.9, causal): it keeps the former 16x64 at 8 warps.
+_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
 # That kernel with `tma` (the A/B row "dq by tma reduction", sm_90, d=128): its Q and dO
 # tiles by descriptor and each step's dQ share added by one bulk tensor reduction
 # (UTMAREDG) where the pointer loop issues 8 vector atomics (REDG.ADD.F32x4) a thread,
@@ -628,8 +641,8 @@ def default_attention_config(
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif dq_atomic and kind == "backward_dkdv":  # sm_80 and sm_90 (sm_100 took its own)
-        if hopper:
-            config = _HOPPER_DQ_ATOMIC_DKDV.get(tile_d, config)
+        atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
+        config = atomic_table.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
             head_dim, compute_capability, kind, features, descriptors
