@@ -56,19 +56,23 @@ class Sizes:
     # documents of the many-document row (the kernels' persistent launches past 60; the
     # CPU's 32 x 2: one token each would have gradients of exactly 0, nothing to compare)
     many_docs: int
+    # (heads, head_dim) of the wide-head row: Gemma's 256 at the FLOPs of `heads` x
+    # `head_dim`
+    wide_head: tuple[int, int]
 
     @classmethod
     def gpu(cls) -> Sizes:
         return cls(
             16384, 16, (32, 8), 128, (1024, 4096, 16384), (7000, 4000, 2500, 1500, 900, 484),
             1024, 128, ((8192, 2048, 1408, 64), (32768, 4096, 2048, 32)), "cudnn", 64,
+            (8, 256),
         )  # fmt: skip
 
     @classmethod
     def tiny(cls) -> Sizes:
         return cls(
             64, 2, (4, 1), 16, (4, 16, 64), (28, 16, 10, 6, 4),
-            16, 16, ((64, 32, 16, 4),), "xla", 32,
+            16, 16, ((64, 32, 16, 4),), "xla", 32, (2, 32),
         )  # fmt: skip
 
 
@@ -706,19 +710,21 @@ def torch_grouped_mm_impl() -> Impl:
 def _attention_case(
     section: str, op: str, key: str, spec: MaskSpec, heads: tuple[int, int], sizes: Sizes,
     ours: Impl, torch_anchors: list[Impl], variants: tuple[Impl, ...] = (),
+    head_dim: int | None = None,
 ) -> Case:  # fmt: skip
     q_heads, kv_heads = heads
+    dim = head_dim or sizes.head_dim
     shape = (
         f"{key} h{q_heads}" + (f"/{kv_heads}kv" if kv_heads != q_heads else "")
-        + f" d{sizes.head_dim} bf16"
+        + f" d{dim} bf16"
     )  # fmt: skip
     anchors = [jax_attention_impl(spec, sizes.attention_impl), *variants]
     if torch_available():
         anchors += [*torch_anchors, flex_impl(spec)]
     return Case(
         section, op, key, shape, "attention",
-        4.0 * sizes.head_dim * q_heads * spec.allowed_pairs(),
-        _attention_inputs(spec.tokens, q_heads, kv_heads, sizes.head_dim, seed=len(key)),
+        4.0 * dim * q_heads * spec.allowed_pairs(),
+        _attention_inputs(spec.tokens, q_heads, kv_heads, dim, seed=len(key)),
         ours, tuple(anchors), ATTENTION_TOLERANCE, 3,
         {"seq_len": max(spec.doc_lens), "total_tokens": spec.tokens},
     )  # fmt: skip
@@ -1002,6 +1008,26 @@ def _warp_specialized_dkdv(spec: MaskSpec) -> Impl:
     )
 
 
+def _wide_head_tiles(spec: MaskSpec) -> tuple[Impl, ...]:
+    """A/B rows of the d=256 row (head dims 129-256: Gemma's), whose Hopper defaults moved
+    by the static report alone: the forward at its former tile (128x32, two stages; 64-key
+    steps since 2026-12-05) and dQ at its former 64x32 (both warpgroups computed QK^T and
+    dO V^T: 5/3 of the work; 128x32 since 2026-12-06); and dK/dV by mma.sync at 16x32, 4
+    warps (spill-free; 1251 / 1290 warp-instructions per MFLOP of the tile's work under
+    Triton 3.6 / 3.9 against the default 16x64 wgmma tile's 1690 / 2361, both computing
+    K Q^T and V dO^T 1.5 times): wgmma against mma.sync, which the count cannot settle."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+
+    forward = AttentionConfigs(forward=AttentionKernelConfig(128, 32, 8, 2))
+    dq = AttentionConfigs(backward_dq=AttentionKernelConfig(64, 32, 8, 2))
+    dkdv = AttentionConfigs(backward_dkdv=AttentionKernelConfig(16, 32, 4, 2))
+    return (
+        varlen_impl(spec, forward, "forward 128x32", passes="forward"),
+        varlen_impl(spec, dq, "dq 64x32", passes="fwd+bwd"),
+        varlen_impl(spec, dkdv, "dkdv 16x32 4 warps", passes="fwd+bwd"),
+    )
+
+
 def _sdpa(spec: MaskSpec) -> list[Impl]:
     return [sdpa_impl(spec, b) for b in ("FLASH_ATTENTION", "CUDNN_ATTENTION")]
 
@@ -1010,7 +1036,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     """16 docs x 1024, 4 x 4096, 1 x 16384 causal; 4 x 4096 not causal; 4 x 4096 GQA; 64 x
     256 causal (past 60 documents the kernels launch persistent programs); the mixed
     lengths (padded cuDNN; no SDPA, which has no ragged batch); one document with a
-    causal sliding window (cuDNN's local window, FlexAttention; no SDPA)."""
+    causal sliding window (cuDNN's local window, FlexAttention; no SDPA); 4 x 4096 causal
+    at head_dim 256 (`Sizes.wide_head`)."""
     t, heads = sizes.tokens, (sizes.heads, sizes.heads)
     rows = [(f"{t // n}x{n} causal", MaskSpec((n,) * (t // n)), heads) for n in sizes.equal_docs]
     mid = sizes.equal_docs[1]
@@ -1069,6 +1096,13 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
                         windowed, heads, sizes, varlen_impl(windowed), [],
                         variants=(_former_forward_tile(windowed),)),
     ]  # fmt: skip
+    wide_heads, wide_dim = sizes.wide_head
+    wide = MaskSpec((mid,) * (t // mid))
+    cases.append(
+        _attention_case("attention", "varlen_attention", f"{t // mid}x{mid} d{wide_dim} causal",
+                        wide, (wide_heads, wide_heads), sizes, varlen_impl(wide), _sdpa(wide),
+                        variants=_wide_head_tiles(wide), head_dim=wide_dim)
+    )  # fmt: skip
     return cases
 
 
@@ -1237,11 +1271,11 @@ def matmul_cases(sizes: Sizes) -> list[Case]:
 # (m 32768 among the first: the budget had skipped it last, and gmm's Hopper tile awaits
 # its first timing there; 4 x 4096 not causal too: its A/B rows, the softmax overlaps and
 # dK/dV's deeper pipeline on the tile dK/dV runs there by default, compare one change
-# each, and the budget had cut it last).
+# each, and the budget had cut it last; the head_dim 256 row last, a question of its own).
 ORDER = (
     "16x1024 causal", "m8192 G64", "tok causal", "4x4096 causal", "not causal", "m32768 G32",
     "tok 16 documents", "mixed", "64x256 causal", "causal GQA", "1x16384 causal",
-    "tok window", "tok random",
+    "tok window", "tok random", "d256 causal",
 )  # fmt: skip
 
 

@@ -254,6 +254,9 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-backward_dkdv-causal-persistent]",
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-forward-causal+window_left+soft_cap+alibi-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_float32[64-forward]",
+    # d=256: Hopper's dQ (2 compiles) and the A100's dK/dV, causal
+    "tests/attention/test_lowering.py::test_static_report_of_the_dq_at_head_dim_256",
+    "tests/attention/test_lowering.py::test_static_report_of_the_ampere_dkdv_*[causal-row-a-program]",
     "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[forward-128-True-True-90]",
     "tests/block_sparse/test_triton.py::test_overlapped_softmax_gives_the_float64_*[documents-nan]",

@@ -134,7 +134,7 @@ def test_the_issue_rows_are_declared():
         "4x4096 causal GQA", "mixed 7000..484 causal", "1x16384 causal window 1024",
         "16384 tok causal",
         "16384 tok window 1024", "16384 tok 16 documents", "16384 tok random 50%",
-        "m8192 G64", "m32768 G32",
+        "m8192 G64", "m32768 G32", "4x4096 d256 causal",
     ):  # fmt: skip
         assert key in keys, key
     case = next(c for c in gpu_rows.cases(sizes) if c.key == "16x1024 causal")
@@ -144,6 +144,13 @@ def test_the_issue_rows_are_declared():
     # The window's forward moved to 128x128 by the static report: its A/B times the former.
     window = next(c for c in gpu_rows.cases(sizes) if c.key == "1x16384 causal window 1024")
     assert "ours triton varlen forward 128x64 3 stages" in [a.name for a in window.anchors]
+    # Gemma's head_dim at 8 heads: the 4 x 4096 row's FLOPs, its d=256 tiles' A/B rows, last
+    wide = next(c for c in gpu_rows.cases(sizes) if c.key == "4x4096 d256 causal")
+    assert wide.shape == "4x4096 d256 causal h8 d256 bf16"
+    assert wide.forward_flops == 4 * 256 * 8 * 4 * 4096 * 4097 / 2
+    assert {"ours triton varlen forward 128x32", "ours triton varlen dq 64x32",
+            "ours triton varlen dkdv 16x32 4 warps"} <= {a.name for a in wide.anchors}  # fmt: skip
+    assert keys[-1] == wide.key
     matmul = next(c for c in gpu_rows.cases(sizes) if c.key == "m8192 G64")
     assert matmul.flops("fwd+bwd") == 3 * 2 * 8192 * 2048 * 1408
     assert [a.name for a in matmul.anchors][:2] == ["jax ragged_dot", "dense matmul (roofline)"]
@@ -234,10 +241,10 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
 def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, capsys):
     path = tmp_path / "results" / "dry.json"
     # 4x16 causal: also its GQA row; 16x4 causal: the first varlen row (short documents);
-    # 32x2 causal: the many-document row
-    found = _dry_run(path, ["16x4 causal", "4x16 causal", "32x2 causal"])
+    # 32x2 causal: the many-document row; 4x16 d32 causal: the wide-head row (d=256's)
+    found = _dry_run(path, ["16x4 causal", "4x16 causal", "32x2 causal", "4x16 d32 causal"])
     assert {r["shape"].split(" h")[0].split(" bf16")[0] for r in found} == {
-        "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal",
+        "16x4 causal", "4x16 causal", "4x16 causal GQA", "32x2 causal", "4x16 d32 causal",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
     # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
@@ -246,7 +253,8 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # and dK/dV with their softmax overlapped, on the many documents the persistent
     # forward at its former tile (128x64), on the first two the warp-specialized forward
     # and dK/dV (the forward also without a bound) and each kernel with TMA by the
-    # programs' descriptors and by the launch's.
+    # programs' descriptors and by the launch's; on the wide-head row the forward and dQ
+    # at their former d=256 tiles and dK/dV by mma.sync.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
@@ -260,13 +268,15 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "ours triton varlen backward 64x64 4 warps", "ours triton varlen forward tma",
         "ours triton varlen forward tma host descriptors", "ours triton varlen dq tma",
         "ours triton varlen dq tma host descriptors", "ours triton varlen dkdv tma",
-        "ours triton varlen dkdv tma host descriptors",
+        "ours triton varlen dkdv tma host descriptors", "ours triton varlen forward 128x32",
+        "ours triton varlen dq 64x32", "ours triton varlen dkdv 16x32 4 warps",
     }  # fmt: skip
     _passes_of(found, (
         ("forward tma", "forward"), ("forward overlapped", "forward"),
         ("dkdv overlapped", "fwd+bwd"), ("backward 64x64", "fwd+bwd"),
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
         ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"), ("dkdv tma", "fwd+bwd"),
+        ("forward 128x32", "forward"), ("dq 64x32", "fwd+bwd"), ("dkdv 16x32", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out
     assert "dq" in out and "MISMATCH" not in out

@@ -294,7 +294,7 @@ def test_heavy_calls_light_tiles_stay_free(options, key):
     assert not report.serialized_wgmma, report.summary()
 
 
-def test_dq_at_head_dim_256_computes_each_product_once():
+def test_static_report_of_the_dq_at_head_dim_256():
     """Hopper's dQ default at d=256 (128 query rows at 8 warps, m64 a warpgroup) runs each
     of its tile's three products once a key step, where the 64x32 tile it replaced had
     both warpgroups compute all of QK^T and dO V^T (5/3 of the work): the static report
@@ -314,7 +314,7 @@ def test_dq_at_head_dim_256_computes_each_product_once():
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
-def test_ampere_dkdv_at_head_dim_256_computes_each_product_once(features, persistent):
+def test_static_report_of_the_ampere_dkdv_at_head_dim_256(features, persistent):
     """sm_80's dK/dV default at d=256 (32 keys at 4 warps, m16 a warp) runs each of its
     tile's four products once a query step, where 16x64 at 8 warps ran K Q^T and V dO^T
     four times (2.5x the work); no spill in its loop (GQA, every feature set, both

@@ -224,13 +224,20 @@ def test_loop_spills_tolerate_one_reload_and_no_store(body, spills):
         /*0020*/  {body}
         /*0030*/  @P0 BRA 0x10 ;
     """
-    report = KernelReport(
+    report = _hopper_report(sass, spill_store_bytes=4, spill_load_bytes=4, stack_bytes=8)
+    assert report.loop_spills is spills
+
+
+def _hopper_report(sass: str, **fields) -> KernelReport:
+    """A report of an sm_90 kernel at 8 warps whose SASS is `sass`, other fields zero
+    but where `fields` sets them."""
+    base = dict(
         kernel="k", compute_capability=90, num_warps=8, num_stages=2, registers=255,
-        spill_store_bytes=4, spill_load_bytes=4, stack_bytes=8, shared_memory_bytes=0,
+        spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, shared_memory_bytes=0,
         uses_wgmma=True, uses_mma=True, sass_opcodes={},
         inner_loop=innermost_mma_loop(sass, num_warps=8),
     )  # fmt: skip
-    assert report.loop_spills is spills
+    return KernelReport(**(base | fields))
 
 
 def test_the_proxy_counts_the_tiles_work_not_repeated_mmas():
@@ -245,23 +252,16 @@ def test_the_proxy_counts_the_tiles_work_not_repeated_mmas():
         /*0030*/  @P0 BRA 0x10 ;
     """
     executed = 2 * 64 * 128 * 16 * 2  # one HGMMA per warpgroup, two warpgroups
-    fields = dict(
-        kernel="k", compute_capability=90, num_warps=8, num_stages=2, registers=128,
-        spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, shared_memory_bytes=0,
-        uses_wgmma=True, uses_mma=True, sass_opcodes={},
-        inner_loop=innermost_mma_loop(sass, num_warps=8),
-    )  # fmt: skip
-    unknown = KernelReport(**fields)
+    unknown = _hopper_report(sass)
     assert unknown.mma_redundancy is None
     assert unknown.instructions_per_mflop == pytest.approx(3 * 8 / (executed / 1e6))
-    once = KernelReport(**fields, loop_work_flops=executed)
+    once = _hopper_report(sass, loop_work_flops=executed)
     assert once.mma_redundancy == 1.0
     assert once.instructions_per_mflop == pytest.approx(unknown.instructions_per_mflop)
-    twice = KernelReport(**fields, loop_work_flops=executed // 2)
+    twice = _hopper_report(sass, loop_work_flops=executed // 2)
     assert twice.mma_redundancy == 2.0
     assert twice.instructions_per_mflop == pytest.approx(2 * once.instructions_per_mflop)
     # 12 warps of which 8 run the loop: its HGMMAs are two warpgroups' work, not three
-    specialized = {**fields, "num_warps": 12, "inner_loop": innermost_mma_loop(sass, 8)}
-    consumers = KernelReport(**specialized, loop_warps=8, loop_work_flops=executed)
+    consumers = _hopper_report(sass, num_warps=12, loop_warps=8, loop_work_flops=executed)
     assert consumers.mma_redundancy == 1.0
     assert consumers.instructions_per_mflop == pytest.approx(once.instructions_per_mflop)
