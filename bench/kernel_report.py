@@ -10,8 +10,8 @@ warp-instructions of the innermost unmasked tensor-core loop per MFLOP of the wo
 owes (`jax_bridge.launch.report.InnerLoop`). Lower is better; it compares configs and
 kernels of different tile shapes fairly, and it moves with every change to a kernel.
 "MMA x" is the loop's executed tensor-core FLOPs over that work
-(`KernelReport.mma_redundancy`): above 1 where warps compute the same products (at 8
-warps, products of fewer than 128 rows; the d=256 dK/dV kernels at 1.5).
+(`KernelReport.mma_redundancy`): above 1 where warps compute the same products (e.g. at
+8 warps, products of fewer than 128 rows; Hopper's d=256 dK/dV at 1.5).
 Beside it, what the count cannot price: the loop's exp2s issued while an MMA is in
 flight ("exp2 by MMA") and its barriers of the whole CTA ("CTA bar"), each of which holds
 a CTA's warpgroups in step (a CTA of one warpgroup, 4 warps, is held by none). On the

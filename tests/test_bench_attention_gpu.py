@@ -19,5 +19,5 @@ def test_section_runs_every_varlen_case(monkeypatch):
     keys, timing = seen[0]
     assert keys == ["16x4 causal", "4x16 causal", "1x64 causal", "4x16 not causal",
                     "4x16 causal GQA", "32x2 causal", "mixed 28..4 causal",
-                    "1x64 causal window 16"]  # fmt: skip
+                    "1x64 causal window 16", "4x16 d32 causal"]  # fmt: skip
     assert timing == runner.Timing()

@@ -92,8 +92,8 @@ class KernelVariant:
       num_warps, num_stages: the launch configuration.
       description: the problem it was specialised for (dtype, head_dim, features).
       loop_work_flops: the tensor-core FLOPs one iteration of its inner loop owes its
-        tile (`loop_work_flops`), which the static report sets against the FLOPs its
-        MMAs execute (`KernelReport.mma_redundancy`).
+        tile (the function `loop_work_flops`), which the static report sets against the
+        FLOPs its MMAs execute (`KernelReport.mma_redundancy`).
     """
 
     name: str
