@@ -55,10 +55,13 @@ class InterpretedLikeAGpu:
 
     def __init__(self):
         self.kernels = []  # each launch's kernel, in order
+        self.tiles = {}  # kernel name -> (BLOCK_M, BLOCK_N, num_warps) of its last launch
 
     def __call__(self, *args, kernel, out_shape, input_output_aliases, zeroed_outputs,
                  grid, num_warps, num_stages, compute_capability, name, **constexprs):  # fmt: skip
         self.kernels.append(kernel)
+        tile = (constexprs.get("BLOCK_M"), constexprs.get("BLOCK_N"), num_warps)
+        self.tiles[kernel.__name__] = tile
         is_array = [isinstance(a, jax.Array) for a in args]
         args = [a.item() if isinstance(a, np.generic) else a for a in args]  # np.float32
 

@@ -10,6 +10,8 @@ compiled code's own numerics (`bench/gpu_check.sh`)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,9 +38,22 @@ CAPABILITIES = pytest.mark.parametrize("capability", [90, 80], ids=["sm_90", "sm
 def on_a_gpu(monkeypatch, capability):
     """Ops traced within lower for cuda at `capability`, outputs poisoned, and compute on
     this host (the interpreter); yields the launches' kernels."""
+    with _launches_on_a_gpu(monkeypatch, capability) as gpu:
+        yield gpu.kernels
+
+
+@pytest.fixture
+def launches_on_a_gpu(monkeypatch, capability):
+    """As `on_a_gpu`, yielding the recorder itself (its kernels and their tiles)."""
+    with _launches_on_a_gpu(monkeypatch, capability) as gpu:
+        yield gpu
+
+
+@contextlib.contextmanager
+def _launches_on_a_gpu(monkeypatch, capability):
     gpu = interpret_gpu_launches(monkeypatch)
     with cuda_lowering(capability), poisoned_outputs():
-        yield gpu.kernels
+        yield gpu
 
 
 def _names(kernels) -> set[str]:
@@ -60,12 +75,51 @@ def test_varlen_attention(on_a_gpu, capability):
 
 
 @CAPABILITIES
+def test_varlen_attention_at_head_dim_256(launches_on_a_gpu, capability):
+    """bf16, causal, GQA 4q/2kv, d=256 (Gemma's): the tiles a GPU takes there (sm_90: the
+    forward's 64-key steps, dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps) over
+    a document past one 128-row tile, empty and length-1 documents, rows past the last."""
+    lengths = ((150, 150), (0, 3), (1, 1), (33, 40), (0, 0))
+    c = case({"causal": True}, heads=(4, 2), head_dim=256, dtype=jnp.bfloat16,
+             lengths=lengths, pad=(6, 2))  # fmt: skip
+    check_case("triton", c, seed=capability)
+    tiles = launches_on_a_gpu.tiles
+    if capability == 90:
+        assert tiles["attention_forward_kernel_poisoned"] == (128, 64, 8)
+        assert tiles["attention_backward_dq_kernel_poisoned"] == (128, 32, 8)
+    else:
+        assert tiles["attention_backward_dkdv_kernel_poisoned"] == (32, 32, 4)
+
+
+@CAPABILITIES
 @pytest.mark.parametrize("mask", ["causal", "window"])
 def test_block_sparse_attention(on_a_gpu, capability, mask):
     """bf16 forward, dq and dk/dv at the default block sizes over 2 x 300 tokens (partial
     blocks at both ends), GQA 4q/2kv, d=64, with sinks."""
-    length = 300
-    q, k, v, sinks, weights = block_sparse_suite._inputs(capability, length, 4, 2, 64, batch=2)
+    _check_block_sparse(capability, mask, head_dim=64, length=300)
+    assert {"block_sparse_forward_kernel_poisoned", "block_sparse_dkdv_kernel_poisoned"} <= (
+        _names(on_a_gpu)
+    )
+
+
+@CAPABILITIES
+def test_block_sparse_attention_at_head_dim_256(launches_on_a_gpu, capability):
+    """As `test_block_sparse_attention`, causal over 2 x 200 tokens at d=256, where a GPU
+    takes its own tiles (sm_90: dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps)."""
+    _check_block_sparse(capability, "causal", head_dim=256, length=200)
+    tiles = launches_on_a_gpu.tiles
+    if capability == 90:
+        assert tiles["block_sparse_dq_kernel_poisoned"] == (128, 32, 8)
+    else:
+        assert tiles["block_sparse_dkdv_kernel_poisoned"] == (32, 32, 4)
+
+
+def _check_block_sparse(capability: int, mask: str, head_dim: int, length: int) -> None:
+    """block_sparse_attention's output, lse and gradients (sinks too) in bf16, GQA
+    4q/2kv, 2 sequences of `length`, against its float64 oracle."""
+    q, k, v, sinks, weights = block_sparse_suite._inputs(
+        capability, length, 4, 2, head_dim, batch=2
+    )
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     shape = (length, length)
     mask = CausalMask(shape) if mask == "causal" else LocalMask(shape, (70, 0))
@@ -81,9 +135,6 @@ def test_block_sparse_attention(on_a_gpu, capability, mask):
     assert_lse_close(lse, want_lse, tol)
     for name, got, want in zip("qkvs", grads, want_grads, strict=True):
         assert_attention_close(got, want, tol, f"d{name}")
-    assert {"block_sparse_forward_kernel_poisoned", "block_sparse_dkdv_kernel_poisoned"} <= (
-        _names(on_a_gpu)
-    )
 
 
 @CAPABILITIES
