@@ -274,10 +274,8 @@ class KernelReport:
         loop = self.inner_loop
         if loop is None:
             return None
-        warps = self.loop_warps or self.num_warps
-        if not self.loop_work_flops:
-            return loop.instructions_per_mflop(warps)
-        return loop.instructions * warps / (self.loop_work_flops / 1e6)
+        flops = self.loop_work_flops or loop.mma_flops
+        return loop.instructions * (self.loop_warps or self.num_warps) / (flops / 1e6)
 
     def summary(self) -> str:
         return (
@@ -383,12 +381,12 @@ def static_kernel_report(
     # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
     # Its consumers run the loop; the producer warpgroup, the warps asked, copies.
     warps = int(compiled.metadata.num_warps)
-    report = _kernel_report(
+    return _kernel_report(
         kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
         compute_capability, warps, num_stages, int(compiled.metadata.shared),
         loop_warps=warps - num_warps if warps > num_warps else warps,
+        loop_work_flops=loop_work_flops,
     )  # fmt: skip
-    return dataclasses.replace(report, loop_work_flops=loop_work_flops)
 
 
 def compile_offline(
@@ -458,6 +456,7 @@ def ptx_kernel_report(
 def _kernel_report(
     kernel: str, ptx: str, cubin: bytes, statistics: Mapping[str, Any], compute_capability: int,
     num_warps: int, num_stages: int, shared_memory_bytes: int, loop_warps: int | None = None,
+    loop_work_flops: int | None = None,
 ) -> KernelReport:  # fmt: skip
     sass = _sass(cubin)
     opcodes = _sass_opcodes(sass)
@@ -474,6 +473,7 @@ def _kernel_report(
         sass_opcodes=types.MappingProxyType(dict(opcodes)),
         inner_loop=innermost_mma_loop(sass, loop_warps or num_warps),
         loop_warps=loop_warps,
+        loop_work_flops=loop_work_flops,
         **statistics,
     )
 

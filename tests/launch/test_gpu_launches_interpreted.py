@@ -10,8 +10,6 @@ compiled code's own numerics (`bench/gpu_check.sh`)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,27 +35,15 @@ CAPABILITIES = pytest.mark.parametrize("capability", [90, 80], ids=["sm_90", "sm
 @pytest.fixture
 def on_a_gpu(monkeypatch, capability):
     """Ops traced within lower for cuda at `capability`, outputs poisoned, and compute on
-    this host (the interpreter); yields the launches' kernels."""
-    with _launches_on_a_gpu(monkeypatch, capability) as gpu:
-        yield gpu.kernels
-
-
-@pytest.fixture
-def launches_on_a_gpu(monkeypatch, capability):
-    """As `on_a_gpu`, yielding the recorder itself (its kernels and their tiles)."""
-    with _launches_on_a_gpu(monkeypatch, capability) as gpu:
-        yield gpu
-
-
-@contextlib.contextmanager
-def _launches_on_a_gpu(monkeypatch, capability):
+    this host (the interpreter); yields the recorder of the launches (their kernels and
+    tiles)."""
     gpu = interpret_gpu_launches(monkeypatch)
     with cuda_lowering(capability), poisoned_outputs():
         yield gpu
 
 
-def _names(kernels) -> set[str]:
-    return {kernel.__name__ for kernel in kernels}
+def _names(gpu) -> set[str]:
+    return {kernel.__name__ for kernel in gpu.kernels}
 
 
 @CAPABILITIES
@@ -75,7 +61,7 @@ def test_varlen_attention(on_a_gpu, capability):
 
 
 @CAPABILITIES
-def test_varlen_attention_at_head_dim_256(launches_on_a_gpu, capability):
+def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
     """bf16, causal, GQA 4q/2kv, d=256 (Gemma's): the tiles a GPU takes there (sm_90: the
     forward's 64-key steps, dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps) over
     a document past one 128-row tile, empty and length-1 documents, rows past the last."""
@@ -83,7 +69,7 @@ def test_varlen_attention_at_head_dim_256(launches_on_a_gpu, capability):
     c = case({"causal": True}, heads=(4, 2), head_dim=256, dtype=jnp.bfloat16,
              lengths=lengths, pad=(6, 2))  # fmt: skip
     check_case("triton", c, seed=capability)
-    tiles = launches_on_a_gpu.tiles
+    tiles = on_a_gpu.tiles
     if capability == 90:
         assert tiles["attention_forward_kernel_poisoned"] == (128, 64, 8)
         assert tiles["attention_backward_dq_kernel_poisoned"] == (128, 32, 8)
@@ -103,11 +89,11 @@ def test_block_sparse_attention(on_a_gpu, capability, mask):
 
 
 @CAPABILITIES
-def test_block_sparse_attention_at_head_dim_256(launches_on_a_gpu, capability):
+def test_block_sparse_attention_at_head_dim_256(on_a_gpu, capability):
     """As `test_block_sparse_attention`, causal over 2 x 200 tokens at d=256, where a GPU
     takes its own tiles (sm_90: dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps)."""
     _check_block_sparse(capability, "causal", head_dim=256, length=200)
-    tiles = launches_on_a_gpu.tiles
+    tiles = on_a_gpu.tiles
     if capability == 90:
         assert tiles["block_sparse_dq_kernel_poisoned"] == (128, 32, 8)
     else:
