@@ -10,23 +10,24 @@ callables and `jax_bridge.compile_for` (XLA with the real Triton compiler for `T
 kernels' machine code, ptxas, is built at their first launch on the device). The other
 anchors (cuDNN, XLA's matmuls, PyTorch) are not ours to check and are left out.
 
-One line per (case, implementation, pass): our kernel launches in the program, its
-`while` loops (each a host round trip a call on a GPU: `jax_bridge.aot.common.while_loops`),
-XLA's temporary memory and the compile time; or the error. Then one line per distinct
-kernel those programs launch, from the PTX jax-triton hands jaxlib, assembled here by
-ptxas (`jax_bridge.launch.report.ptx_kernel_report`): registers, spills (SPILL where its
-innermost tensor-core loop pays them), shared memory, its loop's warp-instructions per
-MFLOP, and SERIAL where ptxas serialized its warpgroup MMAs, which fails the check (the
-H100 runs of 2026-11-27 timed serialized dK/dV and tgmm kernels that no catalog row had
-flagged in time). A kernel with device-side tensor descriptors refused by a jaxlib that
-cannot pass their scratch (before `kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is
-unavailable here, not failed: the device's jaxlib takes it. `make test-device-stack` runs
-this on the device's software (Triton 3.6, jax 0.11.2); `make gpu-preflight` on whichever
-of the two venvs is there. Kernels are told apart by their PTX: a warp-specialized
-kernel's PTX may differ between two compiles of one config, and count twice. The ptxas is
-Triton's bundled one (`ptxas_version`); on the device jaxlib assembles the PTX with its
-own, whose release decides there what is serialized.
-"""
+One line per (case, implementation, pass): our kernel launches in the program, its `while`
+loops (each a host round trip a call on a GPU: `jax_bridge.aot.common.while_loops`), XLA's
+temporary memory and the compile time; or the error. Then one line per distinct kernel
+those programs launch, from the PTX jax-triton hands jaxlib, assembled here by ptxas
+(`jax_bridge.launch.report.ptx_kernel_report`): its tile (from the constexprs the launch
+built it with, which the PTX does not name), registers, spills (SPILL where its innermost
+tensor-core loop pays them), shared memory, its loop's warp-instructions per MFLOP of the
+tile's work (and its MMAs' repeats where above 1), and SERIAL where ptxas serialized its
+warpgroup MMAs, which fails the check (the H100 runs of 2026-11-27 timed serialized dK/dV
+and tgmm kernels that no catalog row had flagged in time). A kernel with device-side
+tensor descriptors refused by a jaxlib that cannot pass their scratch (before
+`kernel_needs.FIRST_JAXLIB_WITH_SCRATCH`) is unavailable here, not failed: the device's
+jaxlib takes it. `make test-device-stack` runs this on the device's software (Triton 3.6,
+jax 0.11.2); `make gpu-preflight` on whichever of the two venvs is there. Kernels are told
+apart by their PTX: a warp-specialized kernel's PTX may differ between two compiles of one
+config, and count twice. The ptxas is Triton's bundled one (`ptxas_version`); on the
+device jaxlib assembles the PTX with its own, whose release decides there what is
+serialized."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ import dataclasses
 import hashlib
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from bench.runner import Case, Impl, _jax_callable
 
@@ -77,13 +78,25 @@ class CompiledRow:
 
 @dataclasses.dataclass(frozen=True)
 class BuiltKernel:
-    """A Triton kernel as jax-triton hands it to jaxlib."""
+    """A Triton kernel as jax-triton hands it to jaxlib: `num_warps` the kernel's own (a
+    warp-specialized one runs more than its launch asked for, `asked_warps`), and the
+    constexprs it was compiled with (None where not recorded), which name its tile."""
 
     name: str
     num_warps: int
     shared_memory_bytes: int
     ptx: str
     compute_capability: int
+    asked_warps: int | None = None
+    constexprs: Mapping[str, Any] | None = None
+
+    @property
+    def loop_work(self) -> tuple[str, int] | None:
+        """(its tile, the FLOPs an iteration of its loop owes the tile):
+        `triton_kernels.catalog.launched_loop_work`; None without a loop or constexprs."""
+        from triton_kernels.catalog import launched_loop_work
+
+        return None if self.constexprs is None else launched_loop_work(self.name, self.constexprs)
 
 
 class KernelBuilds:
@@ -95,25 +108,52 @@ class KernelBuilds:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
-        """Records every jaxlib `TritonKernel` built inside, with an empty jax-triton
-        kernel cache (a kernel built before would not be built, nor recorded, again)."""
+        """Records every jaxlib `TritonKernel` built inside, with the launch's constexprs
+        and warps, with an empty jax-triton kernel cache and the launch layer's cache of
+        host-descriptor kernels passed by (a kernel built before would not be built, nor
+        recorded, again)."""
         from jax._src.lib import gpu_triton
         from jax_triton import triton_lib
 
-        real, cache = gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE
+        from jax_bridge.launch import host_descriptors
+        from jax_bridge.launch.kernel_needs import pass_kernel_needs
+
+        pass_kernel_needs()  # its wrappers go first, so that restoring ours keeps them
+        real = (gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE,
+                triton_lib.get_or_create_triton_kernel, host_descriptors._compiled)  # fmt: skip
+        building: dict[str, Any] = {}  # the launch whose kernel is being built
+
+        def build(*args, num_warps, metaparams, **kwargs):  # jax-triton's launches
+            building.update(asked_warps=num_warps or 4, constexprs=dict(metaparams))
+            try:
+                return real[2](*args, num_warps=num_warps, metaparams=metaparams, **kwargs)
+            finally:
+                building.clear()
+
+        def build_with_descriptors(kernel, types, constants, num_warps, *rest):
+            building.update(asked_warps=num_warps, constexprs=dict(constants))
+            try:
+                return real[3].__wrapped__(kernel, types, constants, num_warps, *rest)
+            finally:
+                building.clear()
 
         def record(name, num_warps, num_ctas, shared, ptx, ttir, capability, *rest):
             key = hashlib.sha256(ptx if isinstance(ptx, bytes) else ptx.encode()).hexdigest()
             text = ptx.decode() if isinstance(ptx, bytes) else ptx
-            self.kernels.setdefault(key, BuiltKernel(name, num_warps, shared, text, capability))
+            self.kernels.setdefault(
+                key, BuiltKernel(name, num_warps, shared, text, capability, **building)
+            )
             self.order.append(key)
-            return real(name, num_warps, num_ctas, shared, ptx, ttir, capability, *rest)
+            return real[0](name, num_warps, num_ctas, shared, ptx, ttir, capability, *rest)
 
         gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE = record, {}
+        triton_lib.get_or_create_triton_kernel = build
+        host_descriptors._compiled = build_with_descriptors
         try:
             yield
         finally:
-            gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE = real, cache
+            (gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE,
+             triton_lib.get_or_create_triton_kernel, host_descriptors._compiled) = real  # fmt: skip
 
 
 def ours_to_compile(case: Case) -> list[Impl]:
@@ -232,12 +272,14 @@ class KernelCheck:
         head = f"  {k.name:36s} {k.num_warps:2d} warps {k.shared_memory_bytes / 1024:6.1f} KiB"
         if self.error is not None:
             return f"{head} ptxas FAILED: {self.error}; {used}"
-        r = self.report
-        per = r.instructions_per_mflop
+        r, work = self.report, k.loop_work
+        per, repeats = r.instructions_per_mflop, r.mma_redundancy
         flags = [f for f, on in (("SERIAL", r.serialized_wgmma), ("SPILL", r.loop_spills)) if on]
         return (
-            f"{head} {r.registers:3d} regs, spills {r.spill_store_bytes}/{r.spill_load_bytes} B"
+            f"{head}{f' {work[0]:>10s}' if work else ''} {r.registers:3d} regs, spills "
+            f"{r.spill_store_bytes}/{r.spill_load_bytes} B"
             + (f", {per:5.0f} per MFLOP" if per is not None else "")
+            + (f" (MMAs x{repeats:.2f})" if repeats is not None and repeats > 1.005 else "")
             + (f" {' '.join(flags)}" if flags else "")
             + f" {used}"
         )
@@ -248,16 +290,18 @@ def check_kernels(
 ) -> list[KernelCheck]:
     """Every kernel in `builds` assembled by `ptxas` (a path; Triton's by default) and read
     (`ptx_kernel_report`), with the rows that launch it; prints a line as each is read."""
-    from jax_bridge.launch.report import ptx_kernel_report
+    from jax_bridge.launch.report import ptx_kernel_report, warps_in_loop
 
     checks = []
     for key, kernel in builds.kernels.items():
         users = tuple(r for r in rows if key in r.kernel_keys)
+        asked, work = kernel.asked_warps, kernel.loop_work
         try:
             report = ptx_kernel_report(
                 kernel.name, kernel.ptx, compute_capability=kernel.compute_capability,
                 num_warps=kernel.num_warps, shared_memory_bytes=kernel.shared_memory_bytes,
-                ptxas=ptxas,
+                ptxas=ptxas, loop_warps=asked and warps_in_loop(kernel.num_warps, asked),
+                loop_work_flops=work and work[1],
             )  # fmt: skip
             check = KernelCheck(key, kernel, users, report=report)
         except subprocess.CalledProcessError as error:  # ptxas refused the PTX
@@ -320,11 +364,12 @@ def static_document(
     run's A/B rows (`gpu-check --verdicts FILE --static FILE`)."""
     kernels = {}
     for check in checks:
-        r = check.report
+        r, work = check.report, check.kernel.loop_work
         kernels[check.key] = {
             "name": check.kernel.name,
             "num_warps": check.kernel.num_warps,
             "shared_memory_bytes": check.kernel.shared_memory_bytes,
+            "tile": work and work[0],
             "error": check.error,
             **(
                 {
@@ -332,6 +377,7 @@ def static_document(
                     "spill_store_bytes": r.spill_store_bytes,
                     "spill_load_bytes": r.spill_load_bytes,
                     "per_mflop": r.instructions_per_mflop,
+                    "mma_redundancy": r.mma_redundancy,
                     "serialized": r.serialized_wgmma,
                     "loop_spills": r.loop_spills,
                 }

@@ -93,10 +93,12 @@ def _short(kernel: str) -> str:
 def _kernel_text(kernel: Mapping[str, Any]) -> str:
     if kernel.get("error"):
         return "ptxas failed"
-    per = kernel.get("per_mflop")
+    per, tile, repeats = (kernel.get(f) for f in ("per_mflop", "tile", "mma_redundancy"))
     flags = [f for f in ("serialized", "loop_spills") if kernel.get(f)]
     return (
-        (f"{per:.0f}/MFLOP" if per is not None else "no MMA loop")
+        (f"{tile} " if tile else "")
+        + (f"{per:.0f}/MFLOP" if per is not None else "no MMA loop")
+        + (f" MMAs x{repeats:.2f}" if repeats is not None and repeats > 1.005 else "")
         + f" {kernel['spill_store_bytes']} B spilled"
         + "".join(f" {f.upper()}" for f in flags)
     )
@@ -104,8 +106,10 @@ def _kernel_text(kernel: Mapping[str, Any]) -> str:
 
 def static_difference(row: BenchRow, static: Mapping[str, Any]) -> str:
     """The kernels the A/B row's anchor launches differently from the default, each as
-    'name: anchor's | default's' (its loop's warp-instructions per MFLOP, bytes spilled a
-    thread, SERIALIZED / LOOP_SPILLS), from a `preflight.static_document`; '' where the
+    'name: anchor's | default's' (its tile, its loop's warp-instructions per MFLOP of the
+    tile's work, its MMAs' repeats above 1, bytes spilled a thread, SERIALIZED /
+    LOOP_SPILLS; documents before the tile was recorded say no tile and price per MFLOP
+    the MMAs execute), from a `preflight.static_document`; '' where the
     document has not both programs."""
     label = row.op.rsplit(" ", 1)[-1]
     programs = {

@@ -149,11 +149,18 @@ def test_the_kernels_a_row_launches_are_recorded_and_read_by_ptxas(restored_flag
     from jax._src.lib import gpu_triton
     from jax_triton import triton_lib
 
-    real, cache = gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE
+    from jax_bridge.launch import host_descriptors
+
+    kernel_needs.pass_kernel_needs()  # as any launch does first: the functions restored
+    real = (gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE,
+            triton_lib.get_or_create_triton_kernel, host_descriptors._compiled)  # fmt: skip
     case = next(c for c in gpu_rows.cases(gpu_rows.Sizes.tiny()) if c.key == "16x4 causal")
     builds = preflight.KernelBuilds()
     rows = [preflight.compile_impl(case, case.ours, case.inputs(), True, "h100", builds)]
-    assert gpu_triton.TritonKernel is real and triton_lib._COMPILED_KERNEL_CACHE is cache
+    assert all(a is b for a, b in zip(real, (
+        gpu_triton.TritonKernel, triton_lib._COMPILED_KERNEL_CACHE,
+        triton_lib.get_or_create_triton_kernel, host_descriptors._compiled,
+    ), strict=True))  # fmt: skip
     names = {builds.kernels[key].name for key in rows[0].kernel_keys}
     assert names == {
         "attention_schedule_kernel", "attention_forward_kernel",
@@ -170,6 +177,54 @@ def test_the_kernels_a_row_launches_are_recorded_and_read_by_ptxas(restored_flag
     attention = [c for c in checks if "backward" in c.kernel.name or "forward" in c.kernel.name]
     assert all(c.report.uses_wgmma and c.report.inner_loop is not None for c in attention)
     assert preflight.summary(rows, "h100", checks)[1]
+    # The launch's constexprs name each loop kernel's tile, so the proxy is per MFLOP of
+    # the tile's work; these tiles compute each product once (the schedules: no loop).
+    for check in checks:
+        kernel, report = check.kernel, check.report
+        assert kernel.asked_warps == kernel.num_warps == report.loop_warps
+        if check in attention:
+            c = kernel.constexprs
+            assert kernel.loop_work[0] == f"{c['BLOCK_M']}x{c['BLOCK_N']}"
+            assert report.loop_work_flops == kernel.loop_work[1] > 0
+            assert report.mma_redundancy == 1.0 and f" {kernel.loop_work[0]} " in check.line()
+        else:
+            assert kernel.loop_work is None and report.mma_redundancy is None
+
+
+@pytest.mark.skipif(
+    not host_descriptors_launchable(), reason="host-side descriptors need jaxlib >= 0.11.2"
+)
+def test_a_warp_specialized_or_host_descriptor_kernel_is_priced_and_recorded_each_build():
+    """A warp-specialized kernel's loop is its consumers' (12 warps run it, 4 asked), and
+    a kernel with host-side descriptors, whose launch layer keeps its own cache, is
+    recorded in each program that builds it."""
+    from jax_bridge import compile_for, varlen_attention
+    from triton_kernels.flash_attention.config import (
+        WARP_SPECIALIZED_FORWARD_TILE,
+        AttentionConfigs,
+        AttentionKernelConfig,
+    )
+
+    cu = jnp.asarray([0, 100, 256], jnp.int32)
+    q = jax.ShapeDtypeStruct((256, 2, 64), jnp.bfloat16)
+    specialized = AttentionKernelConfig(*WARP_SPECIALIZED_FORWARD_TILE, tma=True,
+                                        warp_specialize=True)  # fmt: skip
+    host = AttentionKernelConfig(128, 64, 8, 2, tma=True, host_descriptors=True)
+    builds = preflight.KernelBuilds()
+    for config in (specialized, host, host):
+        forward = AttentionConfigs(forward=config)
+        with builds.recording():
+            compile_for(lambda q, k, v, c=forward: varlen_attention(
+                q, k, v, cu, cu, causal=True, implementation="triton", config=c,
+            ), q, q, q, target="h100")  # fmt: skip
+    forwards = [builds.kernels[k] for k in builds.order if "forward" in builds.kernels[k].name]
+    assert len(forwards) == 3 and forwards[1] is forwards[2]  # the host one, twice
+    assert [k.loop_work[0] for k in forwards] == ["128x128", "128x64", "128x64"]
+    checks = {c.kernel.num_warps: c.report for c in preflight.check_kernels(builds, [])
+              if "forward" in c.kernel.name}  # fmt: skip
+    assert forwards[0].asked_warps == 4 and checks[12].loop_warps == 8
+    assert checks[8].loop_warps == 8 and forwards[1].asked_warps == 8
+    assert checks[12].mma_redundancy == checks[8].mma_redundancy == 1.0
 
 
 def test_a_serialized_kernel_fails_the_check():
@@ -214,6 +269,10 @@ def test_verdicts_set_the_changed_kernels_beside_each_ab_row(first_varlen_row):
     lines = text.splitlines()
     deep = lines[lines.index("ours triton varlen dkdv 64x128 3 stages: faster") + 2]
     assert deep.strip().startswith("dkdv: ") and "/MFLOP" in deep and " | " in deep
+    assert deep.count("64x128 ") == 2  # each side's tile (toy sizes: the default's too)
+    loops = [k for k in static["kernels"].values()
+             if k["name"].endswith(("forward_kernel", "dq_kernel", "dkdv_kernel"))]  # fmt: skip
+    assert loops and all(k["tile"] and k["mma_redundancy"] for k in loops if not k["error"])
     assert "dq:" not in deep and "forward" not in deep  # only dK/dV changed
     atomic = lines[lines.index("ours triton varlen dq by atomics: faster") + 2]
     assert "+1 row_stats" in atomic and "-1 dq" in atomic and "dkdv: " in atomic

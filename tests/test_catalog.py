@@ -26,6 +26,8 @@ from triton_kernels.catalog import (
     CAUSAL,
     attention_variant,
     block_sparse_variant,
+    default_variants,
+    launched_loop_work,
 )
 from triton_kernels.flash_attention.backward import attention_backward_row_stats_kernel
 from triton_kernels.flash_attention.config import KINDS, default_attention_config
@@ -105,3 +107,20 @@ def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
         first, careful = launches[variant.kernel]
         assert first == dict(variant.constexprs), kind
         assert careful == first | dict(CAREFUL=True), kind
+
+
+@pytest.mark.parametrize("compute_capability", [80, 90])
+def test_a_kernel_known_by_name_owes_its_loop_what_its_variant_says(compute_capability):
+    """`launched_loop_work` (the preflight's kernels, known by the name their PTX gives
+    and their launch's constexprs) agrees with every default variant's `loop_work_flops`,
+    and names the tile its description does."""
+    variants = default_variants(compute_capability, head_dims=(64, 128, 256))
+    for variant in variants:
+        tile, flops = launched_loop_work(variant.kernel.__name__, variant.constexprs)
+        assert flops == variant.loop_work_flops > 0, variant.name
+        assert f" {tile}" in variant.description, (variant.name, tile)
+    assert {v.kernel.__name__ for v in variants} >= {
+        *(k.__name__ for k in (*ATTENTION_KERNELS.values(), *BLOCK_SPARSE_KERNELS.values())),
+        "gmm_kernel", "tgmm_kernel",
+    }  # fmt: skip
+    assert launched_loop_work(attention_backward_row_stats_kernel.__name__, {}) is None

@@ -125,6 +125,28 @@ def loop_work_flops(kind: str, constexprs: Mapping[str, Any]) -> int:
     return products * 2 * c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_D"]
 
 
+# The loop each kernel (by the name its PTX gives it) owes its tile: `loop_work_flops`'s
+# kind. The schedule and row-statistics kernels have no tensor-core loop.
+_LOOP_KIND_BY_KERNEL_NAME = {
+    **{kernel.__name__: kind for kind, kernel in ATTENTION_KERNELS.items()},
+    **{kernel.__name__: kind for kind, kernel in BLOCK_SPARSE_KERNELS.items()},
+    **{kernel.__name__: "matmul" for kernel in (gmm_kernel, tgmm_kernel, tgmm_walk_kernel)},
+}
+
+
+def launched_loop_work(kernel_name: str, constexprs: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(the tile, as "128x64" or, for grouped matmul, "128x64x256" = M x K x N, and
+    `loop_work_flops`) of a kernel built elsewhere, known by its name and the constexprs it
+    was compiled with (the preflight's kernels, which jax-triton builds from a launch);
+    None for a kernel without a tensor-core loop."""
+    kind = _LOOP_KIND_BY_KERNEL_NAME.get(kernel_name)
+    if kind is None:
+        return None
+    c = constexprs
+    dims = ("BLOCK_M", "BLOCK_K", "BLOCK_N") if kind == "matmul" else ("BLOCK_M", "BLOCK_N")
+    return "x".join(str(c[d]) for d in dims), loop_work_flops(kind, c)
+
+
 _ATTENTION_SCALARS = dict(
     total_q="i32",
     num_chunks="i32",

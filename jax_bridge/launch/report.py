@@ -378,15 +378,19 @@ def static_kernel_report(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     statistics, _ = _ptxas(compiled.asm["ptx"], compute_capability)
-    # A warp-specialized loop adds warpgroups (4 asked -> 12 on Hopper): the kernel's own.
-    # Its consumers run the loop; the producer warpgroup, the warps asked, copies.
     warps = int(compiled.metadata.num_warps)
     return _kernel_report(
         kernel.__name__, compiled.asm["ptx"], compiled.asm["cubin"], statistics,
         compute_capability, warps, num_stages, int(compiled.metadata.shared),
-        loop_warps=warps - num_warps if warps > num_warps else warps,
-        loop_work_flops=loop_work_flops,
+        loop_warps=warps_in_loop(warps, num_warps), loop_work_flops=loop_work_flops,
     )  # fmt: skip
+
+
+def warps_in_loop(compiled_warps: int, asked_warps: int) -> int:
+    """The warps that run a kernel's inner loop. A warp-specialized loop adds warpgroups to
+    the warps asked (4 -> 12 on Hopper: the kernel's own count): its consumers run the
+    loop, while the producer warpgroup, the warps asked, copies."""
+    return compiled_warps - asked_warps if compiled_warps > asked_warps else compiled_warps
 
 
 def compile_offline(
@@ -442,15 +446,21 @@ def ptx_kernel_report(
     num_warps: int,
     shared_memory_bytes: int,
     ptxas: str | None = None,
+    loop_warps: int | None = None,
+    loop_work_flops: int | None = None,
 ) -> KernelReport:
     """`static_kernel_report` of a kernel already lowered to PTX, as jax-triton hands it to
     jaxlib (which assembles it on the device): assembled here by `ptxas` (a path; Triton's
     bundled one by default: another release, such as the device's, may assemble the same
-    PTX differently). `num_stages` is reported as 0: the PTX does not say."""
+    PTX differently). `num_stages` is reported as 0: the PTX does not say; nor does it say
+    the tile, so `loop_work_flops` (`KernelReport`) comes from whoever built the kernel,
+    and where None the proxy is per MFLOP the loop's MMAs execute. `loop_warps`: see
+    `KernelReport` (`warps_in_loop` counts them)."""
     statistics, cubin = _ptxas(ptx, compute_capability, ptxas)
     return _kernel_report(
-        kernel, ptx, cubin, statistics, compute_capability, num_warps, 0, shared_memory_bytes
-    )
+        kernel, ptx, cubin, statistics, compute_capability, num_warps, 0, shared_memory_bytes,
+        loop_warps=loop_warps, loop_work_flops=loop_work_flops,
+    )  # fmt: skip
 
 
 def _kernel_report(
