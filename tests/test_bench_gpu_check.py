@@ -149,7 +149,7 @@ def test_the_issue_rows_are_declared():
     assert wide.shape == "4x4096 d256 causal h8 d256 bf16"
     assert wide.forward_flops == 4 * 256 * 8 * 4 * 4096 * 4097 / 2
     assert {"ours triton varlen forward 128x32", "ours triton varlen dq 64x32",
-            "ours triton varlen dkdv 16x32 4 warps"} <= {a.name for a in wide.anchors}  # fmt: skip
+            "ours triton varlen dkdv 64x32 mma.sync"} <= {a.name for a in wide.anchors}  # fmt: skip
     assert keys[-1] == wide.key
     matmul = next(c for c in gpu_rows.cases(sizes) if c.key == "m8192 G64")
     assert matmul.flops("fwd+bwd") == 3 * 2 * 8192 * 2048 * 1408
@@ -269,14 +269,14 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "ours triton varlen forward tma host descriptors", "ours triton varlen dq tma",
         "ours triton varlen dq tma host descriptors", "ours triton varlen dkdv tma",
         "ours triton varlen dkdv tma host descriptors", "ours triton varlen forward 128x32",
-        "ours triton varlen dq 64x32", "ours triton varlen dkdv 16x32 4 warps",
+        "ours triton varlen dq 64x32", "ours triton varlen dkdv 64x32 mma.sync",
     }  # fmt: skip
     _passes_of(found, (
         ("forward tma", "forward"), ("forward overlapped", "forward"),
         ("dkdv overlapped", "fwd+bwd"), ("backward 64x64", "fwd+bwd"),
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
         ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"), ("dkdv tma", "fwd+bwd"),
-        ("forward 128x32", "forward"), ("dq 64x32", "fwd+bwd"), ("dkdv 16x32", "fwd+bwd"),
+        ("forward 128x32", "forward"), ("dq 64x32", "fwd+bwd"), ("dkdv 64x32", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out
     assert "dq" in out and "MISMATCH" not in out

@@ -352,6 +352,14 @@ def row_stats_config(head_dim: int, compute_capability: int | None) -> Attention
 # warpgroup on sm_90); the query tile it streams is small. Hopper d=128 fits 32x128 with
 # every option on since the kernel walks (query tile, head) pairs in one loop and reads
 # lse in log2 units (bench report, bf16 causal: 828 -> 540 warp-instructions per MFLOP).
+# At d=256 its 16x64 computes K Q^T and V dO^T in both warpgroups (1.5x the tile's work)
+# and spills 120-232 B; every wgmma tile without repeats spills in its loop. 64x32 at 8
+# warps (m16 a warp: mma.sync) runs each product once, spill-free under Triton 3.6 and
+# 3.9 (causal or not, a soft cap, a window; GQA 1, 3, 4; either launch; with ALiBi under
+# 3.9 16-24 B, 4 accesses in the loop), at 788 / 797 warp-instructions per MFLOP of the
+# tile's work against 1690 / 2361 (causal); since mma.sync peaks at about half
+# wgmma's rate on an H100, which the count cannot price, it is gpu-check's A/B, not yet
+# the default.
 # dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed). At 8 warps a Hopper
 # kernel's stationary tile wants 128 rows, m64 for each of its two warpgroups: dQ at d=256
 # took 64x32 until 2026-12-06, whose two warpgroups each computed all of QK^T and dO V^T
