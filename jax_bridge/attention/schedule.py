@@ -62,6 +62,12 @@ def persistent(num_sequences: int) -> bool:
     return num_sequences > _SPARE_PROGRAMS
 
 
+def call_walks_tile_lists(cu_seqlens_q: jax.Array) -> bool:
+    """`persistent` for a call of B sequences (`cu_seqlens_q`: [B + 1]), whose kernels see
+    B + 4 extended sequences (`_with_tail_sequences`)."""
+    return persistent(cu_seqlens_q.shape[0] + 3)
+
+
 def programs(rows: int, total: int, block: int, persistent: bool) -> int:
     """Programs on the grid's tile axis, for a tile list of `rows` rows."""
     if not persistent:

@@ -23,8 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.attention.options import AttentionOptions
-from jax_bridge.attention.schedule import TileSchedule, programs, tile_schedule
-from jax_bridge.attention.schedule import persistent as walks_tile_lists
+from jax_bridge.attention.schedule import (
+    TileSchedule,
+    call_walks_tile_lists,
+    programs,
+    tile_schedule,
+)
 from jax_bridge.attention.sinks import row_delta, sink_gradient
 from jax_bridge.attention.spec import AttentionSpec
 from jax_bridge.core.numerics import cdiv
@@ -210,7 +214,7 @@ def forward(
     if total_q == 0 or total_k == 0:  # no launch: every row attends nothing
         return jnp.zeros_like(q), _lse_without_keys(sinks, num_q_heads, total_q)
     features = _features(options.spec, sinks, alibi_slopes)
-    persistent = walks_tile_lists(cu_seqlens_q.shape[0] + 3)  # B + 4 extended sequences
+    persistent = call_walks_tile_lists(cu_seqlens_q)
     config = _config(options, q, k, "forward", features, persistent)
     schedule = tile_schedule(
         cu_seqlens_q, cu_seqlens_k, total_q, total_k, config.block_m, None, features
@@ -293,7 +297,7 @@ def backward(
         d_sinks = None if sinks is None else sink_gradient(sinks, lse, delta)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), d_sinks
     features = _features(options.spec, sinks, alibi_slopes)
-    persistent = walks_tile_lists(cu_seqlens_q.shape[0] + 3)  # B + 4 extended sequences
+    persistent = call_walks_tile_lists(cu_seqlens_q)
     dq_config = _config(options, q, k, "backward_dq", features, persistent)
     dkdv_config = _config(options, q, k, "backward_dkdv", features, persistent)
     schedule = tile_schedule(

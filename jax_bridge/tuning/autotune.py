@@ -396,14 +396,19 @@ def tune_attention(
       (the `AttentionConfigs` to pass as `config=`, the `TuneResult` of each kind).
     """
     from jax_bridge.attention.api import varlen_attention  # ops never import tuning
+    from jax_bridge.attention.schedule import call_walks_tile_lists
 
     _require_gpu("tune_attention")
     head_dim, dtype = q.shape[2], q.dtype
     capability = device_compute_capability()
     features = AttentionFeatures(causal=bool(causal))
-    # The defaults untuned calls run (dK/dV may take TMA); candidates set every field.
+    # The defaults untuned calls of this problem run (dK/dV may take TMA; many sequences
+    # walk tile lists, at their own tiles); candidates set every field.
     descriptors = tensor_descriptors_available()
-    defaults = default_attention_configs(head_dim, dtype, capability, features, descriptors)
+    persistent = call_walks_tile_lists(cu_seqlens_q)
+    defaults = default_attention_configs(
+        head_dim, dtype, capability, features, descriptors, persistent
+    )
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k)
     attention = lambda config, *a: varlen_attention(
         *a, causal=causal, implementation="triton", config=config

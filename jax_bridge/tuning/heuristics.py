@@ -164,19 +164,19 @@ def default_attention_configs(
     compute_capability: int | None,
     features: AttentionFeatures | Collection[str] = (),
     descriptors: bool = False,
+    persistent: bool = False,
 ) -> AttentionConfigs:
     """The complete default `AttentionConfigs` (the kernels' tables) of one problem;
-    `descriptors`: as `default_attention_config`'s (what `varlen_attention` passes:
-    `jax_bridge.launch.target.tensor_descriptors_available()`)."""
+    `descriptors` and `persistent` as `default_attention_config`'s (what `varlen_attention`
+    passes: `jax_bridge.launch.target.tensor_descriptors_available()`, and whether the
+    call's sequences are many enough for the kernels to walk tile lists,
+    `jax_bridge.attention.schedule.persistent`: such launches keep smaller tiles where the
+    larger spill in the walk, e.g. the Hopper forward at d=256)."""
     name, on = _dtype_name(dtype), attention_features(features)
-    return AttentionConfigs(
-        *(
-            default_attention_config(
-                head_dim, name, compute_capability, kind, features=on, descriptors=descriptors
-            )
-            for kind in KINDS
-        )
-    )
+    launch = dict(features=on, descriptors=descriptors, persistent=persistent)
+    configs = [default_attention_config(head_dim, name, compute_capability, kind, **launch)
+               for kind in KINDS]  # fmt: skip
+    return AttentionConfigs(*configs)
 
 
 def default_grouped_matmul_config(

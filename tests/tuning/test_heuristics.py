@@ -433,3 +433,24 @@ def test_grouped_matmul_candidates_hold_the_warp_specialized_tiles_on_hopper(tra
         assert candidates == grouped_matmul_candidates(
             problem, dtype=dtype, compute_capability=capability, transposed=transposed
         )
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+def test_defaults_of_many_sequences_are_the_persistent_launch_tiles(capability):
+    """`default_attention_configs(persistent=True)` is what a call of many sequences runs
+    (its kernels walk tile lists: `default_attention_config(persistent=True)` for each
+    kernel), which differs from a call of few where the larger tile spills in the walk:
+    Hopper's forward at d=256 (128x32 against 128x64), sm_80's at d=128."""
+    causal = AttentionFeatures(causal=True)
+    for head_dim in (64, 128, 256):
+        walking = default_attention_configs(head_dim, jnp.bfloat16, capability, causal,
+                                            persistent=True)  # fmt: skip
+        for kind in KINDS:
+            expected = default_attention_config(
+                head_dim, "bfloat16", capability, kind, features=causal, persistent=True
+            )
+            assert getattr(walking, kind) == expected, (head_dim, kind)
+    wide = 256 if capability == 90 else 128
+    few = default_attention_configs(wide, jnp.bfloat16, capability, causal).forward
+    many = default_attention_configs(wide, jnp.bfloat16, capability, causal, persistent=True)
+    assert few.block_n > many.forward.block_n
