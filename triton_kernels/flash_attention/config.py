@@ -483,8 +483,16 @@ _AMPERE_PERSISTENT_HEAVY: _Table = {
 # sm_80 and sm_90 without the register-heavy options (Triton 3.6 and 3.9; with a soft
 # cap, ALiBi and a left window all on, 4-60 B outside the loop at sm_90, d=128); at d=256
 # on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
-# for wgmma: every wgmma tile tried there spills, 20-3000 B).
+# for wgmma: every wgmma tile tried there spills, 20-3000 B), whose warps compute its
+# key-row products over again (2.2x the tile's work, `KernelReport.mma_redundancy`).
 _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
+# ... but calls without the register-heavy options step 64 query rows at a time: dQ's
+# product, [64, 256], takes wgmma, the key-row ones mma.sync, each computed once; no
+# spill in any loop under Triton 3.6 and 3.9 (causal or not, GQA 1, 3 or 4, a program a
+# tile or persistent; 0-4 B outside them), 177 KiB; 2277 -> 1010 / 2301 -> 1015
+# warp-instructions per MFLOP of the tile's work (3.6 / 3.9, causal). With a soft cap,
+# ALiBi or a left window its loop reaches local memory under 3.9 (2-13 accesses).
+_HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 32, 8, 2)}
 # sm_80 at d=256: the base table's 32x32 at 4 warps spills in that kernel's loop (16 B,
 # Triton 3.9, causal): it keeps the former 16x64 at 8 warps.
 _AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
@@ -650,6 +658,8 @@ def default_attention_config(
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif dq_atomic and kind == "backward_dkdv":  # sm_80 and sm_90 (sm_100 took its own)
         atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
+        if hopper and not features.register_heavy:
+            atomic_table = _HOPPER_DQ_ATOMIC_DKDV_LIGHT
         config = atomic_table.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
