@@ -77,19 +77,22 @@ def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
         assert tiles["attention_backward_dkdv_kernel_poisoned"] == (32, 32, 4)
 
 
-@pytest.mark.parametrize("capability", [90], ids=["sm_90"])
-def test_varlen_attention_with_dq_by_atomics_at_head_dim_256(on_a_gpu, capability):
-    """`AttentionConfigs(dq_atomic=True)` at d=256 on sm_90, causal with sinks, GQA 4q/2kv:
-    the dK/dV kernel that adds dQ steps 64 query rows past 32 keys (dQ's product by wgmma,
-    the others by mma.sync), its atomic dQ against the float64 oracle."""
+@pytest.mark.parametrize(
+    "capability, head_dim, tile", [(90, 256, (64, 32, 8)), (80, 128, (64, 64, 8))],
+    ids=["sm_90-d256", "sm_80-d128"],
+)  # fmt: skip
+def test_varlen_attention_with_dq_by_atomics(on_a_gpu, capability, head_dim, tile):
+    """`AttentionConfigs(dq_atomic=True)`, causal with sinks, GQA 4q/2kv, where the dK/dV
+    kernel that adds dQ steps 64 query rows (sm_90, d=256: dQ's product by wgmma, the
+    others by mma.sync; sm_80, d=128): its atomic dQ against the float64 oracle."""
     from jax_bridge import AttentionConfigs
 
     lengths = ((150, 150), (0, 3), (1, 1), (70, 40), (0, 0))
-    c = case({"causal": True}, heads=(4, 2), head_dim=256, dtype=jnp.bfloat16,
+    c = case({"causal": True}, heads=(4, 2), head_dim=head_dim, dtype=jnp.bfloat16,
              lengths=lengths, pad=(6, 2), sinks=True)  # fmt: skip
     check_case("triton", c, seed=capability, config=AttentionConfigs(dq_atomic=True))
     tiles = on_a_gpu.tiles
-    assert tiles["attention_backward_dkdv_kernel_poisoned"] == (64, 32, 8)
+    assert tiles["attention_backward_dkdv_kernel_poisoned"] == tile
     assert "attention_backward_dq_kernel_poisoned" not in tiles
 
 

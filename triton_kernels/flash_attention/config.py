@@ -494,8 +494,16 @@ _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8,
 # ALiBi or a left window its loop reaches local memory under 3.9 (2-13 accesses).
 _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 32, 8, 2)}
 # sm_80 at d=256: the base table's 32x32 at 4 warps spills in that kernel's loop (16 B,
-# Triton 3.9, causal): it keeps the former 16x64 at 8 warps.
-_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
+# Triton 3.9, causal): it keeps the former 16x64 at 8 warps. At d=128 it steps 64 query
+# rows (the light dK/dV's 64x64) where the base table's 32x64 computed part of its
+# products over again (1.4x the tile's work): 1465 -> 1039 / 1706 -> 1277 warp-
+# instructions per MFLOP of the tile's work (3.6 / 3.9, causal), no spill in any loop
+# with any option, GQA 1, 3 or 4, either launch (under 3.9, 4-28 B outside it with a
+# soft cap, ALiBi or a left window).
+_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {
+    128: (64, 64, 8, 2),
+    256: (16, 64, 8, 3),
+}
 # That kernel with `tma` (the A/B row "dq by tma reduction", sm_90, d=128): its Q and dO
 # tiles by descriptor and each step's dQ share added by one bulk tensor reduction
 # (UTMAREDG) where the pointer loop issues 8 vector atomics (REDG.ADD.F32x4) a thread,
