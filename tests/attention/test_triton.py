@@ -810,21 +810,27 @@ def test_dq_atomic_under_vmap_and_jit():
 
 def test_dq_atomic_takes_the_base_tile_by_pointers():
     """With dQ's product and atomic adds in it, dK/dV keeps the base tables' tile where
-    light calls would take the larger ones (the TMA tile on sm_90: it spills with them);
-    the other kernels keep theirs."""
+    light calls would take the larger ones (the TMA tile on sm_90: it spills with them),
+    but where its own tables say otherwise (64 query rows: sm_90 at d=256 without the
+    register-heavy options, sm_80 at d=128); the other kernels keep theirs."""
     causal = AttentionFeatures(causal=True)
 
-    def config(head_dim, kind, dq_atomic, capability=90):
+    def config(head_dim, kind, dq_atomic, capability=90, features=causal):
         return default_attention_config(
-            head_dim, "bfloat16", capability, kind, features=causal, descriptors=True,
+            head_dim, "bfloat16", capability, kind, features=features, descriptors=True,
             dq_atomic=dq_atomic,
         )  # fmt: skip
 
     assert config(128, "backward_dkdv", False).tma
     assert config(128, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 2)
     assert config(64, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 3)
-    assert config(256, "backward_dkdv", True) == AttentionKernelConfig(16, 32, 8, 2)
-    assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(32, 64, 8, 2)
+    assert config(256, "backward_dkdv", True) == AttentionKernelConfig(64, 32, 8, 2)
+    capped = AttentionFeatures(causal=True, soft_cap=True)
+    assert config(256, "backward_dkdv", True, features=capped) == AttentionKernelConfig(
+        16, 32, 8, 2
+    )
+    assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 8, 2)
+    assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(32, 128, 8, 2)
     for kind in ("forward", "backward_dq"):
         assert config(128, kind, True) == config(128, kind, False)
     with pytest.raises(TypeError, match="dq_atomic must be a bool"):
