@@ -489,7 +489,7 @@ _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8,
 # ... but calls without the register-heavy options step 64 query rows at a time: dQ's
 # product, [64, 256], takes wgmma, the key-row ones mma.sync, each computed once; no
 # spill in any loop under Triton 3.6 and 3.9 (causal or not, GQA 1, 3 or 4, a program a
-# tile or persistent; 0-4 B outside them), 177 KiB; 2277 -> 1010 / 2301 -> 1015
+# tile or persistent; none outside them), 177 KiB; 2277 -> 1010 / 2301 -> 1015
 # warp-instructions per MFLOP of the tile's work (3.6 / 3.9, causal). With a soft cap,
 # ALiBi or a left window its loop reaches local memory under 3.9 (2-13 accesses).
 _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 32, 8, 2)}
