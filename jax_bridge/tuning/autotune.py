@@ -433,6 +433,7 @@ def tune_attention(
             compute_capability=capability,
             features=features,
             descriptors=descriptors,
+            persistent=persistent,
         )
         results[kind] = autotune(
             f"varlen_attention.{kind}",

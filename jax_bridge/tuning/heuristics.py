@@ -165,18 +165,22 @@ def default_attention_configs(
     features: AttentionFeatures | Collection[str] = (),
     descriptors: bool = False,
     persistent: bool = False,
+    dq_atomic: bool = False,
 ) -> AttentionConfigs:
-    """The complete default `AttentionConfigs` (the kernels' tables) of one problem;
-    `descriptors` and `persistent` as `default_attention_config`'s (what `varlen_attention`
-    passes: `jax_bridge.launch.target.tensor_descriptors_available()`, and whether the
-    call's sequences are many enough for the kernels to walk tile lists,
-    `jax_bridge.attention.schedule.persistent`: such launches keep smaller tiles where the
-    larger spill in the walk, e.g. the Hopper forward at d=256)."""
+    """The complete default `AttentionConfigs` (the kernels' tables) of one problem, as
+    `varlen_attention` launches it. `descriptors`, `persistent` and `dq_atomic` as
+    `default_attention_config`'s: `jax_bridge.launch.target.tensor_descriptors_available()`;
+    whether the call's sequences are many enough for the kernels to walk tile lists
+    (`jax_bridge.attention.schedule.call_walks_tile_lists`: such launches keep smaller
+    tiles where the larger spill in the walk, e.g. the Hopper forward at d=256); and
+    whether dK/dV adds dQ (`AttentionConfigs.dq_atomic`, set in the result too: that
+    kernel has its own tiles, and the dQ kernel's is then unused)."""
     name, on = _dtype_name(dtype), attention_features(features)
-    launch = dict(features=on, descriptors=descriptors, persistent=persistent)
+    launch = dict(features=on, descriptors=descriptors, persistent=persistent,
+                  dq_atomic=dq_atomic)  # fmt: skip
     configs = [default_attention_config(head_dim, name, compute_capability, kind, **launch)
                for kind in KINDS]  # fmt: skip
-    return AttentionConfigs(*configs)
+    return AttentionConfigs(*configs, dq_atomic=dq_atomic)
 
 
 def default_grouped_matmul_config(
@@ -204,6 +208,9 @@ def default_params(
     head_dim: int | None = None,
     shape: tuple[int, int, int] | None = None,
     features: AttentionFeatures | Collection[str] = (),
+    descriptors: bool = False,
+    persistent: bool = False,
+    dq_atomic: bool = False,
 ) -> tuple[FwdParams, BwdParams | None]:
     """The default launch params of `op` as (forward, backward); backward is None for the
     grouped matmuls, whose gradient matmuls take their own kernels' defaults.
@@ -219,16 +226,22 @@ def default_params(
         names of the ones on (`ATTENTION_FEATURES`), passed to the kernels' tables.
         Grouped matmul: names from `GROUPED_MATMUL_FEATURES` (validated; "accumulate"
         changes gmm's default on Hopper).
+      descriptors, persistent, dq_atomic: attention's launch, as
+        `default_attention_configs` takes it (each changes some kernel's default).
     """
+    launch = dict(descriptors=descriptors, persistent=persistent, dq_atomic=dq_atomic)
     if op == "attention":
         if head_dim is None:
             raise ValueError("default_params('attention') needs head_dim.")
-        configs = default_attention_configs(head_dim, dtype, compute_capability, features)
+        configs = default_attention_configs(head_dim, dtype, compute_capability, features, **launch)
         return (
             FwdParams.from_attention_config(configs.forward),
             BwdParams.from_attention_configs(configs.backward_dkdv, configs.backward_dq),
         )
     if op in ("grouped_matmul", "transposed_grouped_matmul"):
+        if any(launch.values()):
+            on = sorted(name for name, value in launch.items() if value)
+            raise ValueError(f"default_params({op!r}): {on} are attention's arguments.")
         _check_features(features, GROUPED_MATMUL_FEATURES, op)
         if shape is None or len(shape) != 3:
             raise ValueError(f"default_params({op!r}) needs shape=(m, k, n), got {shape!r}.")
@@ -265,8 +278,10 @@ def attention_candidates(
     compute_capability: int | None,
     features: AttentionFeatures | Collection[str] = (),
     descriptors: bool = False,
+    persistent: bool = False,
 ) -> list[FwdParams] | list[BwdParams]:
-    """Configs of one attention kernel to time, the default first.
+    """Configs of one attention kernel to time, the default first (that of a call of many
+    sequences where `persistent`, `default_attention_configs`'s).
 
     `kind` "forward" gives `FwdParams`; "backward_dkdv" and "backward_dq" give
     `BwdParams` that set only that kernel's fields (the other one keeps its default).
@@ -293,7 +308,7 @@ def attention_candidates(
     name = _dtype_name(dtype)
     default = default_attention_config(
         head_dim, name, compute_capability, kind, features=attention_features(features),
-        descriptors=descriptors,
+        descriptors=descriptors, persistent=persistent,
     )  # fmt: skip
     # Descriptors carry whole rows: a head_dim that is a power of two (`block_d`'s).
     tma_here = descriptors and (compute_capability or 0) >= 90 and block_d(head_dim) == head_dim

@@ -436,21 +436,54 @@ def test_grouped_matmul_candidates_hold_the_warp_specialized_tiles_on_hopper(tra
 
 
 @pytest.mark.parametrize("capability", [80, 90])
-def test_defaults_of_many_sequences_are_the_persistent_launch_tiles(capability):
-    """`default_attention_configs(persistent=True)` is what a call of many sequences runs
-    (its kernels walk tile lists: `default_attention_config(persistent=True)` for each
-    kernel), which differs from a call of few where the larger tile spills in the walk:
-    Hopper's forward at d=256 (128x32 against 128x64), sm_80's at d=128."""
+@pytest.mark.parametrize(
+    "launch",
+    [dict(persistent=True), dict(dq_atomic=True), dict(descriptors=True, persistent=True)],
+    ids=["persistent", "dq_atomic", "descriptors-persistent"],
+)
+def test_reported_defaults_follow_the_launch(capability, launch):
+    """`default_attention_configs`, `default_params` and `attention_candidates`' first
+    candidate report the tiles a call launches (`default_attention_config` with the same
+    launch: many sequences walk tile lists, dK/dV that adds dQ has its own tiles), which
+    differ from the plain launch's: Hopper's forward at d=256 walking (128x32 against
+    128x64), sm_80's at d=128; the dQ-atomic dK/dV at d=256 on sm_90, d=128 on sm_80."""
     causal = AttentionFeatures(causal=True)
     for head_dim in (64, 128, 256):
-        walking = default_attention_configs(head_dim, jnp.bfloat16, capability, causal,
-                                            persistent=True)  # fmt: skip
+        configs = default_attention_configs(head_dim, jnp.bfloat16, capability, causal, **launch)
+        assert configs.dq_atomic == launch.get("dq_atomic", False)
+        fwd, bwd = default_params("attention", compute_capability=capability,
+                                  dtype="bfloat16", head_dim=head_dim, features=causal,
+                                  **launch)  # fmt: skip
+        assert fwd == FwdParams.from_attention_config(configs.forward)
+        assert bwd == BwdParams.from_attention_configs(configs.backward_dkdv, configs.backward_dq)
         for kind in KINDS:
             expected = default_attention_config(
-                head_dim, "bfloat16", capability, kind, features=causal, persistent=True
+                head_dim, "bfloat16", capability, kind, features=causal, **launch
             )
-            assert getattr(walking, kind) == expected, (head_dim, kind)
-    wide = 256 if capability == 90 else 128
-    few = default_attention_configs(wide, jnp.bfloat16, capability, causal).forward
-    many = default_attention_configs(wide, jnp.bfloat16, capability, causal, persistent=True)
-    assert few.block_n > many.forward.block_n
+            assert getattr(configs, kind) == expected, (head_dim, kind)
+            if "dq_atomic" not in launch:  # the tuner times the kernels, not dq_atomic
+                first = attention_candidates(
+                    kind, head_dim=head_dim, dtype="bfloat16", compute_capability=capability,
+                    features=causal, **launch,
+                )[0]  # fmt: skip
+                to_params = FwdParams.from_attention_config if kind == "forward" else (
+                    BwdParams.from_dkdv_config if kind == "backward_dkdv"
+                    else BwdParams.from_dq_config
+                )  # fmt: skip
+                assert first == to_params(expected), (head_dim, kind)
+    # (kernel, head_dim) whose tile the launch moves
+    kind, wide = {
+        ("persistent", 90): ("forward", 256), ("persistent", 80): ("forward", 128),
+        ("dq_atomic", 90): ("backward_dkdv", 256), ("dq_atomic", 80): ("backward_dkdv", 256),
+    }[("dq_atomic" if "dq_atomic" in launch else "persistent", capability)]  # fmt: skip
+    plain, moved = (
+        getattr(default_attention_configs(wide, jnp.bfloat16, capability, causal, **kw), kind)
+        for kw in ({}, launch)
+    )
+    assert (plain.block_m, plain.block_n) != (moved.block_m, moved.block_n)
+
+
+def test_default_params_of_grouped_matmul_refuse_attentions_launch():
+    with pytest.raises(ValueError, match=r"'grouped_matmul'.*\['persistent'\] are attention's"):
+        default_params("grouped_matmul", compute_capability=90, dtype="bfloat16",
+                       shape=(256, 128, 128), persistent=True)  # fmt: skip
