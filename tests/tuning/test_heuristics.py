@@ -435,6 +435,13 @@ def test_grouped_matmul_candidates_hold_the_warp_specialized_tiles_on_hopper(tra
         )
 
 
+_TO_PARAMS = {
+    "forward": FwdParams.from_attention_config,
+    "backward_dkdv": BwdParams.from_dkdv_config,
+    "backward_dq": BwdParams.from_dq_config,
+}
+
+
 @pytest.mark.parametrize("capability", [80, 90])
 @pytest.mark.parametrize(
     "launch",
@@ -446,7 +453,7 @@ def test_reported_defaults_follow_the_launch(capability, launch):
     candidate report the tiles a call launches (`default_attention_config` with the same
     launch: many sequences walk tile lists, dK/dV that adds dQ has its own tiles), which
     differ from the plain launch's: Hopper's forward at d=256 walking (128x32 against
-    128x64), sm_80's at d=128; the dQ-atomic dK/dV at d=256 on sm_90, d=128 on sm_80."""
+    128x64), sm_80's at d=128; the dQ-atomic dK/dV at d=256."""
     causal = AttentionFeatures(causal=True)
     for head_dim in (64, 128, 256):
         configs = default_attention_configs(head_dim, jnp.bfloat16, capability, causal, **launch)
@@ -466,11 +473,7 @@ def test_reported_defaults_follow_the_launch(capability, launch):
                     kind, head_dim=head_dim, dtype="bfloat16", compute_capability=capability,
                     features=causal, **launch,
                 )[0]  # fmt: skip
-                to_params = FwdParams.from_attention_config if kind == "forward" else (
-                    BwdParams.from_dkdv_config if kind == "backward_dkdv"
-                    else BwdParams.from_dq_config
-                )  # fmt: skip
-                assert first == to_params(expected), (head_dim, kind)
+                assert first == _TO_PARAMS[kind](expected), (head_dim, kind)
     # (kernel, head_dim) whose tile the launch moves
     kind, wide = {
         ("persistent", 90): ("forward", 256), ("persistent", 80): ("forward", 128),
