@@ -811,8 +811,9 @@ def test_dq_atomic_under_vmap_and_jit():
 def test_dq_atomic_takes_the_base_tile_by_pointers():
     """With dQ's product and atomic adds in it, dK/dV keeps the base tables' tile where
     light calls would take the larger ones (the TMA tile on sm_90: it spills with them),
-    but where its own tables say otherwise (64 query rows: sm_90 at d=256 without the
-    register-heavy options, sm_80 at d=128); the other kernels keep theirs."""
+    but where its own tables say otherwise (64 query rows: sm_90 at d=256 and sm_80 at
+    d=64 without the register-heavy options, sm_80 at d=128); the other kernels keep
+    theirs."""
     causal = AttentionFeatures(causal=True)
 
     def config(head_dim, kind, dq_atomic, capability=90, features=causal):
@@ -830,7 +831,10 @@ def test_dq_atomic_takes_the_base_tile_by_pointers():
         16, 32, 8, 2
     )
     assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 8, 2)
-    assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(32, 128, 8, 2)
+    assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 4, 2)
+    assert config(64, "backward_dkdv", True, capability=80, features=capped) == (
+        AttentionKernelConfig(32, 128, 8, 2)
+    )
     for kind in ("forward", "backward_dq"):
         assert config(128, kind, True) == config(128, kind, False)
     with pytest.raises(TypeError, match="dq_atomic must be a bool"):

@@ -78,13 +78,15 @@ def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
 
 
 @pytest.mark.parametrize(
-    "capability, head_dim, tile", [(90, 256, (64, 32, 8)), (80, 128, (64, 64, 8))],
-    ids=["sm_90-d256", "sm_80-d128"],
+    "capability, head_dim, tile",
+    [(90, 256, (64, 32, 8)), (80, 128, (64, 64, 8)), (80, 64, (64, 64, 4))],
+    ids=["sm_90-d256", "sm_80-d128", "sm_80-d64"],
 )  # fmt: skip
 def test_varlen_attention_with_dq_by_atomics(on_a_gpu, capability, head_dim, tile):
     """`AttentionConfigs(dq_atomic=True)`, causal with sinks, GQA 4q/2kv, where the dK/dV
     kernel that adds dQ steps 64 query rows (sm_90, d=256: dQ's product by wgmma, the
-    others by mma.sync; sm_80, d=128): its atomic dQ against the float64 oracle."""
+    others by mma.sync; sm_80, d=128, and d=64 at 4 warps): its atomic dQ against the
+    float64 oracle."""
     from jax_bridge import AttentionConfigs
 
     lengths = ((150, 150), (0, 3), (1, 1), (70, 40), (0, 0))

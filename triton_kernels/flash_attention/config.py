@@ -504,6 +504,13 @@ _AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {
     128: (64, 64, 8, 2),
     256: (16, 64, 8, 3),
 }
+# ... and at d=64 light calls step 64 query rows at 4 warps, two CTAs an SM (8 warps, as
+# the base table's 32x128 at 8 warps, one CTA, which computed part of its products twice:
+# 1.4x the tile's work): 1639 -> 1190 / 1727 -> 1398 warp-instructions per MFLOP of the
+# tile's work (3.6 / 3.9, causal), no spill in its loop (causal or not, sinks, a right
+# window, GQA 1, 3 or 4, either launch; 0-36 B outside it); with a soft cap, ALiBi and a
+# left window it spills in its loop under 3.9 (32 B).
+_AMPERE_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {64: (64, 64, 4, 2)}
 # That kernel with `tma` (the A/B row "dq by tma reduction", sm_90, d=128): its Q and dO
 # tiles by descriptor and each step's dQ share added by one bulk tensor reduction
 # (UTMAREDG) where the pointer loop issues 8 vector atomics (REDG.ADD.F32x4) a thread,
@@ -666,8 +673,9 @@ def default_attention_config(
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif dq_atomic and kind == "backward_dkdv":  # sm_80 and sm_90 (sm_100 took its own)
         atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
-        if hopper and not features.register_heavy:
-            atomic_table = _HOPPER_DQ_ATOMIC_DKDV_LIGHT
+        if not features.register_heavy:  # light calls: their own tiles where listed
+            light = _HOPPER_DQ_ATOMIC_DKDV_LIGHT if hopper else _AMPERE_DQ_ATOMIC_DKDV_LIGHT
+            atomic_table = {**atomic_table, **light}
         config = atomic_table.get(tile_d, config)
     elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
