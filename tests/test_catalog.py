@@ -110,10 +110,10 @@ def test_block_sparse_launches_are_the_catalog_variants(monkeypatch, soft_cap):
 
 
 @pytest.mark.parametrize("compute_capability", [80, 90])
-def test_a_kernel_known_by_name_owes_its_loop_what_its_variant_says(compute_capability):
-    """`launched_loop_work` (the preflight's kernels, known by the name their PTX gives
-    and their launch's constexprs) agrees with every default variant's `loop_work_flops`,
-    and names the tile its description does."""
+def test_every_catalog_kernel_owes_its_loop_a_known_tile(compute_capability):
+    """`launched_loop_work` (a kernel known by the name its PTX gives and its launch's
+    constexprs: the preflight's kernels, and every catalog variant's `loop_work_flops`)
+    knows the loop of every default variant, and names the tile its description does."""
     variants = default_variants(compute_capability, head_dims=(64, 128, 256))
     for variant in variants:
         tile, flops = launched_loop_work(variant.kernel.__name__, variant.constexprs)

@@ -91,9 +91,6 @@ class KernelVariant:
       constexprs: the value of every `tl.constexpr` parameter.
       num_warps, num_stages: the launch configuration.
       description: the problem it was specialised for (dtype, head_dim, features).
-      loop_work_flops: the tensor-core FLOPs one iteration of its inner loop owes its
-        tile (the function `loop_work_flops`), which the static report sets against the
-        FLOPs its MMAs execute (`KernelReport.mma_redundancy`).
     """
 
     name: str
@@ -103,7 +100,15 @@ class KernelVariant:
     num_warps: int
     num_stages: int
     description: str
-    loop_work_flops: int | None = None
+
+    @property
+    def loop_work_flops(self) -> int | None:
+        """The tensor-core FLOPs one iteration of its inner loop owes its tile
+        (`launched_loop_work`, from its kernel and constexprs), which the static report sets
+        against the FLOPs its MMAs execute (`KernelReport.mma_redundancy`); None for a
+        kernel without a tensor-core loop."""
+        work = launched_loop_work(self.kernel.__name__, self.constexprs)
+        return None if work is None else work[1]
 
 
 # The tile products one iteration of each attention kernel's loop computes: the forward
@@ -137,8 +142,8 @@ _LOOP_KIND_BY_KERNEL_NAME = {
 def launched_loop_work(kernel_name: str, constexprs: Mapping[str, Any]) -> tuple[str, int] | None:
     """(the tile, as "128x64" or, for grouped matmul, "128x64x256" = M x K x N, and
     `loop_work_flops`) of a kernel built elsewhere, known by its name and the constexprs it
-    was compiled with (the preflight's kernels, which jax-triton builds from a launch);
-    None for a kernel without a tensor-core loop."""
+    was compiled with (a `KernelVariant`, or the preflight's kernels, which jax-triton builds
+    from a launch); None for a kernel without a tensor-core loop."""
     kind = _LOOP_KIND_BY_KERNEL_NAME.get(kernel_name)
     if kind is None:
         return None
@@ -249,7 +254,6 @@ def attention_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} {features.describe()} "
         f"{config.block_m}x{config.block_n}" + _loading_tags(config)[1],
-        loop_work_flops=loop_work_flops(kind, constexprs),
     )
 
 
@@ -343,7 +347,6 @@ def block_sparse_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} d={head_dim} causal{'+soft_cap' if soft_cap else ''}"
         f"{'+alibi' if alibi else ''} {config.block_m}x{config.block_n}{description_tag}",
-        loop_work_flops=loop_work_flops(kind, constexprs),
     )
 
 
@@ -422,7 +425,6 @@ def grouped_matmul_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n}" + _loading_tags(config)[1],
-        loop_work_flops=loop_work_flops("matmul", constexprs),
     )
 
 
@@ -559,7 +561,6 @@ def tgmm_walk_variant(
         num_stages=config.num_stages,
         description=f"{dtype_name} m={m} k={k} n={n} "
         f"{config.block_m}x{config.block_k}x{config.block_n} walk",
-        loop_work_flops=loop_work_flops("matmul", constexprs),
     )
 
 

@@ -79,11 +79,13 @@ class InnerLoop:
     mufu_beside_mma: int = 0
     cta_barriers: int = 0
 
-    def instructions_per_mflop(self, num_warps: int) -> float:
-        """Warp-instructions the CTA issues per MFLOP of tensor-core work: lower is better
-        (a config of the same algorithm with bigger tiles amortises its softmax and address
-        arithmetic over more matmul work)."""
-        return self.instructions * num_warps / (self.mma_flops / 1e6)
+    def instructions_per_mflop(self, num_warps: int, work_flops: int | None = None) -> float:
+        """Warp-instructions the loop's `num_warps` issue per MFLOP of tensor-core work, the
+        work its tile owes (`work_flops`) or, where None, what its MMAs execute: lower is
+        better (a config of the same algorithm with bigger tiles amortises its softmax and
+        address arithmetic over more matmul work)."""
+        flops = work_flops or self.mma_flops
+        return self.instructions * num_warps / (flops / 1e6)
 
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
@@ -271,11 +273,10 @@ class KernelReport:
         """Warp-instructions of the inner loop per MFLOP of the work its tile owes
         (`loop_work_flops`), or per MFLOP its MMAs execute where that is unknown (the
         same where `mma_redundancy` is 1)."""
-        loop = self.inner_loop
-        if loop is None:
+        if self.inner_loop is None:
             return None
-        flops = self.loop_work_flops or loop.mma_flops
-        return loop.instructions * (self.loop_warps or self.num_warps) / (flops / 1e6)
+        warps = self.loop_warps or self.num_warps
+        return self.inner_loop.instructions_per_mflop(warps, self.loop_work_flops)
 
     def summary(self) -> str:
         return (
