@@ -180,6 +180,14 @@ SLOW: tuple[tuple[str, str], ...] = (
         "tests/launch/test_gpu_launches_interpreted.py::test_*attention[*",
         "the sm_90 launches interpreted (5-11 s each); QUICK keeps causal sm_90",
     ),
+    (
+        "tests/launch/test_gpu_launches_interpreted.py::test_*small_shared_memory_gpus[*d64]",
+        "sm_86's light tiles interpreted (~6 s each): d=128 kept",
+    ),
+    (
+        "tests/launch/test_gpu_launches_interpreted.py::test_*small_shared_memory_gpus[sm_120*",
+        "sm_120's d=128 (dK/dV as sm_86's): sm_86's kept",
+    ),
     # --- the fifth pass (quick suite at 8:48 on a quiet machine, 13:17 beside other work,
     # 2026-12-05): the A/B options' repeated grids, and whole programs compiled twice
     *(
@@ -251,7 +259,9 @@ QUICK: tuple[str, ...] = (
     "tests/aot/test_compile_splash.py::*[tpu-v6e-bfloat16]",
     "tests/aot/test_compile_splash.py::test_default_block_table_matches_block_sizes",
     # the Hopper head_dim 128 reports: the forward with every option, the persistent dK/dV
+    # (and sm_86's light dK/dV)
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-backward_dkdv-causal-persistent]",
+    "tests/attention/test_lowering.py::test_static_report_at_default_configs[86-128-backward_dkdv-causal-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_at_default_configs[90-128-forward-causal+window_left+soft_cap+alibi-row-a-program]",
     "tests/attention/test_lowering.py::test_static_report_float32[64-forward]",
     # d=256: Hopper's dQ (2 compiles) and the A100's dK/dV, causal

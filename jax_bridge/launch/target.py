@@ -36,7 +36,7 @@ from jax.interpreters import batching, mlir
 
 from jax_bridge.core import backend
 
-COMPUTE_CAPABILITIES = (80, 86, 89, 90, 100)
+COMPUTE_CAPABILITIES = (80, 86, 89, 90, 100, 120)
 
 _cuda_target = jax.make_user_context(None)
 _force_interpreter = jax.make_user_context(False)
@@ -196,9 +196,10 @@ def follow_lowering_platform(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # Streaming multiprocessors of the largest GPU of each compute capability (A100: 108;
-# RTX A6000: 84; L40: 142 is sm_89's largest; H100 SXM and H200: 132; B200: 148), for
-# persistent launches traced without the device (`compile_for`, `cuda_lowering`).
-_MULTIPROCESSORS = {80: 108, 86: 84, 89: 142, 90: 132, 100: 148}
+# RTX A6000: 84; L40: 142 is sm_89's largest; H100 SXM and H200: 132; B200: 148; RTX PRO
+# 6000 Blackwell: 188), for persistent launches traced without the device (`compile_for`,
+# `cuda_lowering`).
+_MULTIPROCESSORS = {80: 108, 86: 84, 89: 142, 90: 132, 100: 148, 120: 188}
 
 
 def multiprocessor_count() -> int | None:

@@ -217,7 +217,7 @@ def default_params(
 
     Args:
       op: "attention", "grouped_matmul" or "transposed_grouped_matmul".
-      compute_capability: 80, 86, 89, 90, 100, ...; None: Triton's CPU interpreter.
+      compute_capability: 80, 86, 89, 90, 100, 120, ...; None: Triton's CPU interpreter.
       dtype: float16, bfloat16 or float32 (the inputs').
       head_dim: attention's head dimension (16..256).
       shape: the grouped matmuls' (m, k, n) (see `gmm_config` / `tgmm_config`); the

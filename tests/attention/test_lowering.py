@@ -221,6 +221,9 @@ _OUTSIDE_LOOP_SPILLS = {
     ((90, 256, "backward_dq", AttentionFeatures(causal=True), None), True): 16,
     ((90, 256, "backward_dq", AttentionFeatures(), None), True): 12,
     ((90, 256, "backward_dq", HEAVY, None), True): 24,
+    # sm_86's light forward at d=64 (128x128) under either Triton, causal, a program a
+    # tile: 8 B stored once, none in its loops (none persistent).
+    ((86, 64, "forward", AttentionFeatures(causal=True), None), False): 8,
 }
 
 
@@ -251,7 +254,8 @@ def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bflo
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize(
-    "compute_capability, head_dim", [(80, 64), (80, 128), (90, 64), (90, 128), (90, 256)]
+    "compute_capability, head_dim",
+    [(80, 64), (80, 128), (86, 64), (86, 128), (90, 64), (90, 128), (90, 256)],
 )
 def test_static_report_at_default_configs(compute_capability, head_dim, kind, features, persistent):
     """Every feature set's default tiles, in both launch modes: no spills at head_dim
@@ -367,7 +371,8 @@ def test_dkdv_tma_default_has_a_clean_shorter_loop(group):
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
 @pytest.mark.parametrize("features", FEATURES[:2], ids=lambda f: f.describe())
 @pytest.mark.parametrize(
-    "compute_capability, head_dim", [(80, 64), (80, 128), (90, 64), (90, 128), (90, 256)]
+    "compute_capability, head_dim",
+    [(80, 64), (80, 128), (86, 64), (86, 128), (90, 64), (90, 128), (90, 256)],
 )
 def test_static_report_of_the_dq_atomic_dkdv(compute_capability, head_dim, features, persistent):
     """The dK/dV kernel that accumulates dQ (`AttentionConfigs.dq_atomic`) at its default

@@ -105,7 +105,7 @@ def test_heavy_calls_get_larger_tiles_only_where_listed(compute_capability, feat
             listed = (compute_capability, kind, max(64, head_dim), False) in _HEAVY_LIGHT.get(
                 features.heavy_options, ()
             )
-            if compute_capability in (86, 89) or (features.register_heavy and not listed):
+            if features.register_heavy and not listed:
                 assert config == base
 
 
@@ -190,6 +190,44 @@ def test_persistent_launches_take_the_light_tiles_where_they_fit():
                                     persistent=True).block_n == 32  # fmt: skip
     assert default_attention_config(128, "bfloat16", 90, "forward", features=heavy,
                                     persistent=True).block_n == 64  # fmt: skip
+
+
+def test_small_shared_memory_gpus_take_their_light_tiles():
+    """sm_86, sm_89 and sm_120 (99 KiB of shared memory a block, mma.sync) step twice the
+    keys or queries for light calls where the static report found it spill-free in its
+    loops (`_SMALL_SHARED_MEMORY_LIGHT`): dQ at d=64 128x64, the forward 128x128 at d=64
+    and 128x64 at d=128; the persistent forward at d=128 and sm_120's forward at d=128
+    keep the base tile, and so do register-heavy calls. dK/dV at d=128 takes 64x64 on
+    every Ampere-class GPU, for every call (the base table's; 32x64 at 8 warps repeated
+    part of its products)."""
+    causal = AttentionFeatures(causal=True)
+    heavy = AttentionFeatures(causal=True, soft_cap=True)
+
+    def tile(compute_capability, head_dim, kind, features=causal, **kw):
+        config = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
+                                          features=features, **kw)  # fmt: skip
+        return config.block_m, config.block_n, config.num_warps, config.num_stages
+
+    for compute_capability in (86, 89, 120, 121):
+        for persistent in (False, True):
+            walk = dict(persistent=persistent)
+            assert tile(compute_capability, 64, "backward_dq", **walk) == (128, 64, 8, 2)
+            assert tile(compute_capability, 64, "forward", **walk) == (128, 128, 8, 2)
+            assert tile(compute_capability, 64, "backward_dq", heavy, **walk) == (128, 32, 8, 3)
+            assert tile(compute_capability, 64, "forward", heavy, **walk)[:2] == (128, 64)
+        assert tile(compute_capability, 128, "forward", persistent=True) == (128, 32, 8, 3)
+        # d=256 keeps its small-shared-memory tiles
+        assert tile(compute_capability, 256, "backward_dq") == (64, 16, 4, 2)
+    assert tile(86, 128, "forward") == tile(89, 128, "forward") == (128, 64, 8, 2)
+    assert tile(120, 128, "forward") == (128, 32, 8, 3)
+    for compute_capability in (80, 86, 87, 89, 120):
+        for features, persistent, dq_atomic in itertools.product(
+            (causal, heavy), (False, True), (False, True)
+        ):
+            dkdv = tile(compute_capability, 128, "backward_dkdv", features,
+                        persistent=persistent, dq_atomic=dq_atomic)  # fmt: skip
+            assert dkdv == (64, 64, 8, 2), (compute_capability, features, persistent)
+    assert tile(100, 128, "backward_dkdv") == (16, 64, 8, 2)  # sm_100 keeps its own
 
 
 @pytest.mark.parametrize(

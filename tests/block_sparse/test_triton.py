@@ -243,9 +243,12 @@ def test_lowers_for_cuda_with_each_element_rule(compute_capability):
 # costs the light d=128 tile a few bytes of spill outside the loops (4 B under Triton
 # 3.6, 12 B under 3.9).
 _FORWARD_SPILL_OUTSIDE_LOOP = 16
+# dK/dV at d=128 (64x64 on Ampere-class GPUs) with a soft cap and ALiBi on sm_86 under
+# Triton 3.6: 8 B loaded once, none in its loop.
+_DKDV_SPILL_OUTSIDE_LOOP = 8
 
 
-@pytest.mark.parametrize("compute_capability", [80, 90])
+@pytest.mark.parametrize("compute_capability", [80, 86, 90])
 @pytest.mark.parametrize(
     ("head_dim", "soft_cap", "alibi"),
     [(64, False, False), (128, False, False), (128, True, False), (128, True, True)],
@@ -256,7 +259,8 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
     too, in the register-heavy cases): no spills (the forward: none in its loop, at most
     `_FORWARD_SPILL_OUTSIDE_LOOP` bytes outside), tensor cores, wgmma on sm_90 and not
     serialized; there, without either, the full-tile loop costs at most 10% more
-    warp-instructions per MFLOP than the varlen kernel's unmasked loop."""
+    warp-instructions per MFLOP than the varlen kernel's unmasked loop. dK/dV: none in
+    its loop, at most `_DKDV_SPILL_OUTSIDE_LOOP` bytes outside."""
     from jax_bridge.launch.report import variant_report
     from triton_kernels.catalog import attention_variant, block_sparse_variant
 
@@ -265,7 +269,8 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
     )
     report = variant_report(variant, compute_capability)
     print(variant.description, report.summary(), report.instructions_per_mflop)
-    allowed = _FORWARD_SPILL_OUTSIDE_LOOP if kind == "forward" else 0
+    allowed = {"forward": _FORWARD_SPILL_OUTSIDE_LOOP, "backward_dkdv": _DKDV_SPILL_OUTSIDE_LOOP}
+    allowed = allowed.get(kind, 0)
     spilled = max(report.spill_store_bytes, report.spill_load_bytes)
     assert not report.loop_spills and spilled <= allowed, report.summary()
     assert report.uses_mma, report.summary()

@@ -61,7 +61,7 @@ _FIELDS = {
         "dq_host_descriptors",
     },
 }  # fmt: skip
-CAPABILITIES = (None, 80, 86, 89, 90, 100)
+CAPABILITIES = (None, 80, 86, 89, 90, 100, 120)
 KIB = 1024
 
 

@@ -388,9 +388,19 @@ _HOPPER_16BIT: _Table = {
 # outside it), but under 3.9 at one query head a kv head without options: 2-4 local
 # accesses an iteration (one stage spills none there, but loads each step unprefetched).
 # The kernel that adds dQ too (`dq_atomic`) keeps 16x64 (`_AMPERE_DQ_ATOMIC_DKDV`).
+# dK/dV at d=128 steps 64 query rows where it stepped 32 (64x64, 72 KiB; 32x64 at 8 warps
+# repeated part of its products, 1.5x the tile's work), for every call: it had been the
+# light calls' tile on sm_80 since 2026-12-01. No spill in its loop under Triton 3.6 and
+# 3.9, on sm_80, sm_86/89 and sm_120, causal or not, with sinks, a right window, each
+# register-heavy option and all of them, 1 or 4 query heads a kv head, a program a tile
+# or persistent; outside it at most 8 B (on sm_120, with ALiBi or a left window, 4-8 B).
+# Warp-instructions per MFLOP of the tile's work, sm_80 / sm_86, 3.6 and 3.9 within 3%:
+# causal 1335 -> 816 (sm_86; sm_80's light calls took it already), a left window 1335 ->
+# 814, soft cap 2201 -> 1247, ALiBi 1705 -> 1015 / 1724 -> 1028, all three 2590 -> 1453 /
+# 2632 -> 1472.
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
-    "backward_dkdv": {64: (32, 128, 8, 2), 128: (32, 64, 8, 2), 256: (32, 32, 4, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 2), 128: (64, 64, 8, 2), 256: (32, 32, 4, 2)},
     "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
 }
 # sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
@@ -416,17 +426,33 @@ _HOPPER_16BIT_LIGHT: _Table = {
     "backward_dkdv": {64: (64, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
 }
-# sm_80's dK/dV at d=128 steps 64 queries at a time where it stepped 32 (64x64, 72 KiB):
-# spill-free under Triton 3.6 and 3.9, causal or not, with sinks, 1, 3 or 4 query heads
-# a kv head, a program a tile or persistent (8 B outside the loop under 3.9, not causal,
-# one query head a kv head, persistent); loop 890 -> 814 / 872 -> 784 (3.6 / 3.9, causal).
 _AMPERE_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
-    "backward_dkdv": {128: (64, 64, 8, 2)},
+    "backward_dq": {64: (128, 64, 8, 2)},
+}
+# The GPUs of 99 KiB of shared memory a block (sm_86/89: RTX 30xx/40xx, A10, L4, L40S;
+# sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles: their light calls
+# take sm_80's for dQ and the forward at d=64, and 64-key steps for the forward at d=128
+# (64 KiB; sm_80's 128x128 needs 160). Warp-instructions per MFLOP of the tile's work,
+# causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: dQ 977 -> 847 both, forward d=64
+# 1339 -> 1133 both, d=128 1247 -> 942 / 1255 -> 967 (sm_120 d=64 1350 -> 1150 / 1293 ->
+# 1112). No spill in any loop, causal or not, with sinks or a right window, 1 or 4 query
+# heads a kv head, a program a tile or persistent, under both Tritons; outside it the
+# d=64 forward 4-8 B (none persistent). Not taken: the persistent forward at d=128 (36-108
+# B outside its loop), and on sm_120 the forward at d=128 at all (its loop reaches local
+# memory under 3.9, 8 accesses).
+_SMALL_SHARED_MEMORY_LIGHT: _Table = {
+    "forward": {64: (128, 128, 8, 2), 128: (128, 64, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2)},
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
-_LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
+# Keyed by `_table_arch`.
+_LIGHT_TABLES = {
+    80: _AMPERE_16BIT_LIGHT,
+    86: _SMALL_SHARED_MEMORY_LIGHT,
+    90: _HOPPER_16BIT_LIGHT,
+    120: {**_SMALL_SHARED_MEMORY_LIGHT, "forward": {64: (128, 128, 8, 2)}},
+}
 # Persistent launches (past 60 sequences: packed batches of many documents) take the
 # light dQ and dK/dV tiles too, spill-free under Triton 3.6 and 3.9
 # (sm_90 and sm_80, causal or not, 1, 3 or 7 query heads per kv head; 4 B under 3.6
@@ -441,7 +467,7 @@ _LIGHT_TABLES = {80: _AMPERE_16BIT_LIGHT, 90: _HOPPER_16BIT_LIGHT}
 # loops; none in them): 652 -> 492 / 702 -> 547, causal, without a bound or with sinks
 # alike. Not sm_80 at d=128 (72-120 B), nor d=128 with a soft cap or ALiBi (4-376 B; a
 # left window alone takes it, `_HEAVY_LIGHT`).
-_PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64)})
+_PERSISTENT_LIGHT_FORWARD = frozenset({(90, 64), (90, 128), (80, 64), (86, 64), (120, 64)})
 # sm_90, d=128, light calls bounded on the right (causal or a right window), one program a
 # tile (not persistent), where tensor descriptors can be launched: dK/dV loads Q and dO
 # through TMA at 64x128: 341 / 360 warp-instructions per MFLOP under Triton 3.9 / 3.6,
@@ -494,16 +520,15 @@ _HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8,
 # ALiBi or a left window its loop reaches local memory under 3.9 (2-13 accesses).
 _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 32, 8, 2)}
 # sm_80 at d=256: the base table's 32x32 at 4 warps spills in that kernel's loop (16 B,
-# Triton 3.9, causal): it keeps the former 16x64 at 8 warps. At d=128 it steps 64 query
-# rows (the light dK/dV's 64x64) where the base table's 32x64 computed part of its
-# products over again (1.4x the tile's work): 1465 -> 1039 / 1706 -> 1277 warp-
-# instructions per MFLOP of the tile's work (3.6 / 3.9, causal), no spill in any loop
-# with any option, GQA 1, 3 or 4, either launch (under 3.9, 4-28 B outside it with a
-# soft cap, ALiBi or a left window).
-_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {
-    128: (64, 64, 8, 2),
-    256: (16, 64, 8, 3),
-}
+# Triton 3.9, causal): it keeps the former 16x64 at 8 warps. At d=128 the base table's
+# 64x64 holds it, where 32x64 computed part of its products over again (1.4x the tile's
+# work): 1465 -> 1039 / 1706 -> 1277 warp-instructions per MFLOP of the tile's work (3.6
+# / 3.9, sm_80, causal), no spill in any loop with any option, GQA 1, 3 or 4, either
+# launch (under 3.9, 4-28 B outside it with a soft cap, ALiBi or a left window); on
+# sm_86/89 and sm_120 too (which take no table of this kernel's own): sm_86 1477 -> 1039
+# / 1706 -> 1410, sm_120 1364 -> 960 / 1312 -> 891, no spill in any loop with any option,
+# GQA 1 or 4, either launch (under 3.9 on sm_86, 8-12 B outside it).
+_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
 # ... and at d=64 light calls step 64 query rows at 4 warps, two CTAs an SM (8 warps, as
 # the base table's 32x128 at 8 warps, one CTA, which computed part of its products twice:
 # 1.4x the tile's work): 1639 -> 1190 / 1727 -> 1398 warp-instructions per MFLOP of the
@@ -600,21 +625,31 @@ _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
 }  # fmt: skip
 
 
+def _table_arch(compute_capability: int) -> int:
+    """The key of the light tables for a compute capability: sm_89 shares sm_86's (the
+    same 99 KiB of shared memory and the same code: every report there matched), and
+    every consumer Blackwell (sm_120 and later) sm_120's."""
+    if compute_capability == 89:
+        return 86
+    return min(compute_capability, 120)
+
+
 def _takes_light_tile(
-    features: AttentionFeatures, compute_capability: int, kind: str, tile_d: int, persistent: bool
+    features: AttentionFeatures, arch: int, kind: str, tile_d: int, persistent: bool
 ) -> bool:
-    """Whether a call takes `_LIGHT_TABLES`' tile, where it has one: calls without the
-    register-heavy options, and heavy ones where `_HEAVY_LIGHT` lists them; a persistent
-    forward only where `_PERSISTENT_LIGHT_FORWARD` lists it (its walk holds registers)."""
-    if compute_capability not in _LIGHT_TABLES:
+    """Whether a call takes `_LIGHT_TABLES`' tile (`arch`: `_table_arch`'s key), where it
+    has one: calls without the register-heavy options, and heavy ones where `_HEAVY_LIGHT`
+    lists them; a persistent forward only where `_PERSISTENT_LIGHT_FORWARD` lists it (its
+    walk holds registers)."""
+    if arch not in _LIGHT_TABLES:
         return False
-    fits = (compute_capability, tile_d) in _PERSISTENT_LIGHT_FORWARD
+    fits = (arch, tile_d) in _PERSISTENT_LIGHT_FORWARD
     if persistent and kind == "forward" and not fits:
         return False
     if not features.register_heavy:
         return True
     listed = _HEAVY_LIGHT.get(features.heavy_options, frozenset())
-    return (compute_capability, kind, tile_d, persistent) in listed
+    return (arch, kind, tile_d, persistent) in listed
 
 
 # Interpreter: 16x16 tiles. A test sequence of a few dozen tokens then spans several
@@ -638,7 +673,7 @@ def default_attention_config(
     Args:
       head_dim: the head dimension (16..256; need not be a power of two).
       dtype_name: "float16", "bfloat16" or "float32".
-      compute_capability: 80, 86, 89, 90, 100, ... for a GPU; None for the CPU interpreter.
+      compute_capability: 80, 86, 89, 90, 100, 120, ... for a GPU; None for the CPU interpreter.
       kind: one of `KINDS`.
       features: the call's code-changing options (larger tiles where they do not spill).
       persistent: the kernel walks its tile list (PERSISTENT): the walk holds registers,
@@ -664,23 +699,26 @@ def default_attention_config(
     # sm_90 and sm_100 (datacenter, 227 KiB of shared memory) take the Hopper tables; sm_120
     # (consumer Blackwell: mma.sync and 99 KiB, like sm_86/89) the Ampere ones.
     hopper = 90 <= compute_capability < 120
+    small_shared_memory = compute_capability in (86, 89) or compute_capability >= 120
+    arch = _table_arch(compute_capability)
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
     if not hopper and persistent and features.register_heavy:  # a light tile overrides it
         config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
-    if compute_capability in (86, 89) or compute_capability >= 120:
+    if small_shared_memory:
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    elif dq_atomic and kind == "backward_dkdv":  # sm_80 and sm_90 (sm_100 took its own)
-        atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
-        if not features.register_heavy:  # light calls: their own tiles where listed
-            light = _HOPPER_DQ_ATOMIC_DKDV_LIGHT if hopper else _AMPERE_DQ_ATOMIC_DKDV_LIGHT
-            atomic_table = {**atomic_table, **light}
-        config = atomic_table.get(tile_d, config)
-    elif _takes_light_tile(features, compute_capability, kind, tile_d, persistent):
+    if dq_atomic and kind == "backward_dkdv":  # its own tables on sm_80 and sm_90 only
+        if compute_capability < 100 and not small_shared_memory:
+            atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
+            if not features.register_heavy:  # light calls: their own tiles where listed
+                light = _HOPPER_DQ_ATOMIC_DKDV_LIGHT if hopper else _AMPERE_DQ_ATOMIC_DKDV_LIGHT
+                atomic_table = {**atomic_table, **light}
+            config = atomic_table.get(tile_d, config)
+    elif _takes_light_tile(features, arch, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(
             head_dim, compute_capability, kind, features, descriptors
         ):
             return _HOPPER_DKDV_TMA
-        config = _LIGHT_TABLES[compute_capability].get(kind, {}).get(tile_d, config)
+        config = _LIGHT_TABLES[arch].get(kind, {}).get(tile_d, config)
     return AttentionKernelConfig(*config)
