@@ -58,6 +58,7 @@ from triton_kernels.grouped_matmul.config import (
     HOPPER_WARP_SPECIALIZED_GMM,
     HOPPER_WARP_SPECIALIZED_TGMM,
     gmm_config,
+    pipeline_buffers,
     tgmm_config,
     warp_specialized_gmm_config,
 )
@@ -191,9 +192,9 @@ def test_launch_config_defaults_and_overrides():
         other = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
                            accumulate=accumulate)  # fmt: skip
         assert other.tiling == DEFAULT_TILING, (capability, accumulate)
-    # 4-byte inputs: half the reduction step, so that stages still fit
+    # 4-byte inputs: a quarter of the reduction step (their FMA dots spill at 64)
     fp32 = gmm_config(8192, 2048, 1408, element_bytes=4, compute_capability=90)
-    assert fp32.tiling == (128, 64, 128) and fp32.num_stages == 3
+    assert fp32.tiling == (128, 32, 128) and fp32.num_stages == 4
     assert tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=90).tiling == (
         DEFAULT_TILING
     )
@@ -365,7 +366,9 @@ def test_each_kernel_takes_its_own_config(monkeypatch):
         GroupedMatmulConfigs(tgmm=(16, 16, 16))
 
 
-@pytest.mark.parametrize("capability, budget_kib", [(80, 163), (86, 99), (90, 227)])
+@pytest.mark.parametrize(
+    "capability, budget_kib", [(80, 163), (86, 99), (90, 227), (100, 227), (120, 99)]
+)
 @pytest.mark.parametrize("element_bytes", [2, 4])
 def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_bytes):
     for tiling in [None, (128, 128, 128), (64, 32, 64), (128, 64, 256)]:
@@ -383,7 +386,38 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
             else:
                 stage = (c.block_k * c.block_m + c.block_m * c.block_n) * element_bytes
             assert 1 <= c.num_stages <= 4
-            assert c.num_stages == 1 or c.num_stages * stage <= budget_kib * 1024
+            buffers = pipeline_buffers(c.num_stages, capability)
+            assert c.num_stages == 1 or buffers * stage <= budget_kib * 1024
+            if tiling is None:  # a default keeps a copy in flight beside its MMAs
+                assert buffers >= 2, (capability, element_bytes, c)
+
+
+def test_pipeline_buffers_follow_the_mma():
+    """Triton keeps a buffer a stage where the MMAs read shared memory asynchronously
+    (sm_90, sm_100), one fewer where mma.sync reads it into registers (sm_80-89,
+    sm_120): 2 stages there await each copy before its MMAs."""
+    assert [pipeline_buffers(s, 90) for s in (1, 2, 3)] == [1, 2, 3]
+    assert [pipeline_buffers(s, 100) for s in (1, 2, 3)] == [1, 2, 3]
+    for capability in (80, 86, 89, 120, None):
+        assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("capability", [86, 89, 120])
+def test_small_shared_memory_defaults_halve_the_reduction_step(capability):
+    """The GPUs of 99 KiB a block hold one buffer of the 16-bit default's 64 KiB stage:
+    the default steps 64 rows of the reduction at 3 stages (two buffers) there, gmm's
+    `block_k` and tgmm's `block_m`; a tiling the caller gives is kept."""
+    gmm = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability)
+    assert (gmm.tiling, gmm.num_stages) == ((128, 64, 128), 3)
+    for token_major in (False, True):
+        tgmm = tgmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
+                           lhs_token_major=token_major, num_groups=64)  # fmt: skip
+        assert (tgmm.tiling, tgmm.num_stages) == ((64, 128, 128), 3)
+    given = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=capability,
+                       tiling=DEFAULT_TILING)  # fmt: skip
+    assert (given.tiling, given.num_stages) == (DEFAULT_TILING, 2)
+    a100 = gmm_config(8192, 2048, 1408, element_bytes=2, compute_capability=80)
+    assert (a100.tiling, a100.num_stages) == (DEFAULT_TILING, 3)
 
 
 # --- the kernel writes exactly its rows --------------------------------------------------

@@ -29,8 +29,9 @@ _MAX_STAGES = 4
 
 DEFAULT_TILING = (128, 128, 128)
 """megablox's default tiling: each kernel's default for 16-bit inputs but on Hopper
-(gmm's `_HOPPER_GMM_TILING`, tgmm's `_SHORT_GROUP_TILING`); 4-byte inputs take half its
-reduction step."""
+(gmm's `_HOPPER_GMM_TILING`, tgmm's `_SHORT_GROUP_TILING`); 4-byte inputs take a quarter
+of its reduction step (`_reduction_step`), and a GPU that holds one buffer of it two
+of half its step (`_pipelined`)."""
 
 # gmm's tile on Hopper for 16-bit inputs: a [128, 256] output tile is two warpgroups of
 # m64n256 MMAs, whose operands carry 2*128*256 / ((128 + 256) * 2) = 85 FLOP per byte
@@ -136,8 +137,10 @@ class GroupedMatmulConfig(KernelConfig):
         return (self.block_m + self.block_n) * self.block_k * element_bytes
 
     def shared_memory_bytes(self, element_bytes: int, transposed: bool) -> int:
-        """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`) and, where
-        warp-specialized, of the float32 output tile its consumers hand the epilogue: gmm's
+        """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`: the buffers
+        of sm_90 and sm_100; an upper bound on mma.sync GPUs, which keep one fewer,
+        `pipeline_buffers`) and, where warp-specialized, of the float32 output tile its
+        consumers hand the epilogue: gmm's
         `[block_m, block_n]`, tgmm's (`transposed`; where `tgmm_warp_specializes`)
         `[block_k, block_n]`, a tile of fewer than 128 rows taking the space of 128 (the
         static report under Triton 3.6 and 3.9: gmm 128 x 64 x 128 at 4 stages takes
@@ -259,10 +262,56 @@ def _fit(block: int, dim: int) -> int:
 
 
 def _num_stages(stage_bytes: int, compute_capability: int | None) -> int:
+    """The most stages (up to `_MAX_STAGES`) whose buffers (`pipeline_buffers`) fit the
+    GPU's budget."""
     if compute_capability is None:  # interpreter: no pipelining to size
         return 2
     budget = _SHARED_MEMORY_BUDGET.get(compute_capability, _SHARED_MEMORY_BUDGET_DEFAULT)
-    return max(1, min(_MAX_STAGES, budget // stage_bytes))
+    buffers = budget // stage_bytes
+    if buffers == 0:  # not even one: the launch's own check says so
+        return 1
+    stages = buffers if _buffer_a_stage(compute_capability) else buffers + 1
+    return min(_MAX_STAGES, stages)
+
+
+def pipeline_buffers(num_stages: int, compute_capability: int | None) -> int:
+    """The operand tiles a loop of `num_stages` stages keeps in shared memory, as Triton
+    (3.6 and 3.9) allocates them: as many on sm_90 and sm_100, one fewer on the GPUs
+    that multiply by mma.sync (sm_80-89, sm_120). There 2 stages are one buffer whose
+    copy each step awaits before its MMAs (TTGIR: `async_wait` of 0 outstanding copies),
+    so no load is in flight beside them; 3 stages keep one step's copy in flight."""
+    if _buffer_a_stage(compute_capability):
+        return num_stages
+    return max(1, num_stages - 1)
+
+
+def _buffer_a_stage(compute_capability: int | None) -> bool:
+    return compute_capability is not None and 90 <= compute_capability < 120
+
+
+def _pipelined(
+    tiles: GroupedMatmulConfig, element_bytes: int, transposed: bool, compute_capability: int | None
+) -> GroupedMatmulConfig:
+    """A default tile whose pipeline would hold a single buffer in the GPU's budget, with
+    its reduction step halved until two fit (gmm's `block_k`, tgmm's `block_m`; not below
+    32): with one, each step's copy is awaited before its MMAs (`pipeline_buffers`).
+    The GPUs of 99 KiB a block (sm_86/89, sm_120; a 90 KiB budget) hold one 64 KiB
+    buffer of the 16-bit default, two of 128x64x128 (three stages). There the loop's
+    extra instructions are cheap: warp-instructions per MFLOP (static report, Triton 3.6
+    / 3.9, bf16, m 8192 k 2048 n 1408) against 1-2 thousand clocks a MFLOP of mma.sync
+    on these GPUs' tensor cores, a few hundred issue slots (4 a clock an SM)."""
+    field = "block_m" if transposed else "block_k"
+    while (
+        compute_capability is not None
+        and getattr(tiles, field) > 32
+        and pipeline_buffers(
+            _num_stages(tiles.stage_bytes(element_bytes, transposed), compute_capability),
+            compute_capability,
+        )
+        < 2
+    ):
+        tiles = dataclasses.replace(tiles, **{field: getattr(tiles, field) // 2})
+    return tiles
 
 
 def _num_warps(out_tile_elements: int) -> int:
@@ -275,9 +324,13 @@ def _num_warps(out_tile_elements: int) -> int:
 
 
 def _reduction_step(element_bytes: int) -> int:
-    # 256 bytes of each operand row per pipeline stage: DEFAULT_TILING's 128 elements at
-    # 16 bits; at 32 bits a 128-element step would leave room for a single stage.
-    return 256 // element_bytes
+    # 16-bit inputs: DEFAULT_TILING's 128 elements a pipeline stage. 4-byte inputs: 32.
+    # Their exact products ("ieee", the default precision) run as FMA dots on CUDA cores,
+    # which hold each operand's [block, step] slice in registers: at a 64-element step the
+    # default tiles spilled 7-20 KiB a thread (gmm's forward on sm_80 and sm_90 under
+    # Triton 3.6 and 3.9, down to 32 registers; under 3.9 on sm_80 every launch of a
+    # training step); at 32 none spills, on either GPU under either Triton.
+    return 128 if element_bytes <= 2 else 32
 
 
 def gmm_default_tiling(
@@ -285,7 +338,7 @@ def gmm_default_tiling(
 ) -> tuple[int, int, int]:
     """gmm's `(tm, tk, tn)` where the caller gives none: `_HOPPER_GMM_TILING` on sm_90
     for 16-bit inputs without `existing_out` (`accumulate`), else `DEFAULT_TILING`
-    (with half its reduction step for 4-byte inputs)."""
+    (with a quarter of its reduction step for 4-byte inputs)."""
     if compute_capability == 90 and element_bytes == 2 and not accumulate:
         return _HOPPER_GMM_TILING
     return (128, _reduction_step(element_bytes), 128)
@@ -312,7 +365,8 @@ def gmm_config(
       accumulate: the launch adds the product to `existing_out` (the kernel's
         ACCUMULATE), which only the default tiling depends on.
     """
-    if tiling is None:
+    default = tiling is None
+    if default:
         tiling = gmm_default_tiling(
             element_bytes=element_bytes,
             compute_capability=compute_capability,
@@ -320,6 +374,8 @@ def gmm_config(
         )
     tm, tk, tn = check_tiling(tiling)
     tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
+    if default:
+        tiles = _pipelined(tiles, element_bytes, False, compute_capability)
     return dataclasses.replace(
         tiles,
         num_warps=_num_warps(tiles.block_m * tiles.block_n),
@@ -373,7 +429,7 @@ def tgmm_config(
     Same arguments as `gmm_config`; here `tm` is the reduction step and a program owns a
     `[tk, tn]` tile of one group's output. `num_groups`: the groups the launch computes,
     if known; `accumulate`: the launch adds to `existing_out`. The default tiling is
-    `DEFAULT_TILING` (half its reduction step for 4-byte inputs), but on sm_90 for a
+    `DEFAULT_TILING` (a quarter of its reduction step for 4-byte inputs), but on sm_90 for a
     16-bit token-major lhs: at most 256 rows per group (m / num_groups, m counting every
     row of lhs) take `_SHORT_GROUP_TILING` at 2 stages, longer ones (or unknown groups)
     without `accumulate` `_HOPPER_TGMM_TILING`. There a [128, 128] output tile or smaller
@@ -393,6 +449,8 @@ def tgmm_config(
             default = _HOPPER_TGMM_TILING
     tm, tk, tn = check_tiling(tiling) if tiling is not None else default
     tiles = GroupedMatmulConfig(block_m=_fit(tm, m), block_k=_fit(tk, k), block_n=_fit(tn, n))
+    if tiling is None:
+        tiles = _pipelined(tiles, element_bytes, True, compute_capability)
     num_stages = _num_stages(tiles.stage_bytes(element_bytes, True), compute_capability)
     num_warps = _num_warps(tiles.block_k * tiles.block_n)
     if hopper_token_major and tiles.block_k * tiles.block_n <= 128 * 128:
