@@ -195,9 +195,10 @@ def test_persistent_launches_take_the_light_tiles_where_they_fit():
 def test_small_shared_memory_gpus_take_their_light_tiles():
     """sm_86, sm_89 and sm_120 (99 KiB of shared memory a block, mma.sync) step twice the
     keys or queries for light calls where the static report found it spill-free in its
-    loops (`_SMALL_SHARED_MEMORY_LIGHT`): dQ at d=64 128x64, the forward 128x128 at d=64
-    and 128x64 at d=128; the persistent forward at d=128 and sm_120's forward at d=128
-    keep the base tile, and so do register-heavy calls. dK/dV at d=128 takes 64x64 on
+    loops (`_SMALL_SHARED_MEMORY_LIGHT`), at 3 stages (two buffers on mma.sync GPUs): dQ
+    at d=64 128x64, the forward 128x128 at d=64 and 128x64 at d=128; the persistent
+    forward at d=128 and sm_120's forward at d=128 keep the base tile, and so do
+    register-heavy calls. dK/dV at d=128 takes 64x64 on
     every Ampere-class GPU, for every call (the base table's; 32x64 at 8 warps repeated
     part of its products)."""
     causal = AttentionFeatures(causal=True)
@@ -211,14 +212,14 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
     for compute_capability in (86, 89, 120, 121):
         for persistent in (False, True):
             walk = dict(persistent=persistent)
-            assert tile(compute_capability, 64, "backward_dq", **walk) == (128, 64, 8, 2)
-            assert tile(compute_capability, 64, "forward", **walk) == (128, 128, 8, 2)
+            assert tile(compute_capability, 64, "backward_dq", **walk) == (128, 64, 8, 3)
+            assert tile(compute_capability, 64, "forward", **walk) == (128, 128, 8, 3)
             assert tile(compute_capability, 64, "backward_dq", heavy, **walk) == (128, 32, 8, 3)
             assert tile(compute_capability, 64, "forward", heavy, **walk)[:2] == (128, 64)
         assert tile(compute_capability, 128, "forward", persistent=True) == (128, 32, 8, 3)
         # d=256 keeps its small-shared-memory tiles
         assert tile(compute_capability, 256, "backward_dq") == (64, 16, 4, 2)
-    assert tile(86, 128, "forward") == tile(89, 128, "forward") == (128, 64, 8, 2)
+    assert tile(86, 128, "forward") == tile(89, 128, "forward") == (128, 64, 8, 3)
     assert tile(120, 128, "forward") == (128, 32, 8, 3)
     for compute_capability in (80, 86, 87, 89, 120):
         for features, persistent, dq_atomic in itertools.product(

@@ -397,7 +397,8 @@ _HOPPER_16BIT: _Table = {
 # Warp-instructions per MFLOP of the tile's work, sm_80 / sm_86, 3.6 and 3.9 within 3%:
 # causal 1335 -> 816 (sm_86; sm_80's light calls took it already), a left window 1335 ->
 # 814, soft cap 2201 -> 1247, ALiBi 1705 -> 1015 / 1724 -> 1028, all three 2590 -> 1453 /
-# 2632 -> 1472.
+# 2632 -> 1472. Two stages, as before: on these mma.sync GPUs one buffer, each copy
+# awaited before its MMAs (three take 105 KiB, past the 99 of sm_86/89 and sm_120).
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
     "backward_dkdv": {64: (32, 128, 8, 2), 128: (64, 64, 8, 2), 256: (32, 32, 4, 2)},
@@ -431,19 +432,23 @@ _AMPERE_16BIT_LIGHT: _Table = {
     "backward_dq": {64: (128, 64, 8, 2)},
 }
 # The GPUs of 99 KiB of shared memory a block (sm_86/89: RTX 30xx/40xx, A10, L4, L40S;
-# sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles: their light calls
-# take sm_80's for dQ and the forward at d=64, and 64-key steps for the forward at d=128
-# (64 KiB; sm_80's 128x128 needs 160). Warp-instructions per MFLOP of the tile's work,
-# causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: dQ 977 -> 847 both, forward d=64
-# 1339 -> 1133 both, d=128 1247 -> 942 / 1255 -> 967 (sm_120 d=64 1350 -> 1150 / 1293 ->
-# 1112). No spill in any loop, causal or not, with sinks or a right window, 1 or 4 query
-# heads a kv head, a program a tile or persistent, under both Tritons; outside it the
-# d=64 forward 4-8 B (none persistent). Not taken: the persistent forward at d=128 (36-108
-# B outside its loop), and on sm_120 the forward at d=128 at all (its loop reaches local
-# memory under 3.9, 8 accesses).
+# sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles. Their light calls
+# take twice the keys (the forward) or keys (dQ at d=64) a step of the base table, at 3
+# stages: on mma.sync GPUs Triton keeps one buffer fewer than the stages, and 2 stages
+# await each copy before the MMAs that read it (TTGIR: `async_wait` of 0 copies left in
+# flight; `triton_kernels.grouped_matmul.config.pipeline_buffers`), where 3 keep one in
+# flight, as the base tables' 3 stages did. Warp-instructions per MFLOP of the tile's
+# work, causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: forward d=64 128x128 1339 ->
+# 1186 both (80 KiB), d=128 128x64 1247 -> 984 / 1255 -> 1020 (96 KiB of 99), dQ d=64
+# 128x64 977 -> 895 both (sm_120: forward d=64 1350 -> 1167 / 1293 -> 1127, dQ 997 ->
+# 938 / 926 -> 857). No spill in any loop, causal or not, with sinks or a right window,
+# 1 or 4 query heads a kv head, a program a tile or persistent, under both Tritons;
+# outside it the d=64 forward 4-8 B (none persistent). Not taken: the persistent forward
+# at d=128 (16-76 B outside its loop), and on sm_120 the forward at d=128 at all (its
+# loop reaches local memory under 3.9, 9 accesses).
 _SMALL_SHARED_MEMORY_LIGHT: _Table = {
-    "forward": {64: (128, 128, 8, 2), 128: (128, 64, 8, 2)},
-    "backward_dq": {64: (128, 64, 8, 2)},
+    "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
+    "backward_dq": {64: (128, 64, 8, 3)},
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 # Keyed by `_table_arch`.
@@ -451,7 +456,7 @@ _LIGHT_TABLES = {
     80: _AMPERE_16BIT_LIGHT,
     86: _SMALL_SHARED_MEMORY_LIGHT,
     90: _HOPPER_16BIT_LIGHT,
-    120: {**_SMALL_SHARED_MEMORY_LIGHT, "forward": {64: (128, 128, 8, 2)}},
+    120: {**_SMALL_SHARED_MEMORY_LIGHT, "forward": {64: (128, 128, 8, 3)}},
 }
 # Persistent launches (past 60 sequences: packed batches of many documents) take the
 # light dQ and dK/dV tiles too, spill-free under Triton 3.6 and 3.9
