@@ -389,12 +389,12 @@ _HOPPER_16BIT: _Table = {
 # accesses an iteration (one stage spills none there, but loads each step unprefetched).
 # The kernel that adds dQ too (`dq_atomic`) keeps 16x64 (`_AMPERE_DQ_ATOMIC_DKDV`).
 # dK/dV at d=128 steps 64 query rows where it stepped 32 (64x64, 72 KiB; 32x64 at 8 warps
-# repeated part of its products, 1.5x the tile's work), for every call: it had been the
-# light calls' tile on sm_80 since 2026-12-01. No spill in its loop under Triton 3.6 and
+# repeated part of its products, 1.5x the tile's work), for every call: it had been
+# sm_80's light calls' tile. No spill in its loop under Triton 3.6 and
 # 3.9, on sm_80, sm_86/89 and sm_120, causal or not, with sinks, a right window, each
 # register-heavy option and all of them, 1 or 4 query heads a kv head, a program a tile
-# or persistent; outside it at most 8 B (on sm_120, with ALiBi or a left window, 4-8 B).
-# Warp-instructions per MFLOP of the tile's work, sm_80 / sm_86, 3.6 and 3.9 within 3%:
+# or persistent; outside it at most 8 B (sm_120 with a soft cap, persistent: 20-28 B).
+# Warp-instructions per MFLOP of the tile's work, sm_80 / sm_86, 3.6 and 3.9 within 4%:
 # causal 1335 -> 816 (sm_86; sm_80's light calls took it already), a left window 1335 ->
 # 814, soft cap 2201 -> 1247, ALiBi 1705 -> 1015 / 1724 -> 1028, all three 2590 -> 1453 /
 # 2632 -> 1472. Two stages, as before: on these mma.sync GPUs one buffer, each copy
