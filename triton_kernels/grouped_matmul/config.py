@@ -140,12 +140,11 @@ class GroupedMatmulConfig(KernelConfig):
         """Shared memory of the pipeline (`num_stages` stages of `stage_bytes`: the buffers
         of sm_90 and sm_100; an upper bound on mma.sync GPUs, which keep one fewer,
         `pipeline_buffers`) and, where warp-specialized, of the float32 output tile its
-        consumers hand the epilogue: gmm's
-        `[block_m, block_n]`, tgmm's (`transposed`; where `tgmm_warp_specializes`)
-        `[block_k, block_n]`, a tile of fewer than 128 rows taking the space of 128 (the
-        static report under Triton 3.6 and 3.9: gmm 128 x 64 x 128 at 4 stages takes
-        192 KiB, 128 + 64; gmm 64 x 128 x 128 and tgmm 128 x 64 x 128 hand off 64 KiB,
-        not 32)."""
+        consumers hand the epilogue: gmm's `[block_m, block_n]`, tgmm's (`transposed`;
+        where `tgmm_warp_specializes`) `[block_k, block_n]`, a tile of fewer than 128 rows
+        taking the space of 128 (the static report under Triton 3.6 and 3.9: gmm 128 x 64
+        x 128 at 4 stages takes 192 KiB, 128 + 64; gmm 64 x 128 x 128 and tgmm 128 x 64 x
+        128 hand off 64 KiB, not 32)."""
         pipeline = self.num_stages * self.stage_bytes(element_bytes, transposed)
         if not (tgmm_warp_specializes(self) if transposed else self.warp_specialize):
             return pipeline
@@ -296,10 +295,12 @@ def _pipelined(
     its reduction step halved until two fit (gmm's `block_k`, tgmm's `block_m`; not below
     32): with one, each step's copy is awaited before its MMAs (`pipeline_buffers`).
     The GPUs of 99 KiB a block (sm_86/89, sm_120; a 90 KiB budget) hold one 64 KiB
-    buffer of the 16-bit default, two of 128x64x128 (three stages). There the loop's
-    extra instructions are cheap: warp-instructions per MFLOP (static report, Triton 3.6
-    / 3.9, bf16, m 8192 k 2048 n 1408) against 1-2 thousand clocks a MFLOP of mma.sync
-    on these GPUs' tensor cores, a few hundred issue slots (4 a clock an SM)."""
+    buffer of the 16-bit default, two of 128x64x128 (three stages). The halved step
+    lengthens the loop (warp-instructions per MFLOP, static report, Triton 3.6 / 3.9,
+    bf16, m 8192 k 2048 n 1408, sm_86: gmm 551 -> 614 / 551 -> 710, the weight gradient
+    601 -> 656 / 601 -> 782; no spill), which is cheap there: at 4 issue slots a clock an
+    SM that is under 200 clocks a MFLOP, against the 1-2 thousand that a MFLOP of
+    mma.sync takes on these GPUs' tensor cores."""
     field = "block_m" if transposed else "block_k"
     while (
         compute_capability is not None
