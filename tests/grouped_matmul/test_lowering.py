@@ -129,8 +129,9 @@ def test_default_tiling_keeps_copies_in_flight(variant, compute_capability, dtyp
     still in flight (at two stages an mma.sync GPU awaits each copy before its MMAs; the
     defaults take three there, halving the reduction step on sm_86 to fit), float32's FMA
     dots too, which no longer spill (at a 64-element reduction step they spilled 7-20 KiB
-    a thread). A wgmma loop (Hopper, 16 bits) waits for no copies left in flight at any
-    depth, its pipeline is not read off its waits: only its spills are checked."""
+    a thread). A wgmma loop (Hopper, 16 bits) keeps a buffer a stage and runs its MMAs
+    asynchronously, so a copy issued after a wait still overlaps them: its waits do not
+    say (at 2 stages they leave none in flight), and only its spills are checked."""
     kernel = grouped_matmul_variant(variant, compute_capability, dtype_name, problem=(M, K, N))
     if compute_capability < 90 or dtype_name == "float32":
         assert max(_copies_in_flight(kernel, compute_capability)) >= 1, kernel.description
