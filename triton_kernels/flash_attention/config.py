@@ -397,17 +397,31 @@ _HOPPER_16BIT: _Table = {
 # Warp-instructions per MFLOP of the tile's work, sm_80 / sm_86, 3.6 and 3.9 within 4%:
 # causal 1335 -> 816 (sm_86; sm_80's light calls took it already), a left window 1335 ->
 # 814, soft cap 2201 -> 1247, ALiBi 1705 -> 1015 / 1724 -> 1028, all three 2590 -> 1453 /
-# 2632 -> 1472. Two stages, as before: on these mma.sync GPUs one buffer, each copy
-# awaited before its MMAs (three take 105 KiB, past the 99 of sm_86/89 and sm_120).
+# 2632 -> 1472.
+# Three stages where two were: on these mma.sync GPUs Triton keeps one shared-memory
+# buffer fewer than the stages, and at two each K / V / Q / dO copy is issued after the
+# MMAs of its step and awaited at the top of the next (TTGIR: `async_wait` of 0 copies
+# left in flight; `triton_kernels.grouped_matmul.config.pipeline_buffers`), so no load
+# overlaps the loop's MMAs; at three one step's copies stay in flight. Triton's own
+# attention tutorial tries 3, 4 and 7 stages on NVIDIA GPUs, never 2. No spill in the
+# loop on sm_80 under 3.6 and 3.9 (causal or not, sinks, a right window, each register-
+# heavy option and all of them, GQA 1 or 4, either launch; outside it at most 8 B).
+# Warp-instructions per MFLOP of the tile's work, 3.6 / 3.9, causal, two stages -> three:
+# dK/dV d=64 942 -> 1068 / 877 -> 1003 (48 KiB), d=128 814 -> 849 / 784 -> 820 (105 KiB),
+# dQ d=128 684 -> 768 / 684 -> 783 (96 KiB): the price of the copies in flight. The
+# 99 KiB GPUs keep two for dK/dV at d=128 (three do not fit), and for their register-
+# heavy calls at d=64 (dK/dV) and d=128 (dQ): there three stages spill up to 80 B
+# outside the loop (persistent, sm_86 under 3.6; dQ on sm_120 60 B); their light calls
+# take three (`_SMALL_SHARED_MEMORY_LIGHT`). d=256 is not yet re-measured.
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
-    "backward_dkdv": {64: (32, 128, 8, 2), 128: (64, 64, 8, 2), 256: (32, 32, 4, 2)},
-    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 2), 256: (64, 32, 8, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 3), 128: (64, 64, 8, 3), 256: (32, 32, 4, 2)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 8, 2)},
 }
 # sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
 _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
-    "backward_dkdv": {256: (16, 32, 4, 2)},
-    "backward_dq": {256: (64, 16, 4, 2)},
+    "backward_dkdv": {64: (32, 128, 8, 2), 128: (64, 64, 8, 2), 256: (16, 32, 4, 2)},
+    "backward_dq": {128: (128, 32, 8, 2), 256: (64, 16, 4, 2)},
 }
 # Calls without the register-heavy score options (`AttentionFeatures.register_heavy`):
 # the forward fits a 128x128 tile (two m64 warpgroups, a 128-key step) and dQ a 128x64
@@ -427,9 +441,15 @@ _HOPPER_16BIT_LIGHT: _Table = {
     "backward_dkdv": {64: (64, 128, 8, 2)},
     "backward_dq": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)},
 }
+# sm_80's light calls at 3 stages too (above): the forward at d=64 128x128 (80 KiB;
+# 3.6 / 3.9, causal, 1133 -> 1181 / 1133 -> 1200 per MFLOP), at d=128 128x64 where it
+# took 128x128 at two (96 KiB, 841 -> 1022 / 847 -> 1030; 128x128 spills 128 B in its
+# loop at three), dQ at d=64 128x64 (64 KiB, 847 -> 895 both); no
+# spill in their loops (causal or not, sinks, a right window, GQA 1 or 4, either launch;
+# the persistent forward at d=128, which keeps the base tile, 12 B outside it).
 _AMPERE_16BIT_LIGHT: _Table = {
-    "forward": {64: (128, 128, 8, 2), 128: (128, 128, 8, 2)},
-    "backward_dq": {64: (128, 64, 8, 2)},
+    "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
+    "backward_dq": {64: (128, 64, 8, 3)},
 }
 # The GPUs of 99 KiB of shared memory a block (sm_86/89: RTX 30xx/40xx, A10, L4, L40S;
 # sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles. Their light calls
@@ -448,7 +468,8 @@ _AMPERE_16BIT_LIGHT: _Table = {
 # loop reaches local memory under 3.9, 9 accesses).
 _SMALL_SHARED_MEMORY_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
-    "backward_dq": {64: (128, 64, 8, 3)},
+    "backward_dkdv": {64: (32, 128, 8, 3)},
+    "backward_dq": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3)},
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 # Keyed by `_table_arch`.
@@ -529,11 +550,18 @@ _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 
 # 64x64 holds it, where 32x64 computed part of its products over again (1.4x the tile's
 # work): 1465 -> 1039 / 1706 -> 1277 warp-instructions per MFLOP of the tile's work (3.6
 # / 3.9, sm_80, causal), no spill in any loop with any option, GQA 1, 3 or 4, either
-# launch (under 3.9, 4-28 B outside it with a soft cap, ALiBi or a left window); on
+# launch (under 3.9, 4-28 B outside it with a soft cap, ALiBi or a left window); at the
+# base table's three stages (113 KiB) 1077 / 1120, none spilled in any loop, 0-24 B
+# outside it (3.6, persistent, every option); on
 # sm_86/89 and sm_120 too (which take no table of this kernel's own): sm_86 1477 -> 1039
 # / 1706 -> 1410, sm_120 1364 -> 960 / 1312 -> 891, no spill in any loop with any option,
 # GQA 1 or 4, either launch (under 3.9 on sm_86, 8-12 B outside it).
-_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
+# At d=64 it keeps the former base tile, two stages (three not yet measured with dQ's
+# product in it).
+_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {
+    64: (32, 128, 8, 2),
+    256: (16, 64, 8, 3),
+}
 # ... and at d=64 light calls step 64 query rows at 4 warps, two CTAs an SM (8 warps, as
 # the base table's 32x128 at 8 warps, one CTA, which computed part of its products twice:
 # 1.4x the tile's work): 1639 -> 1190 / 1727 -> 1398 warp-instructions per MFLOP of the
