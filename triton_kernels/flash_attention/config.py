@@ -444,9 +444,9 @@ _HOPPER_16BIT_LIGHT: _Table = {
 # sm_80's light calls at 3 stages too (above): the forward at d=64 128x128 (80 KiB;
 # 3.6 / 3.9, causal, 1133 -> 1181 / 1133 -> 1200 per MFLOP), at d=128 128x64 where it
 # took 128x128 at two (96 KiB, 841 -> 1022 / 847 -> 1030; 128x128 spills 128 B in its
-# loop at three), dQ at d=64 128x64 (64 KiB, 847 -> 895 both); no
-# spill in their loops (causal or not, sinks, a right window, GQA 1 or 4, either launch;
-# the persistent forward at d=128, which keeps the base tile, 12 B outside it).
+# loop at three), dQ at d=64 128x64 (64 KiB, 847 -> 895 both); no spill in their loops
+# (causal or not, sinks, a right window, GQA 1 or 4, either launch; the persistent
+# forward at d=128, which keeps the base tile, 12 B outside it).
 _AMPERE_16BIT_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
     "backward_dq": {64: (128, 64, 8, 3)},
@@ -552,8 +552,8 @@ _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 
 # / 3.9, sm_80, causal), no spill in any loop with any option, GQA 1, 3 or 4, either
 # launch (under 3.9, 4-28 B outside it with a soft cap, ALiBi or a left window); at the
 # base table's three stages (113 KiB) 1077 / 1120, none spilled in any loop, 0-24 B
-# outside it (3.6, persistent, every option); on
-# sm_86/89 and sm_120 too (which take no table of this kernel's own): sm_86 1477 -> 1039
+# outside it (3.6, persistent, every option); on sm_86/89 and sm_120 too, at two stages
+# (which take no table of this kernel's own): sm_86 1477 -> 1039
 # / 1706 -> 1410, sm_120 1364 -> 960 / 1312 -> 891, no spill in any loop with any option,
 # GQA 1 or 4, either launch (under 3.9 on sm_86, 8-12 B outside it).
 # At d=64 it keeps the former base tile, two stages (three not yet measured with dQ's
