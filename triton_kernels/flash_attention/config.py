@@ -521,7 +521,9 @@ _BLACKWELL_OVERRIDES: _Table = {
     "backward_dq": {256: (64, 32, 8, 2)},
 }
 # Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls
-# without a light tile: dQ at d=128 spills 12 B at two stages and none at one. The
+# without a light tile: dQ at d=128 spills 12 B at two stages and none at one (at three,
+# sm_80's base, none either: not yet taken; on the 99 KiB GPUs two spill 16-32 B on
+# sm_120 under 3.9, with every option). The
 # forward at d=64 spills 4 B at three stages under Triton 3.6 (none under 3.9); at two it
 # spills under neither and its loop is no longer (warp-instructions per MFLOP, 3.9: 3288
 # -> 3231; 3.6: 3304 -> 3170).
@@ -735,12 +737,12 @@ def default_attention_config(
     small_shared_memory = compute_capability in (86, 89) or compute_capability >= 120
     arch = _table_arch(compute_capability)
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
-    if not hopper and persistent and features.register_heavy:  # a light tile overrides it
-        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     if small_shared_memory:
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
+    if not hopper and persistent and features.register_heavy:  # a light tile overrides it
+        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     if dq_atomic and kind == "backward_dkdv":  # its own tables on sm_80 and sm_90 only
         if compute_capability < 100 and not small_shared_memory:
             atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
