@@ -663,7 +663,8 @@ _HEAVY_LIGHT: dict[tuple[str, ...], frozenset[tuple[int, str, int, bool]]] = {
 def _table_arch(compute_capability: int) -> int:
     """The key of the light tables for a compute capability: sm_89 shares sm_86's (the
     same 99 KiB of shared memory and the same code: every report there matched), and
-    every consumer Blackwell (sm_120 and later) sm_120's."""
+    every consumer Blackwell (sm_120 and later) sm_120's. Keys 86 and 120 are the GPUs of
+    99 KiB a block, which take `_SMALL_SHARED_MEMORY_OVERRIDES`."""
     if compute_capability == 89:
         return 86
     return min(compute_capability, 120)
@@ -734,8 +735,8 @@ def default_attention_config(
     # sm_90 and sm_100 (datacenter, 227 KiB of shared memory) take the Hopper tables; sm_120
     # (consumer Blackwell: mma.sync and 99 KiB, like sm_86/89) the Ampere ones.
     hopper = 90 <= compute_capability < 120
-    small_shared_memory = compute_capability in (86, 89) or compute_capability >= 120
     arch = _table_arch(compute_capability)
+    small_shared_memory = arch in (86, 120)  # 99 KiB a block: sm_86/89, sm_120 and later
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
     if small_shared_memory:
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
