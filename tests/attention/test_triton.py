@@ -198,9 +198,10 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
     loops (`_SMALL_SHARED_MEMORY_LIGHT`), at 3 stages (two buffers on mma.sync GPUs): dQ
     at d=64 128x64, the forward 128x128 at d=64 and 128x64 at d=128; the persistent
     forward at d=128 and sm_120's forward at d=128 keep the base tile, and so do
-    register-heavy calls. dK/dV at d=128 takes 64x64 on
-    every Ampere-class GPU, for every call (the base table's; 32x64 at 8 warps repeated
-    part of its products)."""
+    register-heavy calls. Light calls take 3 stages for dK/dV at d=64 and dQ at d=128
+    too, heavy ones 2. dK/dV at d=128 takes 64x64 on every Ampere-class GPU, for every
+    call (the base table's; 32x64 at 8 warps repeated part of its products), at 3 stages
+    where they fit (not in 99 KiB)."""
     causal = AttentionFeatures(causal=True)
     heavy = AttentionFeatures(causal=True, soft_cap=True)
 
@@ -217,12 +218,15 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
             assert tile(compute_capability, 64, "backward_dq", heavy, **walk) == (128, 32, 8, 3)
             assert tile(compute_capability, 64, "forward", heavy, **walk)[:2] == (128, 64)
         assert tile(compute_capability, 128, "forward", persistent=True) == (128, 32, 8, 3)
+        assert tile(compute_capability, 64, "backward_dkdv") == (32, 128, 8, 3)
+        assert tile(compute_capability, 64, "backward_dkdv", heavy) == (32, 128, 8, 2)
+        assert tile(compute_capability, 128, "backward_dq") == (128, 32, 8, 3)
+        assert tile(compute_capability, 128, "backward_dq", heavy) == (128, 32, 8, 2)
         # d=256 keeps its small-shared-memory tiles
         assert tile(compute_capability, 256, "backward_dq") == (64, 16, 4, 2)
     assert tile(86, 128, "forward") == tile(89, 128, "forward") == (128, 64, 8, 3)
     assert tile(120, 128, "forward") == (128, 32, 8, 3)
     for compute_capability in (80, 86, 87, 89, 120):
-        # three stages (two buffers) where they fit: not in 99 KiB
         stages = 3 if compute_capability in (80, 87) else 2
         for features, persistent, dq_atomic in itertools.product(
             (causal, heavy), (False, True), (False, True)
