@@ -198,10 +198,12 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
     loops (`_SMALL_SHARED_MEMORY_LIGHT`), at 3 stages (two buffers on mma.sync GPUs): dQ
     at d=64 128x64, the forward 128x128 at d=64 and 128x64 at d=128; the persistent
     forward at d=128 and sm_120's forward at d=128 keep the base tile, and so do
-    register-heavy calls. Light calls take 3 stages for dK/dV at d=64 and dQ at d=128
-    too, heavy ones 2. dK/dV at d=128 takes 64x64 on every Ampere-class GPU, for every
-    call (the base table's; 32x64 at 8 warps repeated part of its products), at 3 stages
-    where they fit (not in 99 KiB)."""
+    register-heavy calls. dK/dV at d=64 and dQ at d=128 take 3 stages for every call and
+    launch, as do the persistent heavy forward at d=64 and dQ at d=128 on every Ampere-
+    class GPU (they took 2 and 1). dK/dV at d=128 takes 64x64 on every Ampere-class GPU,
+    for every call (the base table's; 32x64 at 8 warps repeated part of its products),
+    at 3 stages where they fit (not in 99 KiB). At d=256 the 99 KiB GPUs take tiles of 32
+    query rows at 3 stages; sm_80 keeps 2 (two CTAs an SM) and steps dQ 32 rows at 4 warps."""
     causal = AttentionFeatures(causal=True)
     heavy = AttentionFeatures(causal=True, soft_cap=True)
 
@@ -216,16 +218,30 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
             assert tile(compute_capability, 64, "backward_dq", **walk) == (128, 64, 8, 3)
             assert tile(compute_capability, 64, "forward", **walk) == (128, 128, 8, 3)
             assert tile(compute_capability, 64, "backward_dq", heavy, **walk) == (128, 32, 8, 3)
-            assert tile(compute_capability, 64, "forward", heavy, **walk)[:2] == (128, 64)
+            assert tile(compute_capability, 64, "forward", heavy, **walk) == (128, 64, 8, 3)
+            for features in (causal, heavy):
+                dkdv = tile(compute_capability, 64, "backward_dkdv", features, **walk)
+                assert dkdv == (32, 128, 8, 3)
+                dq = tile(compute_capability, 128, "backward_dq", features, **walk)
+                assert dq == (128, 32, 8, 3)
         assert tile(compute_capability, 128, "forward", persistent=True) == (128, 32, 8, 3)
-        assert tile(compute_capability, 64, "backward_dkdv") == (32, 128, 8, 3)
-        assert tile(compute_capability, 64, "backward_dkdv", heavy) == (32, 128, 8, 2)
-        assert tile(compute_capability, 128, "backward_dq") == (128, 32, 8, 3)
-        assert tile(compute_capability, 128, "backward_dq", heavy) == (128, 32, 8, 2)
-        # d=256 keeps its small-shared-memory tiles
-        assert tile(compute_capability, 256, "backward_dq") == (64, 16, 4, 2)
+        # d=256: 32 query rows a tile at 3 stages (one CTA an SM whatever the tile)
+        for features in (causal, heavy):
+            walk = dict(features=features, persistent=features is heavy)
+            assert tile(compute_capability, 256, "forward", **walk) == (32, 32, 4, 3)
+            assert tile(compute_capability, 256, "backward_dkdv", **walk) == (32, 16, 4, 3)
+            assert tile(compute_capability, 256, "backward_dq", **walk) == (32, 32, 4, 3)
     assert tile(86, 128, "forward") == tile(89, 128, "forward") == (128, 64, 8, 3)
     assert tile(120, 128, "forward") == (128, 32, 8, 3)
+    every_option = AttentionFeatures(causal=True, soft_cap=True, alibi=True, window_left=True)
+    for compute_capability in (80, 87):  # sm_80 gives a soft cap alone its light tiles
+        walk = dict(features=every_option, persistent=True)
+        assert tile(compute_capability, 64, "forward", **walk) == (128, 64, 8, 3)
+        assert tile(compute_capability, 128, "backward_dq", **walk) == (128, 32, 8, 3)
+        # d=256: two CTAs an SM keep 2 stages; dQ's 32 rows at 4 warps compute each product once
+        assert tile(compute_capability, 256, "forward") == (64, 32, 4, 2)
+        assert tile(compute_capability, 256, "backward_dkdv") == (32, 32, 4, 2)
+        assert tile(compute_capability, 256, "backward_dq") == (32, 32, 4, 2)
     for compute_capability in (80, 86, 87, 89, 120):
         stages = 3 if compute_capability in (80, 87) else 2
         for features, persistent, dq_atomic in itertools.product(
@@ -876,9 +892,9 @@ def test_dq_atomic_takes_the_base_tile_by_pointers():
         16, 32, 8, 2
     )
     assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 8, 3)
-    assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 4, 2)
+    assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 4, 3)
     assert config(64, "backward_dkdv", True, capability=80, features=capped) == (
-        AttentionKernelConfig(32, 128, 8, 2)
+        AttentionKernelConfig(32, 128, 8, 3)
     )
     for kind in ("forward", "backward_dq"):
         assert config(128, kind, True) == config(128, kind, False)

@@ -52,10 +52,10 @@ _OVERRIDES = {
     # (dQ at d=256 takes the varlen 128x32: none spilled in its loops, 24-68 B outside
     # them under Triton 3.6, once a program; its full-tile loop 1071 -> 343 / 1628 -> 528
     # warp-instructions per MFLOP of the tile's work under 3.6 / 3.9, against 64x32's.)
-    # sm_80: the light 128x128 forward spills 16 B at d=128.
+    # sm_80: the light 128x128 forward spills 16 B at d=128. (With a soft cap it takes the
+    # varlen 128x32 at three stages, two until 2026-12-07, one buffer on mma.sync GPUs:
+    # with ALiBi too none spilled on sm_80 or sm_86 under Triton 3.6 and 3.9.)
     (80, "bfloat16", "forward", 128, False): (128, 32, 8, 3),
-    # ... and with a soft cap plus ALiBi 16 B at three stages.
-    (80, "bfloat16", "forward", 128, True): (128, 32, 8, 2),
     # (dK/dV at d=256 takes the varlen 32x32 at 4 warps: no spill under Triton 3.6 and
     # 3.9, with a soft cap and ALiBi too; its full-tile loop 1923 -> 847 / 1904 -> 830
     # warp-instructions per MFLOP of the tile's work under 3.6 / 3.9, against 16x64's

@@ -409,19 +409,51 @@ _HOPPER_16BIT: _Table = {
 # Warp-instructions per MFLOP of the tile's work, 3.6 / 3.9, causal, two stages -> three:
 # dK/dV d=64 942 -> 1068 / 877 -> 1003 (48 KiB), d=128 814 -> 849 / 784 -> 820 (105 KiB),
 # dQ d=128 684 -> 768 / 684 -> 783 (96 KiB): the price of the copies in flight. The
-# 99 KiB GPUs keep two for dK/dV at d=128 (three do not fit), and for their register-
-# heavy calls at d=64 (dK/dV) and d=128 (dQ): there three stages spill up to 80 B
-# outside the loop (persistent, sm_86 under 3.6; dQ on sm_120 60 B); their light calls
-# take three (`_SMALL_SHARED_MEMORY_LIGHT`). d=256 is not yet re-measured.
+# 99 KiB GPUs take three too but for dK/dV at d=128 (three do not fit). Their register-
+# heavy calls spill a few bytes a thread there, never in a loop: dK/dV at d=64 up to 28
+# B (80 B persistent) under 3.6 on sm_86, 8 B under 3.9; dQ at d=128 none on sm_86, on
+# sm_120 under 3.9 a persistent walk with a soft cap, ALiBi and a left window 60 B (two
+# stages: 32), a left window alone 8 B. Those are stored and reloaded once a tile; the
+# two stages they took kept no copy in flight, one CTA an SM (8 warps of 255
+# registers), so nothing overlapped a load. Persistent walks with the register-heavy
+# options take three too, where they took fewer (until 2026-12-07): the forward at d=64
+# two (with three, a soft cap spills 44 B under 3.6 on sm_80, 36 B on sm_86, outside
+# the loop; none under 3.9) and dQ at d=128 one, which issues no asynchronous copy at
+# all (with three, none spilled on sm_80 or sm_86, either Triton).
+# At d=256 sm_80 keeps two stages for the forward (64x32, 68 KiB) and dK/dV (32x32, 66
+# KiB): two CTAs share an SM there, so one's MMAs run while the other awaits its copy
+# (at three, 100 and 98 KiB, one CTA would). Its dQ steps 32 query rows at 4 warps where
+# it stepped 64 at 8 (100 KiB, one CTA an SM), whose warps computed QK^T and dO V^T over
+# again (5/3 of the tile's work): 66 KiB, two CTAs an SM, loop 1152 -> 806 / 1152 -> 849
+# per MFLOP (3.6 / 3.9, causal), none spilled in it (causal or not, sinks, a right window,
+# each register-heavy option and all of them, GQA 1 or 4, either launch; outside it at
+# most 16 B).
 _AMPERE_16BIT: _Table = {
     "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 4, 2)},
     "backward_dkdv": {64: (32, 128, 8, 3), 128: (64, 64, 8, 3), 256: (32, 32, 4, 2)},
-    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 3), 256: (64, 32, 8, 2)},
+    "backward_dq": {64: (128, 32, 8, 3), 128: (128, 32, 8, 3), 256: (32, 32, 4, 2)},
 }
-# sm_86/89 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB).
+# sm_86/89 and sm_120 have 99 KiB of shared memory per block (sm_80: 163 KiB, sm_90: 227
+# KiB), one CTA an SM at d=256 whatever the tile, so two stages kept no copy in flight
+# there: they take tiles of 32 query rows at three, none spilled in a loop under Triton
+# 3.6 or 3.9 on sm_86 or sm_120 (causal or not, sinks, a right window, each register-
+# heavy option and all of them, GQA 1 or 4, either launch). Per MFLOP of the tile's work
+# on sm_86, causal, 3.6 / 3.9:
+# - the forward 32x32 (82 KiB), where 64x32 at two spilled in its loop (sm_86 under 3.6,
+#   8-10 accesses; sm_120 under 3.9, 13-17): 1390 -> 1640 / 1404 -> 1625;
+# - dQ 32x32 (98 KiB), where 64x16 at 4 warps computed QK^T and dO V^T over again (5/3
+#   of the tile's work): 1177 -> 913 / 1157 -> 910; outside the loop up to 88 B (sm_86,
+#   ALiBi, persistent, 3.9);
+# - dK/dV 32x16 (81 KiB), where 16x32 repeated part of its products (1.5x the tile's
+#   work): 1255 -> 1251 / 1221 -> 1186 (32x32 at three, 837 / 811, spills in its loop
+#   with ALiBi under 3.6 on sm_86, and under 3.9 on sm_120). The dK/dV that adds dQ
+#   takes it too (no table of its own here): none spilled in a loop, where 16x32 did on
+#   sm_120 under 3.9, but its atomic adds, a [32, 256] share of dQ every 16 keys, cost
+#   more a FLOP than 16x32's [16, 256] every 32: 1740 -> 2304 / 1508 -> 1849.
 _SMALL_SHARED_MEMORY_OVERRIDES: _Table = {
-    "backward_dkdv": {64: (32, 128, 8, 2), 128: (64, 64, 8, 2), 256: (16, 32, 4, 2)},
-    "backward_dq": {128: (128, 32, 8, 2), 256: (64, 16, 4, 2)},
+    "forward": {256: (32, 32, 4, 3)},
+    "backward_dkdv": {128: (64, 64, 8, 2), 256: (32, 16, 4, 3)},
+    "backward_dq": {256: (32, 32, 4, 3)},
 }
 # Calls without the register-heavy score options (`AttentionFeatures.register_heavy`):
 # the forward fits a 128x128 tile (two m64 warpgroups, a 128-key step) and dQ a 128x64
@@ -468,8 +500,7 @@ _AMPERE_16BIT_LIGHT: _Table = {
 # loop reaches local memory under 3.9, 9 accesses).
 _SMALL_SHARED_MEMORY_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
-    "backward_dkdv": {64: (32, 128, 8, 3)},
-    "backward_dq": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3)},
+    "backward_dq": {64: (128, 64, 8, 3)},
 }
 # Only where the report showed them spill-free: sm_100's tcgen05 code spills at 128x128.
 # Keyed by `_table_arch`.
@@ -520,17 +551,6 @@ _BLACKWELL_OVERRIDES: _Table = {
     "backward_dkdv": {128: (16, 64, 8, 2)},
     "backward_dq": {256: (64, 32, 8, 2)},
 }
-# Ampere, persistent launches (the walk's loop holds registers) of register-heavy calls
-# without a light tile: dQ at d=128 spills 12 B at two stages and none at one (at three,
-# sm_80's base, none either: not yet taken; on the 99 KiB GPUs two spill 16-32 B on
-# sm_120 under 3.9, with every option). The
-# forward at d=64 spills 4 B at three stages under Triton 3.6 (none under 3.9); at two it
-# spills under neither and its loop is no longer (warp-instructions per MFLOP, 3.9: 3288
-# -> 3231; 3.6: 3304 -> 3170).
-_AMPERE_PERSISTENT_HEAVY: _Table = {
-    "forward": {64: (128, 64, 8, 2)},
-    "backward_dq": {128: (128, 32, 8, 1)},
-}
 # The dK/dV kernel that accumulates dQ too (`AttentionConfigs.dq_atomic`) holds a third
 # product, dS K, and its atomic adds: it keeps the base tables' tile, by pointers (with
 # it the light and TMA tiles spill 80-430 B at sm_90, d=128), spill-free at d <= 128 on
@@ -558,19 +578,21 @@ _HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 
 # (which take no table of this kernel's own): sm_86 1477 -> 1039
 # / 1706 -> 1410, sm_120 1364 -> 960 / 1312 -> 891, no spill in any loop with any option,
 # GQA 1 or 4, either launch (under 3.9 on sm_86, 8-12 B outside it).
-# At d=64 it keeps the former base tile, two stages (three not yet measured with dQ's
-# product in it).
-_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {
-    64: (32, 128, 8, 2),
-    256: (16, 64, 8, 3),
-}
+# At d=64 it takes the base table's 32x128 at three stages (two until 2026-12-07, one
+# CTA an SM either way: no copy was in flight): none spilled in its loop on sm_80, causal
+# or not, sinks, a right window, each register-heavy option and all of them, GQA 1 or 4,
+# either launch; outside it at most 24 B (32 B under 3.9 with all three options,
+# persistent); 1639 -> 1715 / 1727 -> 1733 per MFLOP (3.6 / 3.9, causal).
+_AMPERE_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 64, 8, 3)}
 # ... and at d=64 light calls step 64 query rows at 4 warps, two CTAs an SM (8 warps, as
 # the base table's 32x128 at 8 warps, one CTA, which computed part of its products twice:
 # 1.4x the tile's work): 1639 -> 1190 / 1727 -> 1398 warp-instructions per MFLOP of the
 # tile's work (3.6 / 3.9, causal), no spill in its loop (causal or not, sinks, a right
 # window, GQA 1, 3 or 4, either launch; 0-36 B outside it); with a soft cap, ALiBi and a
-# left window it spills in its loop under 3.9 (32 B).
-_AMPERE_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {64: (64, 64, 4, 2)}
+# left window it spills in its loop under 3.9 (32 B). Three stages where it took two
+# (65 KiB, two CTAs an SM still): 1202 -> 1306 / 1408 -> 1256, none spilled in its loop,
+# outside it up to 72 B (3.6, one query head a kv head; 20 B under 3.9).
+_AMPERE_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {64: (64, 64, 4, 3)}
 # That kernel with `tma` (the A/B row "dq by tma reduction", sm_90, d=128): its Q and dO
 # tiles by descriptor and each step's dQ share added by one bulk tensor reduction
 # (UTMAREDG) where the pointer loop issues 8 vector atomics (REDG.ADD.F32x4) a thread,
@@ -583,12 +605,15 @@ DQ_REDUCE_DKDV_TILE = (32, 128, 8, 2)
 # float32 inputs, exact ("ieee") products on CUDA cores (FMA), which need many more
 # registers per tile than tensor cores: 4-warp tiles of 32x32 and up spill at head_dim
 # 128, so tiles stay small and 8 warps share them. static_kernel_report (causal, sm_80
-# and sm_90): none spills at head dims 64/128/256, and every tile's shared memory fits
-# the 99 KiB of sm_86/89 too.
+# and sm_90): none spills at head dims 64/128/256 (with a soft cap, ALiBi and a left
+# window at most 4 B), and every tile's shared memory fits the 99 KiB of sm_86/89 too.
+# At d=256, 2 stages where 1 was (65 KiB either way): dQ at one spilled 428-604 B a
+# thread under Triton 3.6 and 3.9, one CTA an SM (two or three at 2 stages); dK/dV gains
+# the asynchronous copies. dK/dV at d=128 keeps one (two spill 32 B on sm_80 under 3.9).
 _FLOAT32: _Table = {
     "forward": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (32, 16, 8, 2)},
-    "backward_dkdv": {64: (16, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 1)},
-    "backward_dq": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (16, 16, 8, 1)},
+    "backward_dkdv": {64: (16, 32, 8, 2), 128: (16, 32, 8, 1), 256: (16, 16, 8, 2)},
+    "backward_dq": {64: (32, 16, 8, 2), 128: (32, 16, 8, 2), 256: (16, 16, 8, 2)},
 }
 
 
@@ -742,8 +767,6 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    if not hopper and persistent and features.register_heavy:  # a light tile overrides it
-        config = _AMPERE_PERSISTENT_HEAVY.get(kind, {}).get(tile_d, config)
     if dq_atomic and kind == "backward_dkdv":  # its own tables on sm_80 and sm_90 only
         if compute_capability < 100 and not small_shared_memory:
             atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
