@@ -185,6 +185,10 @@ SLOW: tuple[tuple[str, str], ...] = (
         "sm_86's light tiles interpreted (~6 s each): d=128 kept",
     ),
     (
+        "tests/launch/test_gpu_launches_interpreted.py::test_*small_shared_memory_gpus[*d256]",
+        "sm_86's d=256 tiles interpreted: d=128 kept",
+    ),
+    (
         "tests/launch/test_gpu_launches_interpreted.py::test_*small_shared_memory_gpus[sm_120*",
         "sm_120's d=128 (dK/dV as sm_86's): sm_86's kept",
     ),

@@ -85,15 +85,17 @@ def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
         (86, 64, {"forward": (128, 128, 8), "backward_dq": (128, 64, 8),
                   "backward_dkdv": (32, 128, 8)}),
         (120, 128, {"forward": (128, 32, 8), "backward_dkdv": (64, 64, 8)}),
+        (86, 256, {"forward": (32, 32, 4), "backward_dq": (32, 32, 4),
+                   "backward_dkdv": (32, 16, 4)}),
     ],
-    ids=["sm_86-d128", "sm_86-d64", "sm_120-d128"],
+    ids=["sm_86-d128", "sm_86-d64", "sm_120-d128", "sm_86-d256"],
 )  # fmt: skip
 def test_varlen_attention_on_small_shared_memory_gpus(on_a_gpu, capability, head_dim, tiles):
     """bf16, causal, GQA 4q/2kv, at the light tiles of the GPUs of 99 KiB of shared
     memory a block (RTX 30xx-50xx, L4, L40S): sm_86's forward 64-key steps at d=128 and
     128-key ones at d=64, dQ's 64-key steps at d=64, dK/dV's 64 query rows at d=128 (sm_120
-    too), over a document past one 128-row tile, empty and length-1 documents, rows past
-    the last."""
+    too), and at d=256 the tiles of 32 query rows at 4 warps, over a document past one
+    128-row tile, empty and length-1 documents, rows past the last."""
     lengths = ((150, 150), (0, 3), (1, 1), (70, 40), (0, 0))
     c = case({"causal": True}, heads=(4, 2), head_dim=head_dim, dtype=jnp.bfloat16,
              lengths=lengths, pad=(6, 2))  # fmt: skip
