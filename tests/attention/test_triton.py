@@ -889,7 +889,7 @@ def test_dq_atomic_takes_the_base_tile_by_pointers():
     assert config(256, "backward_dkdv", True) == AttentionKernelConfig(64, 32, 8, 2)
     capped = AttentionFeatures(causal=True, soft_cap=True)
     assert config(256, "backward_dkdv", True, features=capped) == AttentionKernelConfig(
-        16, 32, 8, 2
+        16, 32, 8, 3
     )
     assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 8, 3)
     assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 4, 3)

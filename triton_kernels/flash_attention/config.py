@@ -558,8 +558,13 @@ _BLACKWELL_OVERRIDES: _Table = {
 # cap, ALiBi and a left window all on, 4-60 B outside the loop at sm_90, d=128); at d=256
 # on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
 # for wgmma: every wgmma tile tried there spills, 20-3000 B), whose warps compute its
-# key-row products over again (2.2x the tile's work, `KernelReport.mma_redundancy`).
-_HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 2)}
+# key-row products over again (2.2x the tile's work, `KernelReport.mma_redundancy`). Its
+# loop is mma.sync's, which keeps one buffer fewer than the stages on sm_90 too: at two
+# every Q / dO copy was awaited before the MMAs that read it (TTGIR: `async_wait` of 0
+# copies left in flight), one CTA an SM. At three (80 KiB) some stay in flight, none
+# spilled with any option, GQA 1 or 4, either launch, under 3.6 and 3.9; 3-5% more
+# warp-instructions per MFLOP (soft cap 2899 -> 3015 / 2972 -> 3052).
+_HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 3)}
 # ... but calls without the register-heavy options step 64 query rows at a time: dQ's
 # product, [64, 256], takes wgmma, the key-row ones mma.sync, each computed once; no
 # spill in any loop under Triton 3.6 and 3.9 (causal or not, GQA 1, 3 or 4, a program a
