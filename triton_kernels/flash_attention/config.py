@@ -409,7 +409,9 @@ _HOPPER_16BIT: _Table = {
 # Warp-instructions per MFLOP of the tile's work, 3.6 / 3.9, causal, two stages -> three:
 # dK/dV d=64 942 -> 1068 / 877 -> 1003 (48 KiB), d=128 814 -> 849 / 784 -> 820 (105 KiB),
 # dQ d=128 684 -> 768 / 684 -> 783 (96 KiB): the price of the copies in flight. The
-# 99 KiB GPUs take three too but for dK/dV at d=128 (three do not fit). Their register-
+# 99 KiB GPUs take three too but for dK/dV at d=128 (three do not fit; 64x32 at three,
+# 85 KiB, spills in no loop with any option, GQA 1 or 4, either launch, under 3.6 and
+# 3.9, but runs 24-26% more warp-instructions per MFLOP: not taken untimed). Their register-
 # heavy calls spill a few bytes a thread there, never in a loop: dK/dV at d=64 up to 28
 # B (80 B persistent) under 3.6 on sm_86, 8 B under 3.9; dQ at d=128 none on sm_86, on
 # sm_120 under 3.9 a persistent walk with a soft cap, ALiBi and a left window 60 B (two
