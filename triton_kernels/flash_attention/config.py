@@ -488,18 +488,16 @@ _AMPERE_16BIT_LIGHT: _Table = {
 # The GPUs of 99 KiB of shared memory a block (sm_86/89: RTX 30xx/40xx, A10, L4, L40S;
 # sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles. Their light calls
 # take twice the keys (the forward) or keys (dQ at d=64) a step of the base table, at 3
-# stages: on mma.sync GPUs Triton keeps one buffer fewer than the stages, and 2 stages
-# await each copy before the MMAs that read it (TTGIR: `async_wait` of 0 copies left in
-# flight; `triton_kernels.grouped_matmul.config.pipeline_buffers`), where 3 keep one in
-# flight, as the base tables' 3 stages did. Warp-instructions per MFLOP of the tile's
-# work, causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: forward d=64 128x128 1339 ->
-# 1186 both (80 KiB), d=128 128x64 1247 -> 984 / 1255 -> 1020 (96 KiB of 99), dQ d=64
-# 128x64 977 -> 895 both (sm_120: forward d=64 1350 -> 1167 / 1293 -> 1127, dQ 997 ->
-# 938 / 926 -> 857). No spill in any loop, causal or not, with sinks or a right window,
-# 1 or 4 query heads a kv head, a program a tile or persistent, under both Tritons;
-# outside it the d=64 forward 4-8 B (none persistent). Not taken: the persistent forward
-# at d=128 (16-76 B outside its loop), and on sm_120 the forward at d=128 at all (its
-# loop reaches local memory under 3.9, 9 accesses).
+# stages, which keep a copy in flight on mma.sync GPUs where 2 do not (`_AMPERE_16BIT`'s
+# comment; `triton_kernels.grouped_matmul.config.pipeline_buffers`). Warp-instructions
+# per MFLOP of the tile's work, causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: forward
+# d=64 128x128 1339 -> 1186 both (80 KiB), d=128 128x64 1247 -> 984 / 1255 -> 1020 (96
+# KiB of 99), dQ d=64 128x64 977 -> 895 both (sm_120: forward d=64 1350 -> 1167 / 1293
+# -> 1127, dQ 997 -> 938 / 926 -> 857). No spill in any loop, causal or not, with sinks
+# or a right window, 1 or 4 query heads a kv head, a program a tile or persistent, under
+# both Tritons; outside it the d=64 forward 4-8 B (none persistent). Not taken: the
+# persistent forward at d=128 (16-76 B outside its loop), and on sm_120 the forward at
+# d=128 at all (its loop reaches local memory under 3.9, 9 accesses).
 _SMALL_SHARED_MEMORY_LIGHT: _Table = {
     "forward": {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)},
     "backward_dq": {64: (128, 64, 8, 3)},
