@@ -286,9 +286,10 @@ def attention_candidates(
     `kind` "forward" gives `FwdParams`; "backward_dkdv" and "backward_dq" give
     `BwdParams` that set only that kernel's fields (the other one keeps its default).
     Every candidate sets every field its kernel has, the options included.
-    A grid of tiles, each with `select_num_warps` warps and two stage counts, the larger
-    one from `select_num_stages` for the tiles a loop step streams (two
-    `[rows, head_dim]` operands per stage) on `compute_capability`, by pointers; for
+    A grid of tiles, each with `select_num_warps` warps and the two largest stage counts
+    up to 3 whose shared memory (`AttentionKernelConfig.shared_memory_bytes`: the
+    stationary tiles, the pipeline's buffers, the scores' scratch) fits
+    `compute_capability`'s (a tile that fits at none is left out), by pointers; for
     dK/dV with `descriptors` on sm_90 and up (head_dim a power of two), its 128-key
     tiles of 32 and 64 queries also through tensor descriptors (its default there is one
     of them; the forward and dQ ran slower with them on an H100, and are not searched:
@@ -340,13 +341,20 @@ def _attention_grid(
     for rows in stationary:
         for step in streamed:
             q, kv = (step, rows) if kind == "backward_dkdv" else (rows, step)
-            stage_bytes = 2 * step * block_d(head_dim) * itemsize
-            most = select_num_stages(stage_bytes, shared_memory_limit=limit, max_stages=3)
-            warps = select_num_warps(q, kv, head_dim, dtype_name)
+            tile = AttentionKernelConfig(q, kv, select_num_warps(q, kv, head_dim, dtype_name))
+            # The two deepest pipelines up to 3 stages that fit (none: the tile is left out).
+            fitting = [
+                stages
+                for stages in (1, 2, 3)
+                if tile.replace(num_stages=stages).shared_memory_bytes(
+                    kind, head_dim, itemsize, compute_capability
+                )
+                <= limit
+            ]
             search_tma = tma_here and kind == "backward_dkdv" and kv == 128 and q >= 32
-            for stages in sorted({max(1, most - 1), most}):
+            for stages in fitting[-2:]:
                 configs += [
-                    AttentionKernelConfig(q, kv, warps, stages, tma=tma)
+                    tile.replace(num_stages=stages, tma=tma)
                     for tma in ((False, True) if search_tma else (False,))
                 ]
     return configs

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from triton_kernels.config import KernelConfig
+from triton_kernels.config import KernelConfig, multiplies_by_mma_sync, pipeline_buffers
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
@@ -57,3 +57,15 @@ def test_attention_configs_hold_one_config_per_kernel():
     assert configs.forward is fwd and configs.backward_dq is None
     with pytest.raises(TypeError, match=r"AttentionConfigs\.backward_dq"):
         AttentionConfigs(backward_dq=(32, 16))
+
+
+def test_pipeline_buffers_follow_the_mma():
+    """Triton keeps a buffer a stage where the MMAs read shared memory asynchronously
+    (sm_90, sm_100), one fewer where mma.sync reads it into registers (sm_80-89,
+    sm_120): 2 stages there await each copy before its MMAs."""
+    for capability in (90, 100, 103):
+        assert not multiplies_by_mma_sync(capability)
+        assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 2, 3]
+    for capability in (80, 86, 89, 120, None):
+        assert multiplies_by_mma_sync(capability)
+        assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 1, 2]

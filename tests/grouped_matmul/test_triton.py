@@ -53,12 +53,12 @@ from tests.grouped_matmul.helpers import (
     tgmm_float64,
 )
 from tests.launches import Launch, record_launches
+from triton_kernels.config import pipeline_buffers
 from triton_kernels.grouped_matmul.config import (
     DEFAULT_TILING,
     HOPPER_WARP_SPECIALIZED_GMM,
     HOPPER_WARP_SPECIALIZED_TGMM,
     gmm_config,
-    pipeline_buffers,
     tgmm_config,
     warp_specialized_gmm_config,
 )
@@ -390,16 +390,6 @@ def test_pipeline_stages_fit_in_shared_memory(capability, budget_kib, element_by
             assert c.num_stages == 1 or buffers * stage <= budget_kib * 1024
             if tiling is None:  # a default keeps a copy in flight beside its MMAs
                 assert buffers >= 2, (capability, element_bytes, c)
-
-
-def test_pipeline_buffers_follow_the_mma():
-    """Triton keeps a buffer a stage where the MMAs read shared memory asynchronously
-    (sm_90, sm_100), one fewer where mma.sync reads it into registers (sm_80-89,
-    sm_120): 2 stages there await each copy before its MMAs."""
-    assert [pipeline_buffers(s, 90) for s in (1, 2, 3)] == [1, 2, 3]
-    assert [pipeline_buffers(s, 100) for s in (1, 2, 3)] == [1, 2, 3]
-    for capability in (80, 86, 89, 120, None):
-        assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 1, 2]
 
 
 @pytest.mark.parametrize("capability", [86, 89, 120])

@@ -232,10 +232,50 @@ def test_attention_candidates(kind, dtype, capability):
         configs = [_to_config(kind, c, default) for c in candidates]
         assert configs[0] == default  # the default first: it wins ties
         limit = shared_memory_limit_for(capability)
+        itemsize = jnp.dtype(dtype).itemsize
         for config in configs[1:]:
-            streamed = config.block_m if kind == "backward_dkdv" else config.block_n
-            stage = 2 * streamed * block_d(head_dim) * jnp.dtype(dtype).itemsize
-            assert config.num_stages == 1 or config.num_stages * stage <= limit, config
+            if config.overlap_softmax:  # `_hopper_options`' tiles, not the grid's
+                continue
+            needed = config.shared_memory_bytes(kind, head_dim, itemsize, capability)
+            assert needed <= limit, config
+
+
+@pytest.mark.parametrize(
+    ("capability", "kind", "tile", "stages"),
+    [
+        # K and V (32 KiB) and two buffers of Q and dO (64 KiB) at 3 stages, with the
+        # scores' scratch (8 KiB: 64 keys < 128): 105 KiB of 99. At 2 stages one buffer.
+        (86, "backward_dkdv", (64, 64), (1, 2)),
+        # Q (32 KiB) and at 2 stages the one buffer of K and V (64 KiB) of mma.sync.
+        (86, "forward", (128, 128), (1, 2)),
+        (80, "forward", (128, 128), (2, 3)),  # 160 KiB at 3 stages of 163
+        (90, "forward", (128, 128), (2, 3)),  # 224 KiB of 227: a buffer a stage
+        (90, "backward_dq", (128, 64), (2, 3)),
+    ],
+)
+def test_attention_candidates_take_the_deepest_stages_that_fit(capability, kind, tile, stages):
+    """The grid's stage counts (bf16, d=128) follow the kernel's shared memory: its
+    stationary tiles and one buffer fewer than the stages on mma.sync GPUs."""
+    candidates = attention_candidates(
+        kind, head_dim=128, dtype="bfloat16", compute_capability=capability
+    )
+    default = default_attention_config(128, "bfloat16", capability, kind)
+    configs = [_to_config(kind, c, default) for c in candidates]
+    found = {c.num_stages for c in configs if (c.block_m, c.block_n) == tile and not c.tma}
+    assert found == set(stages)  # the default among them, where it is this tile
+
+
+def test_attention_candidates_leave_out_tiles_that_never_fit():
+    """On a 99 KiB GPU at d=256 a dK/dV tile of 128 keys holds K and V in 128 KiB."""
+    for kind, rows in (("backward_dkdv", "block_n"), ("backward_dq", "block_m")):
+        default = default_attention_config(256, "bfloat16", 86, kind)
+        candidates = attention_candidates(
+            kind, head_dim=256, dtype="bfloat16", compute_capability=86
+        )
+        configs = [_to_config(kind, c, default) for c in candidates]
+        assert len(configs) > 1 and all(getattr(c, rows) < 128 for c in configs)
+        for config in configs:
+            assert config.shared_memory_bytes(kind, 256, 2, 86) <= 99 * KIB, config
 
 
 @pytest.mark.parametrize("kind", KINDS)

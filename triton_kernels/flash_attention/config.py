@@ -26,7 +26,12 @@ import dataclasses
 
 import triton
 
-from triton_kernels.config import MIN_BLOCK, KernelConfig
+from triton_kernels.config import (
+    MIN_BLOCK,
+    KernelConfig,
+    multiplies_by_mma_sync,
+    pipeline_buffers,
+)
 
 KINDS = ("forward", "backward_dkdv", "backward_dq")
 """The kernels a config is for: the forward, the key-stationary dK/dV kernel, the dQ kernel."""
@@ -51,6 +56,11 @@ STREAMED_TILES = {
     "backward_dq": StreamedTiles(("k_ptr", "v_ptr"), "block_n"),
     "backward_dkdv": StreamedTiles(("q_ptr", "d_out_ptr"), "block_m"),
 }
+
+# What `AttentionKernelConfig.shared_memory_bytes` adds to the operand tiles: the
+# scratch of row reductions across warps (float32 tiles: a float a row) and, on sm_90,
+# the pipeline's barriers and the alignment of dK/dV's row-stat buffers (up to 0.5 KiB).
+_REDUCTION_AND_BARRIER_BYTES = 512
 
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
@@ -150,6 +160,39 @@ class AttentionKernelConfig(KernelConfig):
         tile (the forward's and dQ's K and V), or of a query tile (dK/dV's Q and dO)."""
         check_kind(kind)
         return getattr(self, STREAMED_TILES[kind].rows), head_dim
+
+    def shared_memory_bytes(
+        self, kind: str, head_dim: int, element_bytes: int, compute_capability: int | None
+    ) -> int:
+        """Shared memory one CTA of kernel `kind` takes, launched by pointers, estimated:
+        its stationary operand tiles (the forward's Q; dQ's Q and dO; dK/dV's K and V;
+        each `[rows, block_d(head_dim)]`), `pipeline_buffers` of the two tiles its loop
+        streams (dK/dV's with their float32 log-sum-exp and delta rows) and, on mma.sync
+        GPUs where the stationary tile has fewer rows than `block_d`, one `[rows, step]`
+        tile of scores: Triton spreads the warps over the head dim there, and P (dS) goes
+        to the next product through shared memory.
+
+        Against the static report's allocation at the tuning grid's tiles, at 2 to 4
+        stages: at most 1 KiB above it, never below (bf16; Triton 3.9: sm_80 and sm_120 at
+        d=128, sm_86 at d=64/128/256, sm_90 at d=128/256, and float32 on sm_86 at d=128;
+        3.6: sm_86 at d=64/128/256, sm_90 at d=128). float32 on sm_90 counts a buffer a
+        stage, as TF32's wgmma keeps them: its exact products (the default, on CUDA cores)
+        keep one fewer, 14-31 KiB below the estimate at d=128. At 1 stage dK/dV on mma.sync
+        GPUs allocates more than the estimate: up to 7 KiB at d=128, 23 KiB at d=256.
+        Descriptors, warp specialization and `dq_atomic` add barriers and staging that
+        this leaves out."""
+        check_kind(kind)
+        d = block_d(head_dim)
+        streamed = getattr(self, STREAMED_TILES[kind].rows)
+        stationary = self.block_n if kind == "backward_dkdv" else self.block_m
+        stage = 2 * streamed * d * element_bytes
+        if kind == "backward_dkdv":
+            stage += 2 * streamed * 4
+        fixed = (1 if kind == "forward" else 2) * stationary * d * element_bytes
+        fixed += _REDUCTION_AND_BARRIER_BYTES
+        if multiplies_by_mma_sync(compute_capability) and stationary < d:
+            fixed += stationary * streamed * element_bytes
+        return fixed + pipeline_buffers(self.num_stages, compute_capability) * stage
 
 
 # The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
@@ -401,9 +444,9 @@ _HOPPER_16BIT: _Table = {
 # Three stages where two were: on these mma.sync GPUs Triton keeps one shared-memory
 # buffer fewer than the stages, and at two each K / V / Q / dO copy is issued after the
 # MMAs of its step and awaited at the top of the next (TTGIR: `async_wait` of 0 copies
-# left in flight; `triton_kernels.grouped_matmul.config.pipeline_buffers`), so no load
-# overlaps the loop's MMAs; at three one step's copies stay in flight. Triton's own
-# attention tutorial tries 3, 4 and 7 stages on NVIDIA GPUs, never 2. No spill in the
+# left in flight; `triton_kernels.config.pipeline_buffers`), so no load overlaps the
+# loop's MMAs; at three one step's copies stay in flight. Triton's own attention
+# tutorial tries 3, 4 and 7 stages on NVIDIA GPUs, never 2. No spill in the
 # loop on sm_80 under 3.6 and 3.9 (causal or not, sinks, a right window, each register-
 # heavy option and all of them, GQA 1 or 4, either launch; outside it at most 8 B).
 # Warp-instructions per MFLOP of the tile's work, 3.6 / 3.9, causal, two stages -> three:
@@ -489,8 +532,8 @@ _AMPERE_16BIT_LIGHT: _Table = {
 # sm_120: RTX 50xx, RTX PRO Blackwell; mma.sync) had no light tiles. Their light calls
 # take twice the keys (the forward) or keys (dQ at d=64) a step of the base table, at 3
 # stages, which keep a copy in flight on mma.sync GPUs where 2 do not (`_AMPERE_16BIT`'s
-# comment; `triton_kernels.grouped_matmul.config.pipeline_buffers`). Warp-instructions
-# per MFLOP of the tile's work, causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: forward
+# comment; `triton_kernels.config.pipeline_buffers`). Warp-instructions per MFLOP of
+# the tile's work, causal, Triton 3.6 / 3.9, sm_86 and sm_89 alike: forward
 # d=64 128x128 1339 -> 1186 both (80 KiB), d=128 128x64 1247 -> 984 / 1255 -> 1020 (96
 # KiB of 99), dQ d=64 128x64 977 -> 895 both (sm_120: forward d=64 1350 -> 1167 / 1293
 # -> 1127, dQ 997 -> 938 / 926 -> 857). No spill in any loop, causal or not, with sinks

@@ -12,7 +12,13 @@ from typing import Self
 
 import triton
 
-from triton_kernels.config import MIN_BLOCK, KernelConfig, check_block
+from triton_kernels.config import (
+    MIN_BLOCK,
+    KernelConfig,
+    check_block,
+    multiplies_by_mma_sync,
+    pipeline_buffers,
+)
 
 # Shared memory one program may use for its pipeline buffers, by compute capability.
 # The hardware limits (per block, opt-in) are 163 KiB on sm_80, 99 KiB on sm_86/89 and
@@ -269,25 +275,8 @@ def _num_stages(stage_bytes: int, compute_capability: int | None) -> int:
     buffers = budget // stage_bytes
     if buffers == 0:  # not even one: the launch's own check says so
         return 1
-    stages = buffers if _buffer_a_stage(compute_capability) else buffers + 1
+    stages = buffers + 1 if multiplies_by_mma_sync(compute_capability) else buffers
     return min(_MAX_STAGES, stages)
-
-
-def pipeline_buffers(num_stages: int, compute_capability: int | None) -> int:
-    """The operand tiles a loop of `num_stages` stages keeps in shared memory, as Triton
-    (3.6 and 3.9) allocates them: as many on sm_90 and sm_100, one fewer on the GPUs
-    that multiply by mma.sync (sm_80-89, sm_120). There 2 stages are one buffer whose
-    copy each step awaits before its MMAs (TTGIR: `async_wait` of 0 outstanding copies),
-    so no load is in flight beside them; 3 stages keep one step's copy in flight. (On
-    sm_90 float32's FMA loops keep one fewer too, 3 buffers at 4 stages: counting one a
-    stage there overestimates, so their stages still fit.)"""
-    if _buffer_a_stage(compute_capability):
-        return num_stages
-    return max(1, num_stages - 1)
-
-
-def _buffer_a_stage(compute_capability: int | None) -> bool:
-    return compute_capability is not None and 90 <= compute_capability < 120
 
 
 def _pipelined(
