@@ -27,22 +27,29 @@ def check_block(size: Any, name: str) -> int:
     return size
 
 
-def multiplies_by_mma_sync(compute_capability: int | None) -> bool:
+def multiplies_by_mma_sync(compute_capability: int | None, rows: int | None = None) -> bool:
     """Whether Triton lowers `tl.dot` to mma.sync on `compute_capability`: sm_80-89 and
-    sm_120 (sm_90 issues wgmma, sm_100 tcgen05, where their tiles allow). None (no GPU
-    named) counts as mma.sync, whose pipelines keep the fewer buffers."""
-    return compute_capability is None or not 90 <= compute_capability < 120
+    sm_120; on sm_90 and sm_100 a product of fewer than 64 `rows` too (wgmma and tcgen05
+    take 64 or more; None: as many). None for the GPU (none named) counts as mma.sync,
+    whose pipelines keep the fewer buffers."""
+    if compute_capability is None or not 90 <= compute_capability < 120:
+        return True
+    return rows is not None and rows < 64
 
 
-def pipeline_buffers(num_stages: int, compute_capability: int | None) -> int:
+def pipeline_buffers(
+    num_stages: int, compute_capability: int | None, rows: int | None = None
+) -> int:
     """The operand tiles a loop of `num_stages` stages keeps in shared memory, as Triton
-    (3.6 and 3.9) allocates them: as many on sm_90 and sm_100, one fewer on the GPUs
-    that multiply by mma.sync (`multiplies_by_mma_sync`). There 2 stages are one buffer
-    whose copy each step awaits before its MMAs (TTGIR: `async_wait` of 0 outstanding
-    copies), so no load is in flight beside them; 3 stages keep one step's copy in
-    flight. (On sm_90 float32's FMA loops keep one fewer too, 3 buffers at 4 stages:
-    counting one a stage there overestimates, so their stages still fit.)"""
-    if multiplies_by_mma_sync(compute_capability):
+    (3.6 and 3.9) allocates them: as many where its MMAs read shared memory
+    asynchronously (wgmma, tcgen05), one fewer where they multiply by mma.sync
+    (`multiplies_by_mma_sync` of `compute_capability` and the products' `rows`). There 2
+    stages are one buffer whose copy each step awaits before its MMAs (TTGIR:
+    `async_wait` of 0 outstanding copies), so no load is in flight beside them; 3 stages
+    keep one step's copy in flight. (On sm_90 float32's FMA loops keep one fewer too, 3
+    buffers at 4 stages: counting one a stage there overestimates, so their stages still
+    fit.)"""
+    if multiplies_by_mma_sync(compute_capability, rows):
         return max(1, num_stages - 1)
     return num_stages
 

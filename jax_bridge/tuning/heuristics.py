@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax_bridge.launch.report import SM_LIMITS, max_shared_memory_per_cta
 from jax_bridge.tuning.device import device_compute_capability
 from jax_bridge.tuning.params import BwdParams, FwdParams
-from triton_kernels.config import check_block
+from triton_kernels.config import check_block, multiplies_by_mma_sync
 from triton_kernels.flash_attention.config import (
     KINDS,
     MAX_HEAD_DIM,
@@ -264,6 +264,10 @@ _ATTENTION_TILES_16BIT = {
 }
 # float32 products run on CUDA cores: only small tiles avoid spilling (see the tables).
 _ATTENTION_TILES_FLOAT32 = ((16, 32), (16, 32))
+# Past d=128 on mma.sync GPUs also stationary tiles of 32 rows, at 4 warps: the 99 KiB
+# GPUs' defaults there (one 64-row tile with one buffer nearly fills them), where 8 warps
+# would split 32 rows' head dim among them. Hopper's wgmma takes 64 rows a warpgroup.
+_NARROW_ROWS, _NARROW_WARPS = 32, 4
 
 
 def _unique(items: list) -> list:
@@ -286,10 +290,11 @@ def attention_candidates(
     `kind` "forward" gives `FwdParams`; "backward_dkdv" and "backward_dq" give
     `BwdParams` that set only that kernel's fields (the other one keeps its default).
     Every candidate sets every field its kernel has, the options included.
-    A grid of tiles, each with `select_num_warps` warps and the two largest stage counts
-    up to 3 whose shared memory (`AttentionKernelConfig.shared_memory_bytes`: the
-    stationary tiles, the pipeline's buffers, the scores' scratch) fits
-    `compute_capability`'s (a tile that fits at none is left out), by pointers; for
+    A grid of tiles, each with `select_num_warps` warps (past d=128 on mma.sync GPUs
+    also stationary tiles of 32 rows, at 4) and the two largest stage counts up to 3
+    whose shared memory (`AttentionKernelConfig.shared_memory_bytes`: the stationary
+    tiles, the pipeline's buffers, the scores' scratch) fits `compute_capability`'s (a
+    tile that fits at none is left out), by pointers; for
     dK/dV with `descriptors` on sm_90 and up (head_dim a power of two), its 128-key
     tiles of 32 and 64 queries also through tensor descriptors (its default there is one
     of them; the forward and dQ ran slower with them on an H100, and are not searched:
@@ -335,13 +340,17 @@ def _attention_grid(
         stationary, streamed = _ATTENTION_TILES_FLOAT32
     else:
         stationary, streamed = _ATTENTION_TILES_16BIT[kind]
+        if block_d(head_dim) > 128 and multiplies_by_mma_sync(compute_capability):
+            stationary = (_NARROW_ROWS, *stationary)
     itemsize = jnp.dtype(dtype_name).itemsize
     limit = shared_memory_limit_for(compute_capability)
     configs = []
     for rows in stationary:
         for step in streamed:
             q, kv = (step, rows) if kind == "backward_dkdv" else (rows, step)
-            tile = AttentionKernelConfig(q, kv, select_num_warps(q, kv, head_dim, dtype_name))
+            narrow = dtype_name != "float32" and rows == _NARROW_ROWS
+            warps = _NARROW_WARPS if narrow else select_num_warps(q, kv, head_dim, dtype_name)
+            tile = AttentionKernelConfig(q, kv, warps)
             # The two deepest pipelines up to 3 stages that fit (none: the tile is left out).
             fitting = [
                 stages

@@ -449,30 +449,34 @@ def test_static_report_float32(head_dim, kind):
 
 
 # Tiles of the tuning grid (`jax_bridge.tuning.heuristics._attention_grid`) as
-# (block_m, block_n): a stationary tile of fewer rows than the head dim (the scores'
-# scratch on mma.sync GPUs) and one of as many, by kernel; float32's small tiles.
+# (block_m, block_n, num_warps): a stationary tile of fewer rows than the head dim (the
+# scores' scratch on mma.sync GPUs), one of as many and a narrow one at 4 warps, by
+# kernel; float32's small tiles.
 _ESTIMATED_TILES = {
-    "forward": ((64, 32), (128, 128)),
-    "backward_dkdv": ((64, 64), (16, 128)),
-    "backward_dq": ((64, 16), (128, 64)),
+    "forward": ((64, 32, 8), (128, 128, 8), (32, 64, 4)),
+    "backward_dkdv": ((64, 64, 8), (16, 128, 8), (32, 32, 4)),
+    "backward_dq": ((64, 16, 8), (128, 64, 8), (32, 32, 4)),
 }
-_ESTIMATED_TILES_FLOAT32 = ((16, 32), (32, 16))
+_ESTIMATED_TILES_FLOAT32 = ((16, 32, 8), (32, 16, 8))
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
 @pytest.mark.parametrize(
     ("compute_capability", "head_dim", "dtype_name"),
-    [(86, 128, "bfloat16"), (86, 256, "bfloat16"), (90, 128, "bfloat16"), (86, 128, "float32")],
-)
+    [
+        (86, 128, "bfloat16"), (86, 256, "bfloat16"), (90, 128, "bfloat16"),
+        (86, 128, "float32"), (90, 128, "float32"),
+    ],
+)  # fmt: skip
 def test_static_report_shared_memory_estimate(compute_capability, head_dim, dtype_name, kind):
     """`AttentionKernelConfig.shared_memory_bytes`, which sizes the tuning grid's stages,
     against the shared memory of the compiled kernel (causal, by pointers) at 2 and 3
     stages: never below it, at most 1 KiB above."""
     tiles = _ESTIMATED_TILES_FLOAT32 if dtype_name == "float32" else _ESTIMATED_TILES[kind]
     element_bytes = jnp.dtype(dtype_name).itemsize
-    for block_m, block_n in tiles:
+    for block_m, block_n, num_warps in tiles:
         for stages in (2, 3):
-            config = AttentionKernelConfig(block_m, block_n, 8, stages)
+            config = AttentionKernelConfig(block_m, block_n, num_warps, stages)
             report = attention_kernel_report(
                 kind, head_dim, compute_capability, dtype_name, config=config
             )

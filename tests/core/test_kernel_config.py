@@ -61,11 +61,15 @@ def test_attention_configs_hold_one_config_per_kernel():
 
 def test_pipeline_buffers_follow_the_mma():
     """Triton keeps a buffer a stage where the MMAs read shared memory asynchronously
-    (sm_90, sm_100), one fewer where mma.sync reads it into registers (sm_80-89,
-    sm_120): 2 stages there await each copy before its MMAs."""
+    (sm_90, sm_100, products of 64 rows or more), one fewer where mma.sync reads it into
+    registers (sm_80-89, sm_120): 2 stages there await each copy before its MMAs."""
     for capability in (90, 100, 103):
         assert not multiplies_by_mma_sync(capability)
         assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 2, 3]
+        # wgmma and tcgen05 take 64 rows or more: a narrower product runs on mma.sync.
+        assert not multiplies_by_mma_sync(capability, rows=64)
+        assert multiplies_by_mma_sync(capability, rows=32)
+        assert [pipeline_buffers(s, capability, rows=32) for s in (1, 2, 3)] == [1, 1, 2]
     for capability in (80, 86, 89, 120, None):
         assert multiplies_by_mma_sync(capability)
         assert [pipeline_buffers(s, capability) for s in (1, 2, 3)] == [1, 1, 2]

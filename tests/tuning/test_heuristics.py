@@ -265,6 +265,24 @@ def test_attention_candidates_take_the_deepest_stages_that_fit(capability, kind,
     assert found == set(stages)  # the default among them, where it is this tile
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_candidates_take_narrow_tiles_past_head_dim_128(kind):
+    """Past d=128 the mma.sync GPUs' grids also hold stationary tiles of 32 rows at 4
+    warps (the 99 KiB GPUs' defaults' shape there); Hopper's, whose wgmma takes 64 rows a
+    warpgroup, and every grid at d=128 do not."""
+    rows = "block_n" if kind == "backward_dkdv" else "block_m"
+    for capability, head_dim, narrow in ((80, 256, True), (86, 256, True), (120, 256, True),
+                                         (90, 256, False), (86, 128, False)):  # fmt: skip
+        default = default_attention_config(head_dim, "bfloat16", capability, kind)
+        candidates = attention_candidates(
+            kind, head_dim=head_dim, dtype="bfloat16", compute_capability=capability
+        )
+        grid = [_to_config(kind, c, default) for c in candidates[1:]]
+        found = [c for c in grid if getattr(c, rows) == 32 and not c.overlap_softmax]
+        assert bool(found) is narrow, (capability, head_dim)
+        assert all(c.num_warps == 4 for c in found)
+
+
 def test_attention_candidates_leave_out_tiles_that_never_fit():
     """On a 99 KiB GPU at d=256 a dK/dV tile of 128 keys holds K and V in 128 KiB."""
     for kind, rows in (("backward_dkdv", "block_n"), ("backward_dq", "block_m")):

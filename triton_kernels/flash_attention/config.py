@@ -167,18 +167,19 @@ class AttentionKernelConfig(KernelConfig):
         """Shared memory one CTA of kernel `kind` takes, launched by pointers, estimated:
         its stationary operand tiles (the forward's Q; dQ's Q and dO; dK/dV's K and V;
         each `[rows, block_d(head_dim)]`), `pipeline_buffers` of the two tiles its loop
-        streams (dK/dV's with their float32 log-sum-exp and delta rows) and, on mma.sync
-        GPUs where the stationary tile has fewer rows than `block_d`, one `[rows, step]`
+        streams (dK/dV's with their float32 log-sum-exp and delta rows) and, where the
+        products run on mma.sync (`multiplies_by_mma_sync`: on sm_90 too under 64
+        stationary rows) with fewer stationary rows than `block_d`, one `[rows, step]`
         tile of scores: Triton spreads the warps over the head dim there, and P (dS) goes
         to the next product through shared memory.
 
         Against the static report's allocation at the tuning grid's tiles, at 2 to 4
         stages: at most 1 KiB above it, never below (bf16; Triton 3.9: sm_80 and sm_120 at
-        d=128, sm_86 at d=64/128/256, sm_90 at d=128/256, and float32 on sm_86 at d=128;
-        3.6: sm_86 at d=64/128/256, sm_90 at d=128). float32 on sm_90 counts a buffer a
-        stage, as TF32's wgmma keeps them: its exact products (the default, on CUDA cores)
-        keep one fewer, 14-31 KiB below the estimate at d=128. At 1 stage dK/dV on mma.sync
-        GPUs allocates more than the estimate: up to 7 KiB at d=128, 23 KiB at d=256.
+        d=128, sm_86 at d=64/128/256, sm_90 at d=128/256; 3.6: sm_86 at d=64/128/256,
+        sm_90 at d=128; float32, 3.9, sm_86 and sm_90 at d=128). float32 tiles of 64 rows
+        or more on sm_90 count a buffer a stage, as wgmma keeps them (TF32): their exact
+        products run on CUDA cores, which keep one fewer. At 1 stage dK/dV on mma.sync
+        allocates more than the estimate: up to 7 KiB at d=128, 23 KiB at d=256.
         Descriptors, warp specialization and `dq_atomic` add barriers and staging that
         this leaves out."""
         check_kind(kind)
@@ -190,9 +191,11 @@ class AttentionKernelConfig(KernelConfig):
             stage += 2 * streamed * 4
         fixed = (1 if kind == "forward" else 2) * stationary * d * element_bytes
         fixed += _REDUCTION_AND_BARRIER_BYTES
-        if multiplies_by_mma_sync(compute_capability) and stationary < d:
+        # The stationary rows are the products' M: below 64, mma.sync on sm_90 too.
+        if multiplies_by_mma_sync(compute_capability, stationary) and stationary < d:
             fixed += stationary * streamed * element_bytes
-        return fixed + pipeline_buffers(self.num_stages, compute_capability) * stage
+        buffers = pipeline_buffers(self.num_stages, compute_capability, stationary)
+        return fixed + buffers * stage
 
 
 # The forward with `overlap_softmax` on Hopper, the A/B row of `python -m bench
