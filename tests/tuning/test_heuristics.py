@@ -284,7 +284,8 @@ def test_attention_candidates_take_narrow_tiles_past_head_dim_128(kind):
 
 
 def test_attention_candidates_leave_out_tiles_that_never_fit():
-    """On a 99 KiB GPU at d=256 a dK/dV tile of 128 keys holds K and V in 128 KiB."""
+    """On a 99 KiB GPU at d=256 a dK/dV tile of 128 keys holds K and V in 128 KiB, a dQ
+    tile of 128 queries Q and dO: the grid leaves them out, and every candidate fits."""
     for kind, rows in (("backward_dkdv", "block_n"), ("backward_dq", "block_m")):
         default = default_attention_config(256, "bfloat16", 86, kind)
         candidates = attention_candidates(
