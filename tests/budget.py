@@ -22,7 +22,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     # --- compiled by the real compilers for compile-only chips (seconds to a minute each)
     ("tests/aot/test_compile_*", "XLA:TPU / Mosaic / XLA:GPU compiles of whole programs"),
     # --- offline Triton compiles (Triton to cubin, ptxas, cuobjdump: seconds each)
-    ("tests/attention/test_lowering.py::test_static_report_*", "one offline compile each"),
+    ("tests/attention/test_lowering.py::test_static_report_*", "offline compiles"),
     ("tests/attention/test_lowering.py::test_dkdv_groups_not_a_power_of_two*", "offline compile"),
     ("tests/attention/test_lowering.py::test_lowers_*", "4 kernels lowered each"),
     ("tests/attention/test_lowering.py::test_two_sided_window_lowers_for_cuda", "4 kernels"),

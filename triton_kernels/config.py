@@ -29,9 +29,9 @@ def check_block(size: Any, name: str) -> int:
 
 def multiplies_by_mma_sync(compute_capability: int | None, rows: int | None = None) -> bool:
     """Whether Triton lowers `tl.dot` to mma.sync on `compute_capability`: sm_80-89 and
-    sm_120; on sm_90 and sm_100 a product of fewer than 64 `rows` too (wgmma and tcgen05
-    take 64 or more; None: as many). None for the GPU (none named) counts as mma.sync,
-    whose pipelines keep the fewer buffers."""
+    sm_120 and up; on sm_90-119 (wgmma on sm_90, tcgen05 from sm_100) a product of fewer
+    than 64 `rows` too (they take 64 or more; None: as many). None for the GPU (none
+    named) counts as mma.sync, whose pipelines keep the fewer buffers."""
     if compute_capability is None or not 90 <= compute_capability < 120:
         return True
     return rows is not None and rows < 64

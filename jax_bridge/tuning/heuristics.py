@@ -264,9 +264,10 @@ _ATTENTION_TILES_16BIT = {
 }
 # float32 products run on CUDA cores: only small tiles avoid spilling (see the tables).
 _ATTENTION_TILES_FLOAT32 = ((16, 32), (16, 32))
-# Past d=128 on mma.sync GPUs also stationary tiles of 32 rows, at 4 warps: the 99 KiB
-# GPUs' defaults there (one 64-row tile with one buffer nearly fills them), where 8 warps
-# would split 32 rows' head dim among them. Hopper's wgmma takes 64 rows a warpgroup.
+# Past d=128 on mma.sync GPUs also stationary tiles of 32 rows, at 4 warps: the shape of
+# the 99 KiB GPUs' forward and dQ defaults there and of sm_80's dK/dV (64-row tiles leave
+# the 99 KiB GPUs one buffer at most), where 8 warps would split 32 rows' head dim among
+# them. Hopper's wgmma takes 64 rows a warpgroup.
 _NARROW_ROWS, _NARROW_WARPS = 32, 4
 
 
@@ -292,9 +293,9 @@ def attention_candidates(
     Every candidate sets every field its kernel has, the options included.
     A grid of tiles, each with `select_num_warps` warps (past d=128 on mma.sync GPUs
     also stationary tiles of 32 rows, at 4) and the two largest stage counts up to 3
-    whose shared memory (`AttentionKernelConfig.shared_memory_bytes`: the stationary
-    tiles, the pipeline's buffers, the scores' scratch) fits `compute_capability`'s (a
-    tile that fits at none is left out), by pointers; for
+    (from 2 on mma.sync) whose shared memory (`AttentionKernelConfig.shared_memory_bytes`:
+    the stationary tiles, the pipeline's buffers, the scores' scratch) fits
+    `compute_capability`'s (a tile that fits at none is left out), by pointers; for
     dK/dV with `descriptors` on sm_90 and up (head_dim a power of two), its 128-key
     tiles of 32 and 64 queries also through tensor descriptors (its default there is one
     of them; the forward and dQ ran slower with them on an H100, and are not searched:
@@ -351,10 +352,13 @@ def _attention_grid(
             narrow = dtype_name != "float32" and rows == _NARROW_ROWS
             warps = _NARROW_WARPS if narrow else select_num_warps(q, kv, head_dim, dtype_name)
             tile = AttentionKernelConfig(q, kv, warps)
-            # The two deepest pipelines up to 3 stages that fit (none: the tile is left out).
+            # The two deepest pipelines up to 3 stages that fit (none: the tile is left
+            # out). On mma.sync 1 stage keeps the one buffer 2 keep, with no copy in
+            # flight, and dK/dV allocates more at 1 than its estimate: not searched there.
+            mma_sync = multiplies_by_mma_sync(compute_capability, rows)
             fitting = [
                 stages
-                for stages in (1, 2, 3)
+                for stages in ((2, 3) if mma_sync else (1, 2, 3))
                 if tile.replace(num_stages=stages).shared_memory_bytes(
                     kind, head_dim, itemsize, compute_capability
                 )

@@ -449,9 +449,9 @@ def test_static_report_float32(head_dim, kind):
 
 
 # Tiles of the tuning grid (`jax_bridge.tuning.heuristics._attention_grid`) as
-# (block_m, block_n, num_warps): a stationary tile of fewer rows than the head dim (the
-# scores' scratch on mma.sync GPUs), one of as many and a narrow one at 4 warps, by
-# kernel; float32's small tiles.
+# (block_m, block_n, num_warps), by kernel: a stationary tile of 64 rows (fewer than the
+# head dim: the scores' scratch on mma.sync GPUs), one of 128 (as many as the head dim
+# at 128: none) and a narrow one at 4 warps; float32's small tiles.
 _ESTIMATED_TILES = {
     "forward": ((64, 32, 8), (128, 128, 8), (32, 64, 4)),
     "backward_dkdv": ((64, 64, 8), (16, 128, 8), (32, 32, 4)),
@@ -482,6 +482,29 @@ def test_static_report_shared_memory_estimate(compute_capability, head_dim, dtyp
             )
             estimate = config.shared_memory_bytes(kind, head_dim, element_bytes, compute_capability)
             assert 0 <= estimate - report.shared_memory_bytes <= 1024, (config, report.summary())
+
+
+@pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_static_report_of_the_tuning_grid_on_a_99_kib_gpu(head_dim, kind):
+    """Every config `attention_candidates` offers on sm_86 (bf16, causal) compiles within
+    the 99 KiB a CTA such a GPU has: the grid's stage counts hold against the compiler's
+    own allocation."""
+    from jax_bridge.tuning.heuristics import attention_candidates, shared_memory_limit_for
+    from triton_kernels.flash_attention.config import default_attention_config
+
+    default = default_attention_config(head_dim, "bfloat16", 86, kind)
+    to_config = {
+        "forward": lambda params: params.to_attention_config(default),
+        "backward_dkdv": lambda params: params.to_dkdv_config(default),
+        "backward_dq": lambda params: params.to_dq_config(default),
+    }[kind]
+    candidates = attention_candidates(
+        kind, head_dim=head_dim, dtype="bfloat16", compute_capability=86
+    )
+    for config in map(to_config, candidates):
+        report = attention_kernel_report(kind, head_dim, 86, config=config)
+        assert report.shared_memory_bytes <= shared_memory_limit_for(86), report.summary()
 
 
 def test_tma_kernels_lower_for_an_h100_with_their_global_scratch(monkeypatch):

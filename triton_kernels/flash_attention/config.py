@@ -168,7 +168,7 @@ class AttentionKernelConfig(KernelConfig):
         its stationary operand tiles (the forward's Q; dQ's Q and dO; dK/dV's K and V;
         each `[rows, block_d(head_dim)]`), `pipeline_buffers` of the two tiles its loop
         streams (dK/dV's with their float32 log-sum-exp and delta rows) and, where the
-        products run on mma.sync (`multiplies_by_mma_sync`: on sm_90 too under 64
+        products run on mma.sync (`multiplies_by_mma_sync`: on sm_90-119 too under 64
         stationary rows) with fewer stationary rows than `block_d`, one `[rows, step]`
         tile of scores: Triton spreads the warps over the head dim there, and P (dS) goes
         to the next product through shared memory.
@@ -191,7 +191,7 @@ class AttentionKernelConfig(KernelConfig):
             stage += 2 * streamed * 4
         fixed = (1 if kind == "forward" else 2) * stationary * d * element_bytes
         fixed += _REDUCTION_AND_BARRIER_BYTES
-        # The stationary rows are the products' M: below 64, mma.sync on sm_90 too.
+        # The stationary rows are the products' M: below 64, mma.sync on sm_90-119 too.
         if multiplies_by_mma_sync(compute_capability, stationary) and stationary < d:
             fixed += stationary * streamed * element_bytes
         buffers = pipeline_buffers(self.num_stages, compute_capability, stationary)
