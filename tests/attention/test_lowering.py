@@ -490,19 +490,20 @@ def test_static_report_of_the_tuning_grid_on_a_99_kib_gpu(head_dim, kind):
     """Every config `attention_candidates` offers on sm_86 (bf16, causal) compiles within
     the 99 KiB a CTA such a GPU has: the grid's stage counts hold against the compiler's
     own allocation."""
-    from jax_bridge.tuning.heuristics import attention_candidates, shared_memory_limit_for
-    from triton_kernels.flash_attention.config import default_attention_config
+    from jax_bridge.tuning import (
+        attention_candidates,
+        attention_configs,
+        default_attention_configs,
+    )
+    from jax_bridge.tuning.heuristics import shared_memory_limit_for
 
-    default = default_attention_config(head_dim, "bfloat16", 86, kind)
-    to_config = {
-        "forward": lambda params: params.to_attention_config(default),
-        "backward_dkdv": lambda params: params.to_dkdv_config(default),
-        "backward_dq": lambda params: params.to_dq_config(default),
-    }[kind]
+    defaults = default_attention_configs(head_dim, "bfloat16", 86)
     candidates = attention_candidates(
         kind, head_dim=head_dim, dtype="bfloat16", compute_capability=86
     )
-    for config in map(to_config, candidates):
+    for params in candidates:
+        fwd, bwd = (params, None) if kind == "forward" else (None, params)
+        config = getattr(attention_configs(fwd, bwd, defaults), kind)
         report = attention_kernel_report(kind, head_dim, 86, config=config)
         assert report.shared_memory_bytes <= shared_memory_limit_for(86), report.summary()
 
