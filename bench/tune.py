@@ -73,18 +73,13 @@ def attention_report_fn(
 ) -> Callable[[Any], Any]:
     """params -> the static report of attention kernel `kind` at those params (over the
     defaults a launch with `descriptors` takes, as `tune_attention` times them)."""
-    from jax_bridge.tuning import default_attention_configs
+    from jax_bridge.tuning import attention_kernel_config, default_attention_configs
     from triton_kernels.catalog import attention_variant
 
     defaults = default_attention_configs(head_dim, dtype, compute_capability, features, descriptors)
-    to_config = {
-        "forward": lambda p: p.to_attention_config(defaults.forward),
-        "backward_dkdv": lambda p: p.to_dkdv_config(defaults.backward_dkdv),
-        "backward_dq": lambda p: p.to_dq_config(defaults.backward_dq),
-    }[kind]
 
     def report(params: Any) -> Any:
-        config = to_config(params)
+        config = attention_kernel_config(kind, params, getattr(defaults, kind))
         variant = attention_variant(
             kind, head_dim, compute_capability, dtype, features, config=config
         )

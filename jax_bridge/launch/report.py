@@ -31,7 +31,10 @@ from jax_bridge.launch.interpreter import no_interpreted_launch
 
 # Per-SM limits by compute capability: (registers, shared memory bytes, resident warps,
 # resident CTAs), from NVIDIA's occupancy tables. 1 KiB of each CTA's shared memory is
-# reserved by the system on sm_80 and later.
+# reserved by the system on sm_80 and later. sm_103 (B300) has sm_100's SM, sm_121 (GB10)
+# sm_120's: listed, so that the tuner sizes their pipelines by their own shared memory
+# (`jax_bridge.tuning.heuristics.shared_memory_limit_for`) and not by the 99 KiB it
+# assumes of a GPU it does not know.
 SM_LIMITS = {
     80: (65536, 164 * 1024, 64, 32),
     86: (65536, 100 * 1024, 48, 16),
@@ -39,7 +42,9 @@ SM_LIMITS = {
     89: (65536, 100 * 1024, 48, 24),
     90: (65536, 228 * 1024, 64, 32),
     100: (65536, 228 * 1024, 64, 32),
+    103: (65536, 228 * 1024, 64, 32),
     120: (65536, 100 * 1024, 48, 32),
+    121: (65536, 100 * 1024, 48, 32),
 }
 LOOP_RELOADS_TOLERATED = 1
 """Spill loads (and no store) an innermost loop may hold before `KernelReport.loop_spills`

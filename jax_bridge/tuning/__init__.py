@@ -39,7 +39,12 @@ from jax_bridge.tuning.heuristics import (
     select_num_warps,
 )
 from jax_bridge.tuning.keys import abstractify, cache_key, short_hash, stable_json
-from jax_bridge.tuning.params import BwdParams, FwdParams, attention_configs
+from jax_bridge.tuning.params import (
+    BwdParams,
+    FwdParams,
+    attention_configs,
+    attention_kernel_config,
+)
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -51,6 +56,7 @@ __all__ = [
     "attention_candidates",
     "attention_configs",
     "attention_features",
+    "attention_kernel_config",
     "cache_key",
     "default_attention_configs",
     "default_cache_path",

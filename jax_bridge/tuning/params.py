@@ -25,7 +25,7 @@ from triton_kernels.config import NUM_WARPS, check_block
 from triton_kernels.flash_attention.config import AttentionConfigs, AttentionKernelConfig
 from triton_kernels.grouped_matmul.config import GroupedMatmulConfig
 
-__all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs"]
+__all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs", "attention_kernel_config"]
 
 BOOL_FIELDS = frozenset(
     {"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent", "host_descriptors",
@@ -317,6 +317,35 @@ class BwdParams(_Params):
         return self._to_config(default, _DQ)
 
 
+# Each attention kernel's conversion from its params: the forward's from `FwdParams`, the
+# backward kernels' from the `BwdParams` they share.
+_KERNEL_CONVERSIONS = {
+    "forward": (FwdParams, FwdParams.to_attention_config),
+    "backward_dkdv": (BwdParams, BwdParams.to_dkdv_config),
+    "backward_dq": (BwdParams, BwdParams.to_dq_config),
+}
+
+
+def attention_kernel_config(
+    kind: str, params: FwdParams | BwdParams, default: AttentionKernelConfig
+) -> AttentionKernelConfig:
+    """The config of attention kernel `kind` ("forward", "backward_dkdv" or
+    "backward_dq"): the set fields of its params (`FwdParams` for the forward,
+    `BwdParams` for either backward kernel) over `default`."""
+    if kind not in _KERNEL_CONVERSIONS:
+        raise ValueError(
+            f"attention_kernel_config: kind must be one of {tuple(_KERNEL_CONVERSIONS)}, "
+            f"got {kind!r}."
+        )
+    params_type, convert = _KERNEL_CONVERSIONS[kind]
+    if not isinstance(params, params_type):
+        raise TypeError(
+            f"attention_kernel_config: params of {kind} must be a {params_type.__name__}, "
+            f"got {type(params).__name__}."
+        )
+    return convert(params, default)
+
+
 def attention_configs(
     fwd: FwdParams | None, bwd: BwdParams | None, defaults: AttentionConfigs
 ) -> AttentionConfigs:
@@ -343,9 +372,8 @@ def attention_configs(
     if missing:
         raise ValueError(f"attention_configs: defaults.{missing} must be set, got None.")
     fwd, bwd = fwd or FwdParams(), bwd or BwdParams()
-    return AttentionConfigs(
-        forward=fwd.to_attention_config(defaults.forward),
-        backward_dkdv=bwd.to_dkdv_config(defaults.backward_dkdv),
-        backward_dq=bwd.to_dq_config(defaults.backward_dq),
-        dq_atomic=defaults.dq_atomic,
-    )
+    params = {"forward": fwd, "backward_dkdv": bwd, "backward_dq": bwd}
+    configs = {
+        kind: attention_kernel_config(kind, params[kind], getattr(defaults, kind)) for kind in kinds
+    }
+    return AttentionConfigs(**configs, dq_atomic=defaults.dq_atomic)

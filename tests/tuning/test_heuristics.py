@@ -23,7 +23,7 @@ from jax_bridge.tuning.heuristics import (
     select_num_warps,
     shared_memory_limit_for,
 )
-from jax_bridge.tuning.params import BwdParams, FwdParams
+from jax_bridge.tuning.params import BwdParams, FwdParams, attention_kernel_config
 from triton_kernels.flash_attention.config import (
     KINDS,
     OVERLAPPED_DKDV_TILE,
@@ -123,6 +123,9 @@ def test_shared_memory_limits():
     assert shared_memory_limit_for(80) == 163 * KIB
     assert shared_memory_limit_for(86) == shared_memory_limit_for(89) == 99 * KIB
     assert shared_memory_limit_for(90) == 227 * KIB
+    # B200 and B300, whose defaults are Hopper's tables; consumer Blackwell and GB10
+    assert shared_memory_limit_for(100) == shared_memory_limit_for(103) == 227 * KIB
+    assert shared_memory_limit_for(120) == shared_memory_limit_for(121) == 99 * KIB
     assert shared_memory_limit_for(None) == shared_memory_limit_for(75) == 99 * KIB
 
 
@@ -229,7 +232,7 @@ def test_attention_candidates(kind, dtype, capability):
         assert all(type(c) is (FwdParams if kind == "forward" else BwdParams) for c in candidates)
         assert all(set(c.to_dict()) == _FIELDS[kind] for c in candidates)
         default = default_attention_config(head_dim, dtype, capability, kind)
-        configs = [_to_config(kind, c, default) for c in candidates]
+        configs = [attention_kernel_config(kind, c, default) for c in candidates]
         assert configs[0] == default  # the default first: it wins ties
         limit = shared_memory_limit_for(capability)
         itemsize = jnp.dtype(dtype).itemsize
@@ -269,7 +272,7 @@ def test_attention_candidates_take_the_deepest_stages_that_fit(capability, kind,
         kind, head_dim=128, dtype="bfloat16", compute_capability=capability
     )
     default = default_attention_config(128, "bfloat16", capability, kind)
-    configs = [_to_config(kind, c, default) for c in candidates]
+    configs = [attention_kernel_config(kind, c, default) for c in candidates]
     found = {c.num_stages for c in configs if (c.block_m, c.block_n) == tile and not c.tma}
     assert found == set(stages)  # the default among them, where it is this tile
 
@@ -286,7 +289,7 @@ def test_attention_candidates_take_narrow_tiles_past_head_dim_128(kind):
         candidates = attention_candidates(
             kind, head_dim=head_dim, dtype="bfloat16", compute_capability=capability
         )
-        grid = [_to_config(kind, c, default) for c in candidates[1:]]
+        grid = [attention_kernel_config(kind, c, default) for c in candidates[1:]]
         found = [c for c in grid if getattr(c, rows) == 32 and not c.overlap_softmax]
         assert bool(found) is narrow, (capability, head_dim)
         assert all(c.num_warps == 4 for c in found)
@@ -300,7 +303,7 @@ def test_attention_candidates_leave_out_tiles_that_never_fit():
         candidates = attention_candidates(
             kind, head_dim=256, dtype="bfloat16", compute_capability=86
         )
-        configs = [_to_config(kind, c, default) for c in candidates]
+        configs = [attention_kernel_config(kind, c, default) for c in candidates]
         assert len(configs) > 1 and all(getattr(c, rows) < 128 for c in configs)
         for config in configs:
             assert config.shared_memory_bytes(kind, 256, 2, 86) <= 99 * KIB, config
@@ -321,7 +324,7 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     default = default_attention_config(
         128, "bfloat16", 90, kind, features=attention_features(("causal",)), descriptors=True
     )
-    configs = [_to_config(kind, c, default) for c in candidates]
+    configs = [attention_kernel_config(kind, c, default) for c in candidates]
     assert configs[0] == default
     specialized = [c for c in configs if c.warp_specialize]
     assert len(specialized) == (kind != "backward_dq") and all(c.tma for c in specialized)
@@ -338,15 +341,7 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     plain = attention_candidates(
         kind, head_dim=128, dtype="bfloat16", compute_capability=90, features=("causal",)
     )
-    assert not any(_to_config(kind, c, default).tma for c in plain)
-
-
-def _to_config(kind, params, default):
-    if kind == "forward":
-        return params.to_attention_config(default)
-    if kind == "backward_dkdv":
-        return params.to_dkdv_config(default)
-    return params.to_dq_config(default)
+    assert not any(attention_kernel_config(kind, c, default).tma for c in plain)
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -413,7 +408,7 @@ def test_tuning_sees_the_tma_default_where_descriptors_launch():
 
 def _with_options(kind, candidates, default):
     """The configs of the candidates with `warp_specialize` or `overlap_softmax` on."""
-    configs = [_to_config(kind, c, default) for c in candidates]
+    configs = [attention_kernel_config(kind, c, default) for c in candidates]
     return [c for c in configs if c.warp_specialize or c.overlap_softmax]
 
 
@@ -448,7 +443,7 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
             powers_of_two = head_dim == block_d(head_dim)
             ws = specialized.get(kind, []) if descriptors and powers_of_two else []
             assert found == expected[kind] + ws, (kind, head_dim, descriptors)
-            configs = [_to_config(kind, c, default) for c in candidates]
+            configs = [attention_kernel_config(kind, c, default) for c in candidates]
             backward = kind != "forward" and descriptors and powers_of_two
             assert (two_ctas in configs) is backward, (kind, head_dim, descriptors)
             assert configs[0] == default and configs[len(configs) - len(found) :] == found
@@ -463,7 +458,7 @@ def test_below_sm_90_and_for_float32_no_option_is_a_candidate(kind):
             args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
             candidates = attention_candidates(kind, **args, descriptors=True)
             default = default_attention_config(head_dim, dtype, capability, kind)
-            configs = [_to_config(kind, c, default) for c in candidates]
+            configs = [attention_kernel_config(kind, c, default) for c in candidates]
             assert not any(c.warp_specialize or c.overlap_softmax for c in configs)
             if capability != 90:  # no descriptors below sm_90, whatever jaxlib says
                 assert not any(c.tma for c in configs)

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_bridge.tuning.params import BOOL_FIELDS, BwdParams, FwdParams, attention_configs
+from jax_bridge.tuning.params import (
+    BOOL_FIELDS,
+    BwdParams,
+    FwdParams,
+    attention_configs,
+    attention_kernel_config,
+)
 from triton_kernels.flash_attention.config import (
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
@@ -191,6 +197,29 @@ def test_attention_configs_names_a_swapped_or_wrong_argument():
         attention_configs(BwdParams(), FwdParams(), defaults)
     with pytest.raises(TypeError, match="attention_configs: defaults must be an AttentionConfigs"):
         attention_configs(None, None, {"forward": None})
+
+
+def test_attention_kernel_config_takes_each_kernels_fields():
+    """One kernel's config from its params: the backward kernels share `BwdParams`, each
+    reading its own fields (dK/dV the unprefixed ones, dQ the `dq_` ones), and agree with
+    `attention_configs`' field of that kernel."""
+    default = AttentionKernelConfig(64, 64, num_warps=4, num_stages=2)
+    bwd = BwdParams(q_blocksize=32, num_stages=3, dq_kv_blocksize=16, dq_num_warps=8)
+    fwd = FwdParams(kv_blocksize=128, num_warps=8)
+    expected = {
+        "forward": AttentionKernelConfig(64, 128, num_warps=8, num_stages=2),
+        "backward_dkdv": AttentionKernelConfig(32, 64, num_warps=4, num_stages=3),
+        "backward_dq": AttentionKernelConfig(64, 16, num_warps=8, num_stages=2),
+    }
+    defaults = AttentionConfigs(default, default, default)
+    together = attention_configs(fwd, bwd, defaults)
+    for kind, config in expected.items():
+        params = fwd if kind == "forward" else bwd
+        assert attention_kernel_config(kind, params, default) == config == getattr(together, kind)
+    with pytest.raises(TypeError, match="params of backward_dq must be a BwdParams"):
+        attention_kernel_config("backward_dq", fwd, default)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        attention_kernel_config("backward", bwd, default)
 
 
 # --- the kernels' options: warp specialization and the softmax overlap -----------------
