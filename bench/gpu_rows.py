@@ -776,21 +776,39 @@ def _three_stage_tiles(spec: MaskSpec) -> Impl:
 
 
 def _two_ctas_forward(spec: MaskSpec) -> Impl:
-    """An A/B of the forward: 64x64 tiles at 4 warps fit two CTAs per SM (80 KB of shared
-    memory, 247 registers: static report, sm_90, d=128, Triton 3.6; the default 128x128
-    at 8 warps: one, 160 KB, 255 registers), so one program's start (Q's load, the
-    pipeline's fill) and end (the rescale, O's store) overlap the other's loop; its loop
-    runs 662 warp-instructions per MFLOP against 491. Each of 16 x 1024's query tiles sees
-    4.5 key tiles on average (1 to 8): the start and end weigh there. On long documents
-    what it can win is one CTA's softmax overlapping the other's MMAs: the default's loop
-    waits for QK^T's wgmma before the softmax and issues PV's after it, and its two
-    warpgroups meet at the pipeline's barrier every tile, so the tensor cores idle
-    through each tile's 16384 exp2 (~1024 cycles of the MUFUs against ~2048 of MMA).
+    """An A/B of the forward: 64x128 tiles at 4 warps and one stage fit two CTAs per SM
+    (`ONE_STAGE_TWO_CTA_TILE`: 80 KiB of shared memory, 252 registers; the default,
+    128x128 at 8 warps and two stages: one, 160 KiB, 255), so one program's start (Q's
+    load, the first copies) and end (the rescale, O's store) overlap the other's loop,
+    and its loop runs 467 warp-instructions per MFLOP against 495 (static report, sm_90,
+    d=128, causal, Triton 3.6). Each of 16 x 1024's query tiles sees 4.5 key tiles on
+    average (1 to 8): the start and end weigh there. On long documents what it can win is
+    one CTA's softmax beside the other's MMAs: the default's loop waits for QK^T's wgmma
+    before the softmax and issues PV's after it, and its two warpgroups meet at the
+    pipeline's barrier every tile, so the tensor cores idle through each tile's 16384
+    exp2. What it risks: one stage keeps one buffer, so each CTA waits for its own copies,
+    which only the other CTA's loop hides, and K and V are read twice as often.
     Forward only (the backward is the default's)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import ONE_STAGE_TWO_CTA_TILE
 
-    two = AttentionConfigs(forward=AttentionKernelConfig(64, 64, 4, 2))
-    return varlen_impl(spec, two, "forward 64x64 4 warps", passes="forward")
+    two = AttentionConfigs(forward=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE))
+    return varlen_impl(spec, two, "forward 64x128 4 warps 1 stage", passes="forward")
+
+
+def _two_ctas_dq(spec: MaskSpec) -> Impl:
+    """An A/B of the dQ kernel as `_two_ctas_forward` of the forward: 64 query rows in
+    128-key steps at 4 warps and one stage, two CTAs per SM (96 KiB), against the default
+    128x64 at 8 warps and two stages (one CTA, 128 KiB): 291 warp-instructions per MFLOP
+    against 359 under Triton 3.6 (305 against 422 under 3.9; static report, sm_90, d=128,
+    causal), no spill in the loop (48 B outside it, stored once a program). Needs no
+    descriptors, so it runs without `--tma` too, unlike `_two_ctas_backward`. The forward
+    and dK/dV are the default's: fwd+bwd only."""
+    from jax_bridge import AttentionConfigs, AttentionKernelConfig
+    from triton_kernels.flash_attention.config import ONE_STAGE_TWO_CTA_TILE
+
+    two = AttentionConfigs(backward_dq=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE))
+    return varlen_impl(spec, two, "dq 64x128 4 warps 1 stage", passes="fwd+bwd")
 
 
 def _overlapped_forward(spec: MaskSpec) -> Impl:
@@ -1055,22 +1073,23 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # dQ at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
     # default before TMA, the backward at one warpgroup a CTA and dQ by bulk tensor
     # reductions; of those and the row without a right bound, the forward at its default
-    # tile three stages deep, a forward of two CTAs per SM and the forward and dK/dV with
-    # their softmax overlapped; of the many documents, the persistent forward at its former
-    # tile (128x64); with --host-descriptors, of the first two, each kernel at its default
-    # tile with TMA (dK/dV at 64x128), its descriptors each program's or the launch's; of
-    # the row without a right bound, dK/dV's pipeline four stages deep; of the window,
-    # the forward at its former tile (128x64); with --warp-specialized, of the first two
-    # and the one without a right bound, the warp-specialized forward (and with
-    # --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one pass
-    # only times that pass. Not on the row without a right bound: dK/dV at Flex's config
+    # tile three stages deep, a forward and a dQ of two CTAs per SM and the forward and
+    # dK/dV with their softmax overlapped; of the many documents, the persistent forward
+    # at its former tile (128x64); with --host-descriptors, of the first two, each kernel
+    # at its default tile with TMA (dK/dV at 64x128), its descriptors each program's or
+    # the launch's; of the row without a right bound, dK/dV's pipeline four stages deep;
+    # of the window, the forward at its former tile (128x64); with --warp-specialized, of
+    # the first two and the one without a right bound, the warp-specialized forward (and
+    # with --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one
+    # pass only times that pass. Not on the row without a right bound: dK/dV at Flex's config
     # and warp-specialized, whose loops spill there (192 and 524 B a thread stored, as
     # `gpu-check --compile-for h100` reads them under Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_former_forward_tile(spec),)
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
-        overlap = (_two_ctas_forward(spec), _overlapped_forward(spec), _overlapped_dkdv(spec))
+        overlap = (_two_ctas_forward(spec), _two_ctas_dq(spec), _overlapped_forward(spec),
+                   _overlapped_dkdv(spec))  # fmt: skip
         if not spec.causal:
             return (_deep_dkdv_pipeline(spec), _deep_forward(spec), *overlap, *ws)
         if i >= 2:
@@ -1123,18 +1142,19 @@ def _wide_block_sparse_dq(spec: MaskSpec) -> Impl:
 
 def _two_ctas_block_sparse(spec: MaskSpec) -> Impl:
     """An A/B of the block-sparse kernels' CTA shape: one warpgroup a CTA, two CTAs an
-    SM (`BLOCK_SPARSE_TWO_CTA_TILES`: forward and dQ at 64x64, dK/dV at 32x64, 4 warps,
-    two stages; dK/dV spills at 64x64 by pointers), against the defaults' two warpgroups
-    a CTA, whose loops take 2-4 barriers of the whole CTA a tile (`TWO_CTA_BACKWARD_TILE`'s
-    comment). Static report, sm_90, d=128, Triton 3.6 / 3.9, warp-instructions per MFLOP:
-    forward 690 / 736 against 504 / 526, dQ 417 / 437 against 370 / 432, dK/dV 538 / 549
-    against 502 / 555; no spill in the loops (dK/dV's 64 / 56 B outside its loop)."""
+    SM (`BLOCK_SPARSE_TWO_CTA_TILES`: the forward at 64x128 and one stage, dQ at 64x64
+    and dK/dV at 32x64 at two, 4 warps; dK/dV spills at 64x64 by pointers), against the
+    defaults' two warpgroups a CTA, whose loops take 2-4 barriers of the whole CTA a tile
+    (`TWO_CTA_BACKWARD_TILE`'s comment). Static report, sm_90, d=128, Triton 3.6 / 3.9,
+    warp-instructions per MFLOP: forward 539 / 564 against 504 / 526, dQ 417 / 437
+    against 370 / 432, dK/dV 538 / 549 against 502 / 555; no spill in the loops (dK/dV's
+    64 / 56 B outside its loop)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.block_sparse.config import BLOCK_SPARSE_TWO_CTA_TILES
 
     tiles = BLOCK_SPARSE_TWO_CTA_TILES
     two = AttentionConfigs(**{kind: AttentionKernelConfig(*tile) for kind, tile in tiles.items()})
-    return block_sparse_impl(spec, label="64x64 4 warps", config=two)
+    return block_sparse_impl(spec, label="4 warps two CTAs", config=two)
 
 
 def _flex_forward_block_sparse(spec: MaskSpec) -> Impl:

@@ -213,7 +213,7 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
         "ours triton, one group", "ours triton warp-specialized 128x64x256 2 stages",
         "ours triton warp-specialized 128x64x128 5 stages", "ours triton, tgmm tma",
         "ours triton, tgmm tma warp-specialized 64x128x256 2 stages", "memory roof (XLA)",
-        "ours triton block-sparse 64x64 4 warps",
+        "ours triton block-sparse 4 warps two CTAs",
         "ours triton block-sparse forward 128x64 3 stages", "ours triton block-sparse dq 128x128",
         "ours triton block-sparse forward overlapped softmax",
         "ours triton block-sparse dkdv 64x128 3 stages",
@@ -249,7 +249,7 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
     # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
     # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
-    # tile before TMA, the backward and the forward of two CTAs per SM, and the forward
+    # tile before TMA, the backward, the forward and dQ of two CTAs per SM, and the forward
     # and dK/dV with their softmax overlapped, on the many documents the persistent
     # forward at its former tile (128x64), on the first two the warp-specialized forward
     # and dK/dV (the forward also without a bound) and each kernel with TMA by the
@@ -259,7 +259,9 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
         "ours triton varlen forward 128x128 3 stages",
-        "ours triton varlen forward 64x64 4 warps", "ours triton varlen forward 128x64 3 stages",
+        "ours triton varlen forward 64x128 4 warps 1 stage",
+        "ours triton varlen dq 64x128 4 warps 1 stage",
+        "ours triton varlen forward 128x64 3 stages",
         "ours triton varlen dq by atomics", "ours triton varlen dq by tma reduction",
         "ours triton varlen forward warp-specialized",
         "ours triton varlen dkdv warp-specialized",
@@ -277,6 +279,7 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
         ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"), ("dkdv tma", "fwd+bwd"),
         ("forward 128x32", "forward"), ("dq 64x32", "fwd+bwd"), ("dkdv 64x32", "fwd+bwd"),
+        ("forward 64x128 4 warps", "forward"), ("dq 64x128 4 warps", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out
     assert "dq" in out and "MISMATCH" not in out

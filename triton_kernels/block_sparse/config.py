@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from triton_kernels.flash_attention.config import (
     KINDS,
+    ONE_STAGE_TWO_CTA_TILE,
     AttentionFeatures,
     AttentionKernelConfig,
     block_d,
@@ -26,9 +27,11 @@ __all__ = ["BLOCK_SPARSE_TWO_CTA_TILES", "KINDS", "block_sparse_config"]
 
 # The kernels at one warpgroup a CTA, two CTAs an SM, the A/B row's (bench/gpu_rows.py):
 # kind -> (block_m, block_n, num_warps, num_stages). By pointers (the block-sparse kernels
-# take no descriptors) dK/dV spills at 64x64 (260-304 B), not at 32x64.
+# take no descriptors) dK/dV spills at 64x64 (260-304 B), not at 32x64. The forward at
+# one stage in 128-key steps (`ONE_STAGE_TWO_CTA_TILE`): 539 / 564 warp-instructions per
+# MFLOP under Triton 3.6 / 3.9, where 64x64 at two stages ran 690 / 736.
 BLOCK_SPARSE_TWO_CTA_TILES = {
-    "forward": (64, 64, 4, 2),
+    "forward": ONE_STAGE_TWO_CTA_TILE,
     "backward_dq": (64, 64, 4, 2),
     "backward_dkdv": (32, 64, 4, 2),
 }
