@@ -248,8 +248,9 @@ def transposed_grouped_matmul(
         out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
         checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
         group_sizes, group_offset = checks.check_groups(
-            group_sizes, group_offset, m=m, num_groups=num_groups, m_of="the columns of lhs [k, m]"
-        )
+            group_sizes, group_offset, m=m, num_groups=num_groups,
+            m_of="the columns of lhs [k, m]", groups_of="the result (num_groups)",
+        )  # fmt: skip
         options = _options(
             "transposed_grouped_matmul",
             implementation,

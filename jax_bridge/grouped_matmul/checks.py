@@ -118,10 +118,11 @@ def check_group_offset(
 
 
 def check_group_sizes(
-    group_sizes: Any, *, m: int, num_groups: int, has_offset: bool, m_of: str = "the rows of lhs"
-) -> jax.Array:
+    group_sizes: Any, *, m: int, num_groups: int, has_offset: bool, m_of: str = "the rows of lhs",
+    groups_of: str = "rhs",
+) -> jax.Array:  # fmt: skip
     """int32 [num_groups_total] (== num_groups without an offset), >= 0, sum <= m
-    (`m_of`: where m is, for the message)."""
+    (`m_of`: where m is, `groups_of`: what holds num_groups, for the messages)."""
     sizes = group_sizes if is_traced(group_sizes) else np.asarray(group_sizes)
     if sizes.ndim != 1:
         raise ValueError(
@@ -133,12 +134,12 @@ def check_group_sizes(
         if sizes.shape[0] < num_groups:
             raise ValueError(
                 f"group_sizes has {sizes.shape[0]} groups, fewer than the {num_groups} "
-                "groups of rhs."
+                f"groups of {groups_of}."
             )
     elif sizes.shape[0] != num_groups:
         raise ValueError(
             f"group_sizes must have one entry per group ({num_groups}), got {sizes.shape[0]} "
-            "(pass group_offset when rhs holds a slice of the groups)."
+            f"(pass group_offset when {groups_of} holds a slice of the groups)."
         )
     require_all(sizes >= 0, "group_sizes must be non-negative.")
     if is_traced(sizes):
@@ -153,12 +154,15 @@ def check_group_sizes(
 
 
 def check_groups(
-    group_sizes: Any, group_offset: Any, *, m: int, num_groups: int, m_of: str = "the rows of lhs"
-) -> tuple[jax.Array, jax.Array | None]:
-    """(group_sizes as int32 [num_groups_total], group_offset as an int32 scalar or None)."""
+    group_sizes: Any, group_offset: Any, *, m: int, num_groups: int, m_of: str = "the rows of lhs",
+    groups_of: str = "rhs",
+) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
+    """(group_sizes as int32 [num_groups_total], group_offset as an int32 scalar or None);
+    `m_of` and `groups_of` as `check_group_sizes`'."""
     sizes = check_group_sizes(
-        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None, m_of=m_of
-    )
+        group_sizes, m=m, num_groups=num_groups, has_offset=group_offset is not None, m_of=m_of,
+        groups_of=groups_of,
+    )  # fmt: skip
     offset = check_group_offset(
         group_offset, num_groups=num_groups, num_groups_total=sizes.shape[0]
     )

@@ -120,12 +120,13 @@ def transposed_grouped_matmul_reference(
     num_groups = len(group_sizes) if num_groups is None else num_groups
     m = rhs.shape[0]
     group, in_local = _local_group_of_rows(group_sizes, m, group_offset, num_groups)
-    one_hot = (group[:, None] == jnp.arange(num_groups)[None, :]) & in_local[:, None]
-    lhs_rows = jnp.where(in_local[None, :], lhs.astype(compute), 0)
-    rhs_rows = jnp.where(in_local[:, None], rhs.astype(compute), 0)
-    out = jnp.einsum(
-        "km,mg,mn->gkn", lhs_rows, one_hot.astype(compute), rhs_rows, precision=_HIGHEST
-    )
+    # mine[g, r]: row r is group g's. Each group's copy of both operands keeps its own
+    # rows and selects the others away (memory O(num_groups * m * (k + n))): a one-hot
+    # factor between them would multiply another group's NaN or Inf by 0, which is NaN.
+    mine = (group[None, :] == jnp.arange(num_groups)[:, None]) & in_local[None, :]
+    lhs_rows = jnp.where(mine[:, None, :], lhs.astype(compute)[None], 0)
+    rhs_rows = jnp.where(mine[:, :, None], rhs.astype(compute)[None], 0)
+    out = jnp.einsum("gkm,gmn->gkn", lhs_rows, rhs_rows, precision=_HIGHEST)
     if existing_out is not None:
         out = out + existing_out.astype(compute)
     return out.astype(preferred_element_type or compute)

@@ -288,7 +288,17 @@ def test_gmm_rejects_bad_arguments(overrides, error, match):
 TGMM_ERRORS = {
     "m_mismatch": (dict(rhs=jnp.zeros((30, 8))), ValueError, "rhs"),
     "offset_without_num_groups": (dict(group_offset=1), ValueError, "num_groups"),
-    "num_groups_too_many": (dict(group_offset=0, num_groups=4), ValueError, "group_sizes"),
+    "num_groups_too_many": (
+        dict(group_offset=0, num_groups=4),
+        ValueError,
+        r"group_sizes has 3 groups, fewer than the 4 groups of the result \(num_groups\)",
+    ),
+    # tgmm's rhs [m, n] holds no groups: the message names what does
+    "num_groups_without_offset": (
+        dict(num_groups=2),
+        ValueError,
+        r"one entry per group \(2\), got 3 \(pass group_offset when the result \(num_groups\)",
+    ),
     "existing_shape": (dict(existing_out=jnp.zeros((2, 16, 8))), ValueError, "existing_out"),
     "sizes_sum_past_m": (
         dict(group_sizes=jnp.asarray([30, 3, 0], jnp.int32)),

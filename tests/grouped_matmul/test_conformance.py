@@ -18,6 +18,8 @@ was written. Adding a backend is one entry in `IMPLEMENTATIONS`.
 
 from __future__ import annotations
 
+import functools
+
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -604,3 +606,42 @@ def test_non_finite_values_stay_in_their_group(implementation):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     size = gmm_float64(lhs, rhs, sizes)[~group_2]
     assert_close(out[~group_2], expected[~group_2], jnp.float32, "rows of other groups", size)
+
+
+@every_implementation
+def test_transposed_non_finite_values_stay_in_their_group(implementation):
+    """tgmm: a NaN in one group's lhs columns and an Inf in another's rhs rows reach only
+    their own group's [k, n] block, in the op and in the reference (which selects each
+    group's rows, never multiplies another group's by zero); the other groups are exact,
+    and so are the gradients of every group's finite inputs."""
+    rng = np.random.default_rng(12)
+    m, k, n = 36, 16, 16
+    sizes = jnp.asarray([10, 0, 14, 12], jnp.int32)
+    lhs, rhs = normal(rng, (k, m)), normal(rng, (m, n))
+    lhs = lhs.at[4, 12].set(jnp.nan)  # group 2's rows are 10..23
+    rhs = rhs.at[30, 7].set(jnp.inf)  # group 3's rows are 24..35
+    out = np.asarray(
+        transposed_grouped_matmul(
+            lhs, rhs, sizes, tiling=(16, 16, 16), implementation=implementation
+        )
+    )
+    expected = np.asarray(transposed_grouped_matmul_reference(lhs, rhs, sizes))
+    clean = np.array([True, True, False, False])
+    assert np.isfinite(out[clean]).all() and np.isfinite(expected[clean]).all()
+    assert not np.isfinite(out[2]).all() and not np.isfinite(out[3]).all()
+    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(expected))
+    size = tgmm_float64(lhs, rhs, sizes, num_groups=4)[clean]
+    assert_close(out[clean], expected[clean], jnp.float32, "groups without NaN or Inf", size)
+
+    # Gradients of group 0's block alone: its inputs' are finite, and a group whose own
+    # operand is finite gets exact zeros from its zero cotangent (group 2's lhs columns,
+    # group 3's rhs rows); NaN x 0 stays in the group that holds the NaN.
+    def loss(lhs, rhs, fn):
+        return jnp.sum(fn(lhs, rhs, sizes)[0])
+
+    op = functools.partial(transposed_grouped_matmul, implementation=implementation)
+    for fn in (op, transposed_grouped_matmul_reference):
+        d_lhs, d_rhs = (np.asarray(d) for d in jax.grad(loss, argnums=(0, 1))(lhs, rhs, fn))
+        assert np.isfinite(d_lhs[:, :10]).all() and np.isfinite(d_rhs[:10]).all(), fn
+        np.testing.assert_array_equal(d_lhs[:, 10:24], 0.0, err_msg=str(fn))
+        np.testing.assert_array_equal(d_rhs[24:], 0.0, err_msg=str(fn))
