@@ -781,8 +781,9 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     128x128 at 8 warps and two stages: one, 160 KiB, 255), so one program's start (Q's
     load, the first copies) and end (the rescale, O's store) overlap the other's loop,
     and its loop runs 467 warp-instructions per MFLOP against 495 (static report, sm_90,
-    d=128, causal, Triton 3.6). Each of 16 x 1024's query tiles sees 4.5 key tiles on
-    average (1 to 8): the start and end weigh there. On long documents what it can win is
+    d=128, causal, Triton 3.6; persistent, for many documents: 471 against 492). Each of
+    16 x 1024's query tiles sees 4.5 key tiles on average (1 to 8), of 64 x 256's at most
+    2: the start and end weigh there. On long documents what it can win is
     one CTA's softmax beside the other's MMAs: the default's loop waits for QK^T's wgmma
     before the softmax and issues PV's after it, and its two warpgroups meet at the
     pipeline's barrier every tile, so the tensor cores idle through each tile's 16384
@@ -1075,18 +1076,19 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
     # reductions; of those and the row without a right bound, the forward at its default
     # tile three stages deep, a forward and a dQ of two CTAs per SM and the forward and
     # dK/dV with their softmax overlapped; of the many documents, the persistent forward
-    # at its former tile (128x64); with --host-descriptors, of the first two, each kernel
-    # at its default tile with TMA (dK/dV at 64x128), its descriptors each program's or
-    # the launch's; of the row without a right bound, dK/dV's pipeline four stages deep;
-    # of the window, the forward at its former tile (128x64); with --warp-specialized, of
-    # the first two and the one without a right bound, the warp-specialized forward (and
-    # with --warp-specialized-dkdv, of the first two, dK/dV). An anchor that changes one
-    # pass only times that pass. Not on the row without a right bound: dK/dV at Flex's config
-    # and warp-specialized, whose loops spill there (192 and 524 B a thread stored, as
-    # `gpu-check --compile-for h100` reads them under Triton 3.6): a timing of spills.
+    # at its former tile (128x64) and of two CTAs per SM; with --host-descriptors, of the
+    # first two, each kernel at its default tile with TMA (dK/dV at 64x128), its
+    # descriptors each program's or the launch's; of the row without a right bound, dK/dV's
+    # pipeline four stages deep; of the window, the forward at its former tile (128x64);
+    # with --warp-specialized, of the first two and the one without a right bound, the
+    # warp-specialized forward (and with --warp-specialized-dkdv, of the first two,
+    # dK/dV). An anchor that changes one pass only times that pass. Not on the row without
+    # a right bound: dK/dV at Flex's config and warp-specialized, whose loops spill there
+    # (192 and 524 B a thread stored, as `gpu-check --compile-for h100` reads them under
+    # Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
-            return (_former_forward_tile(spec),)
+            return (_former_forward_tile(spec), _two_ctas_forward(spec))
         ws = (_warp_specialized_forward(spec),) if USE_WARP_SPECIALIZED else ()
         overlap = (_two_ctas_forward(spec), _two_ctas_dq(spec), _overlapped_forward(spec),
                    _overlapped_dkdv(spec))  # fmt: skip

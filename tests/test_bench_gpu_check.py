@@ -251,10 +251,10 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
     # tile before TMA, the backward, the forward and dQ of two CTAs per SM, and the forward
     # and dK/dV with their softmax overlapped, on the many documents the persistent
-    # forward at its former tile (128x64), on the first two the warp-specialized forward
-    # and dK/dV (the forward also without a bound) and each kernel with TMA by the
-    # programs' descriptors and by the launch's; on the wide-head row the forward and dQ
-    # at their former d=256 tiles and dK/dV by mma.sync.
+    # forward at its former tile (128x64) and of two CTAs per SM, on the first two the
+    # warp-specialized forward and dK/dV (the forward also without a bound) and each
+    # kernel with TMA by the programs' descriptors and by the launch's; on the wide-head
+    # row the forward and dQ at their former d=256 tiles and dK/dV by mma.sync.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
