@@ -27,6 +27,7 @@ from triton_kernels.flash_attention.backward import (
 )
 from triton_kernels.flash_attention.config import (
     DQ_REDUCE_DKDV_TILE,
+    ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     STREAMED_TILES,
@@ -462,6 +463,11 @@ def default_variants(
             # and the backward at one warpgroup a CTA, two CTAs an SM
             config = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
             for kind in ("backward_dkdv", "backward_dq"):
+                variant = attention_variant(kind, head_dim, 90, config=config)
+                variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
+            # and the forward and dQ at one stage, two CTAs an SM, by pointers
+            config = AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)
+            for kind in ("forward", "backward_dq"):
                 variant = attention_variant(kind, head_dim, 90, config=config)
                 variants.append(dataclasses.replace(variant, name=variant.name + "_two_ctas"))
             # and warp-specialized (Hopper's partitioning: 12 warps)
