@@ -24,6 +24,7 @@ from triton_kernels.flash_attention.config import (
     KINDS,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
+    ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -303,7 +304,9 @@ def attention_candidates(
     for `features` and `descriptors` (`default_attention_config`).
 
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
-    too (`_hopper_options`): the forward's and dK/dV's `overlap_softmax` at their tiles
+    too (`_hopper_options`): the forward and dQ at one stage, two CTAs an SM
+    (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128), the forward's and dK/dV's
+    `overlap_softmax` at their tiles
     (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a
     head_dim that is a power of two, the warp-specialized forward and dK/dV
     (`WARP_SPECIALIZED_FORWARD_TILE`, `WARP_SPECIALIZED_DKDV_TILE`) and dK/dV and dQ at
@@ -322,7 +325,7 @@ def attention_candidates(
     configs = [
         default,
         *_attention_grid(kind, head_dim, name, compute_capability, tma_here),
-        *_hopper_options(kind, name, compute_capability, tma_here),
+        *_hopper_options(kind, head_dim, name, compute_capability, tma_here),
     ]
     to_params = {
         "forward": FwdParams.from_attention_config,
@@ -374,19 +377,25 @@ def _attention_grid(
 
 
 def _hopper_options(
-    kind: str, dtype_name: str, compute_capability: int | None, tma_here: bool
+    kind: str, head_dim: int, dtype_name: str, compute_capability: int | None, tma_here: bool
 ) -> list[AttentionKernelConfig]:
     """The configs of the options the kernels leave off by default, where they apply:
     sm_90 and up (wgmma), 16-bit inputs (float32 runs on CUDA cores, with its own small
-    tiles); where descriptors launch (`tma_here`) also the warp-specialized forward and
-    dK/dV and the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the
-    tile the kernels' config module names for it (the options last); the static report
-    prunes the ones that spill at other head dims."""
+    tiles): the forward and dQ at one warpgroup a CTA and one stage, two CTAs an SM, by
+    pointers, up to head_dim 128 (`ONE_STAGE_TWO_CTA_TILE`: the grid's stages, sized by
+    one CTA's shared memory, never take one); where descriptors launch (`tma_here`) also
+    the warp-specialized forward and dK/dV and the backward's kernels at one warpgroup a
+    CTA, two CTAs an SM. Each at the tile the kernels' config module names for it (the
+    kernels' options last); the static report prunes the ones that spill at other head
+    dims."""
     if (compute_capability or 0) < 90 or dtype_name == "float32":
         return []
     two_ctas = [AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)] if tma_here else []
+    one_stage = []
+    if kind != "backward_dkdv" and block_d(head_dim) <= 128:
+        one_stage = [AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)]
     if kind == "backward_dq":
-        return two_ctas  # dQ refuses both options
+        return two_ctas + one_stage  # dQ refuses both options
     overlapped, specialized = {
         "forward": (OVERLAPPED_FORWARD_TILE, WARP_SPECIALIZED_FORWARD_TILE),
         "backward_dkdv": (OVERLAPPED_DKDV_TILE, WARP_SPECIALIZED_DKDV_TILE),
@@ -394,7 +403,7 @@ def _hopper_options(
     options = [AttentionKernelConfig(*overlapped, overlap_softmax=True)]
     if tma_here:
         options.append(AttentionKernelConfig(*specialized, tma=True, warp_specialize=True))
-    return (two_ctas if kind == "backward_dkdv" else []) + options
+    return (two_ctas if kind == "backward_dkdv" else one_stage) + options
 
 
 def grouped_matmul_candidates(

@@ -26,6 +26,7 @@ from jax_bridge.tuning.heuristics import (
 from jax_bridge.tuning.params import BwdParams, FwdParams, attention_kernel_config
 from triton_kernels.flash_attention.config import (
     KINDS,
+    ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -419,8 +420,9 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
     the kernels' config module); with descriptors and a head_dim that is a power of two,
     the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
     `WARP_SPECIALIZED_DKDV_TILE`, tma) and dK/dV and dQ at one warpgroup a CTA
-    (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. They come after the default and
-    the grid."""
+    (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. The forward and dQ at one stage,
+    two CTAs an SM (`ONE_STAGE_TWO_CTA_TILE`, by pointers), at every head dim up to 128.
+    They come after the default and the grid."""
     expected = {
         "forward": [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)],
         "backward_dkdv": [AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)],
@@ -432,6 +434,7 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
                            ("backward_dkdv", WARP_SPECIALIZED_DKDV_TILE))
     }  # fmt: skip
     two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
+    one_stage = AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)
     for kind in KINDS:
         for head_dim, descriptors in ((128, True), (128, False), (80, True), (64, True)):
             args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
@@ -446,8 +449,16 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
             configs = [attention_kernel_config(kind, c, default) for c in candidates]
             backward = kind != "forward" and descriptors and powers_of_two
             assert (two_ctas in configs) is backward, (kind, head_dim, descriptors)
+            # by pointers, two CTAs an SM at one stage: the forward and dQ
+            assert (one_stage in configs) is (kind != "backward_dkdv"), (kind, head_dim)
             assert configs[0] == default and configs[len(configs) - len(found) :] == found
             assert len(candidates) == len(set(candidates))
+    for kind in ("forward", "backward_dq"):  # past d=128 two CTAs of it do not fit
+        default = default_attention_config(256, dtype, capability, kind)
+        candidates = attention_candidates(
+            kind, head_dim=256, dtype=dtype, compute_capability=capability
+        )
+        assert one_stage not in [attention_kernel_config(kind, c, default) for c in candidates]
 
 
 @pytest.mark.parametrize("kind", KINDS)
