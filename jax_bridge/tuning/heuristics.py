@@ -306,11 +306,10 @@ def attention_candidates(
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
     too (`_hopper_options`): the forward and dQ at one stage, two CTAs an SM
     (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128), the forward's and dK/dV's
-    `overlap_softmax` at their tiles
-    (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a
-    head_dim that is a power of two, the warp-specialized forward and dK/dV
-    (`WARP_SPECIALIZED_FORWARD_TILE`, `WARP_SPECIALIZED_DKDV_TILE`) and dK/dV and dQ at
-    one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, with `tma`).
+    `overlap_softmax` at their tiles (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`)
+    and, with `descriptors` and a head_dim that is a power of two, the warp-specialized
+    forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`, `WARP_SPECIALIZED_DKDV_TILE`) and
+    dK/dV and dQ at one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, with `tma`).
     """
     check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
