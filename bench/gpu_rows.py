@@ -779,16 +779,17 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     """An A/B of the forward: 64x128 tiles at 4 warps and one stage fit two CTAs per SM
     (`ONE_STAGE_TWO_CTA_TILE`: 80 KiB of shared memory, 252 registers; the default,
     128x128 at 8 warps and two stages: one, 160 KiB, 255), so one program's start (Q's
-    load, the first copies) and end (the rescale, O's store) overlap the other's loop,
+    load, the first K and V) and end (the rescale, O's store) overlap the other's loop,
     and its loop runs 467 warp-instructions per MFLOP against 495 (static report, sm_90,
     d=128, causal, Triton 3.6; persistent, for many documents: 471 against 492). Each of
     16 x 1024's query tiles sees 4.5 key tiles on average (1 to 8), of 64 x 256's at most
-    2: the start and end weigh there. On long documents what it can win is
-    one CTA's softmax beside the other's MMAs: the default's loop waits for QK^T's wgmma
-    before the softmax and issues PV's after it, and its two warpgroups meet at the
-    pipeline's barrier every tile, so the tensor cores idle through each tile's 16384
-    exp2. What it risks: one stage keeps one buffer, so each CTA waits for its own copies,
-    which only the other CTA's loop hides, and K and V are read twice as often.
+    2: the start and end weigh there. On long documents what it can win is one CTA's
+    softmax beside the other's MMAs: the default's loop waits for QK^T's wgmma before the
+    softmax and issues PV's after it, and its two warpgroups meet at the pipeline's
+    barrier every tile, so the tensor cores idle through each tile's 16384 exp2. What it
+    risks: at one stage each step loads its K and V at its top and waits for them (no
+    asynchronous copy), which only the other CTA's loop hides, and K and V are read twice
+    as often.
     Forward only (the backward is the default's)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import ONE_STAGE_TWO_CTA_TILE
