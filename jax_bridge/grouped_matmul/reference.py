@@ -120,13 +120,18 @@ def transposed_grouped_matmul_reference(
     num_groups = len(group_sizes) if num_groups is None else num_groups
     m = rhs.shape[0]
     group, in_local = _local_group_of_rows(group_sizes, m, group_offset, num_groups)
-    # mine[g, r]: row r is group g's. Each group's copy of both operands keeps its own
-    # rows and selects the others away (memory O(num_groups * m * (k + n))): a one-hot
-    # factor between them would multiply another group's NaN or Inf by 0, which is NaN.
-    mine = (group[None, :] == jnp.arange(num_groups)[:, None]) & in_local[None, :]
-    lhs_rows = jnp.where(mine[:, None, :], lhs.astype(compute)[None], 0)
-    rhs_rows = jnp.where(mine[:, :, None], rhs.astype(compute)[None], 0)
-    out = jnp.einsum("gkm,gmn->gkn", lhs_rows, rhs_rows, precision=_HIGHEST)
+    lhs, rhs = lhs.astype(compute), rhs.astype(compute)
+
+    def one_group(g):
+        # Both operands keep group g's rows and select the others away: a one-hot factor
+        # between them would multiply another group's NaN or Inf by 0, which is NaN. A
+        # group at a time: memory O(m * (k + n)), not num_groups times that.
+        mine = (group == g) & in_local
+        rows_of_lhs = jnp.where(mine[None, :], lhs, 0)
+        rows_of_rhs = jnp.where(mine[:, None], rhs, 0)
+        return jnp.matmul(rows_of_lhs, rows_of_rhs, precision=_HIGHEST)
+
+    out = jax.lax.map(one_group, jnp.arange(num_groups))
     if existing_out is not None:
         out = out + existing_out.astype(compute)
     return out.astype(preferred_element_type or compute)
