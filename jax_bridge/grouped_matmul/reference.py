@@ -2,8 +2,10 @@
 compute, written for clarity rather than speed.
 
 Every row is multiplied by its own group's weights, gathered per row (memory
-O(m * k * n)), and a row of no local group is selected away, never multiplied by zero:
-NaN or Inf in one group's rows or weights stays in that group, forward and backward.
+O(m * k * n)); the transposed product takes one group at a time, its rows selected from
+both operands. A row of no local group (or of another group) is selected away, never
+multiplied by zero: NaN or Inf in one group's rows or weights stays in that group,
+forward and backward.
 Products run at `Precision.HIGHEST` in float32 (float64 for float64 inputs under
 `jax.enable_x64(True)`). Differentiable with `jax.grad` in lhs, rhs and
 existing_out; group sizes and the offset may be traced.
