@@ -781,7 +781,8 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     128x128 at 8 warps and two stages: one, 160 KiB, 255), so one program's start (Q's
     load, the first K and V) and end (the rescale, O's store) overlap the other's loop,
     and its loop runs 467 warp-instructions per MFLOP against 495 (static report, sm_90,
-    d=128, causal, Triton 3.6; persistent, for many documents: 471 against 492). Each of
+    d=128, causal, Triton 3.6, the device's; persistent, for many documents: 471 against
+    492; under Triton 3.9 614 against 527, the loads' address arithmetic). Each of
     16 x 1024's query tiles sees 4.5 key tiles on average (1 to 8), of 64 x 256's at most
     2: the start and end weigh there. On long documents what it can win is one CTA's
     softmax beside the other's MMAs: the default's loop waits for QK^T's wgmma before the

@@ -124,10 +124,13 @@ def transposed_grouped_matmul_reference(
     group, in_local = _local_group_of_rows(group_sizes, m, group_offset, num_groups)
     lhs, rhs = lhs.astype(compute), rhs.astype(compute)
 
+    # Rematerialized: lax.map's gradient would otherwise keep every group's selected
+    # operands, num_groups times the memory of one.
+    @jax.checkpoint
     def one_group(g):
         # Both operands keep group g's rows and select the others away: a one-hot factor
         # between them would multiply another group's NaN or Inf by 0, which is NaN. A
-        # group at a time: memory O(m * (k + n)), not num_groups times that.
+        # group at a time: memory O(m * (k + n)), forward and backward.
         mine = (group == g) & in_local
         rows_of_lhs = jnp.where(mine[None, :], lhs, 0)
         rows_of_rhs = jnp.where(mine[:, None], rhs, 0)

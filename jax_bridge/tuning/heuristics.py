@@ -304,12 +304,13 @@ def attention_candidates(
     for `features` and `descriptors` (`default_attention_config`).
 
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
-    too (`_hopper_options`): the forward and dQ at one stage, two CTAs an SM
-    (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128), the forward's and dK/dV's
-    `overlap_softmax` at their tiles (`OVERLAPPED_FORWARD_TILE`, `OVERLAPPED_DKDV_TILE`)
-    and, with `descriptors` and a head_dim that is a power of two, the warp-specialized
-    forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`, `WARP_SPECIALIZED_DKDV_TILE`) and
-    dK/dV and dQ at one warpgroup a CTA (`TWO_CTA_BACKWARD_TILE`, with `tma`).
+    too (`_hopper_options`): on sm_90-119 the forward and dQ at one stage, two CTAs an
+    SM (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128, not persistent), the forward's and
+    dK/dV's `overlap_softmax` at their tiles (`OVERLAPPED_FORWARD_TILE`,
+    `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a head_dim that is a power of
+    two, the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
+    `WARP_SPECIALIZED_DKDV_TILE`) and dK/dV and dQ at one warpgroup a CTA
+    (`TWO_CTA_BACKWARD_TILE`, with `tma`).
     """
     check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
@@ -324,7 +325,7 @@ def attention_candidates(
     configs = [
         default,
         *_attention_grid(kind, head_dim, name, compute_capability, tma_here),
-        *_hopper_options(kind, head_dim, name, compute_capability, tma_here),
+        *_hopper_options(kind, head_dim, name, compute_capability, tma_here, persistent),
     ]
     to_params = {
         "forward": FwdParams.from_attention_config,
@@ -376,25 +377,30 @@ def _attention_grid(
 
 
 def _hopper_options(
-    kind: str, head_dim: int, dtype_name: str, compute_capability: int | None, tma_here: bool
-) -> list[AttentionKernelConfig]:
+    kind: str, head_dim: int, dtype_name: str, compute_capability: int | None,
+    tma_here: bool, persistent: bool,
+) -> list[AttentionKernelConfig]:  # fmt: skip
     """The configs of the options the kernels leave off by default, where they apply:
     sm_90 and up (wgmma), 16-bit inputs (float32 runs on CUDA cores, with its own small
-    tiles): the forward and dQ at one warpgroup a CTA and one stage, two CTAs an SM, by
-    pointers, up to head_dim 128 (`ONE_STAGE_TWO_CTA_TILE`: the grid's stages, sized by
-    one CTA's shared memory, never take one); where descriptors launch (`tma_here`) also
-    the warp-specialized forward and dK/dV and the backward's kernels at one warpgroup a
-    CTA, two CTAs an SM. Each at the tile the kernels' config module names for it (the
-    kernels' options last); the static report prunes the ones that spill at other head
-    dims."""
+    tiles); on the wgmma GPUs (sm_90-119) the forward and dQ at one warpgroup a CTA and
+    one stage, two CTAs an SM, by pointers, up to head_dim 128, a program a tile
+    (`ONE_STAGE_TWO_CTA_TILE`: the grid's stages, sized by one CTA's shared memory, never
+    take one; on mma.sync GPUs one stage keeps no copy in flight and two CTAs do not fit
+    99 KiB; a persistent walk's dQ at that tile spills in its loop on sm_90 under Triton
+    3.9); where
+    descriptors launch (`tma_here`) also the warp-specialized forward and dK/dV and the
+    backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the tile the
+    kernels' config module names for it (the kernels' options last); the static report
+    prunes the ones that spill at other head dims."""
     if (compute_capability or 0) < 90 or dtype_name == "float32":
         return []
     two_ctas = [AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)] if tma_here else []
     one_stage = []
-    if kind != "backward_dkdv" and block_d(head_dim) <= 128:
+    wgmma = not multiplies_by_mma_sync(compute_capability, ONE_STAGE_TWO_CTA_TILE[0])
+    if kind != "backward_dkdv" and block_d(head_dim) <= 128 and wgmma and not persistent:
         one_stage = [AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)]
-    if kind == "backward_dq":
-        return two_ctas + one_stage  # dQ refuses both options
+    if kind == "backward_dq":  # it refuses overlap_softmax and warp_specialize
+        return two_ctas + one_stage
     overlapped, specialized = {
         "forward": (OVERLAPPED_FORWARD_TILE, WARP_SPECIALIZED_FORWARD_TILE),
         "backward_dkdv": (OVERLAPPED_DKDV_TILE, WARP_SPECIALIZED_DKDV_TILE),

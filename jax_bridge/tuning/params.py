@@ -327,23 +327,30 @@ _KERNEL_CONVERSIONS = {
 
 
 def attention_kernel_config(
-    kind: str, params: FwdParams | BwdParams, default: AttentionKernelConfig
+    kind: str, params: FwdParams | BwdParams | None, default: AttentionKernelConfig
 ) -> AttentionKernelConfig:
     """The config of attention kernel `kind` ("forward", "backward_dkdv" or
     "backward_dq"): the set fields of its params (`FwdParams` for the forward,
-    `BwdParams` for either backward kernel) over `default`."""
+    `BwdParams` for either backward kernel; None: all unset) over `default`, a complete
+    `AttentionKernelConfig`. The backward kernels read their own fields of the shared
+    `BwdParams` (dQ the `dq_` ones, dK/dV the others) and ignore the other kernel's."""
     if kind not in _KERNEL_CONVERSIONS:
         raise ValueError(
             f"attention_kernel_config: kind must be one of {tuple(_KERNEL_CONVERSIONS)}, "
             f"got {kind!r}."
         )
     params_type, convert = _KERNEL_CONVERSIONS[kind]
-    if not isinstance(params, params_type):
+    if params is not None and not isinstance(params, params_type):
         raise TypeError(
-            f"attention_kernel_config: params of {kind} must be a {params_type.__name__}, "
-            f"got {type(params).__name__}."
+            f"attention_kernel_config: params of {kind} must be a {params_type.__name__} "
+            f"or None, got {type(params).__name__}."
         )
-    return convert(params, default)
+    if not isinstance(default, AttentionKernelConfig):
+        raise TypeError(
+            "attention_kernel_config: default must be an AttentionKernelConfig, "
+            f"got {type(default).__name__}."
+        )
+    return convert(params or params_type(), default)
 
 
 def attention_configs(

@@ -420,9 +420,10 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
     the kernels' config module); with descriptors and a head_dim that is a power of two,
     the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
     `WARP_SPECIALIZED_DKDV_TILE`, tma) and dK/dV and dQ at one warpgroup a CTA
-    (`TWO_CTA_BACKWARD_TILE`, tma); no option for dQ. The forward and dQ at one stage,
-    two CTAs an SM (`ONE_STAGE_TWO_CTA_TILE`, by pointers), at every head dim up to 128.
-    They come after the default and the grid."""
+    (`TWO_CTA_BACKWARD_TILE`, tma); dQ takes neither `overlap_softmax` nor
+    `warp_specialize`. The forward and dQ at one stage, two CTAs an SM
+    (`ONE_STAGE_TWO_CTA_TILE`, by pointers), at every head dim up to 128. They come after
+    the default and the grid."""
     expected = {
         "forward": [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)],
         "backward_dkdv": [AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)],
@@ -459,6 +460,22 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
             kind, head_dim=256, dtype=dtype, compute_capability=capability
         )
         assert one_stage not in [attention_kernel_config(kind, c, default) for c in candidates]
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward_dq"])
+def test_one_stage_two_cta_candidates_only_where_two_ctas_fit(kind):
+    """`ONE_STAGE_TWO_CTA_TILE` is searched on the wgmma GPUs only (sm_90-119), a program
+    a tile: not on sm_120/121 (mma.sync, 99 KiB: one CTA of it, its loops spill), nor
+    for a persistent walk (its dQ spills in the loop under Triton 3.9)."""
+    one_stage = AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)
+    for capability, persistent, searched in ((90, False, True), (100, False, True),
+                                             (90, True, False), (120, False, False),
+                                             (121, False, False), (80, False, False)):  # fmt: skip
+        args = dict(head_dim=128, dtype="bfloat16", compute_capability=capability)
+        candidates = attention_candidates(kind, **args, persistent=persistent)
+        default = default_attention_config(128, "bfloat16", capability, kind, persistent=persistent)
+        configs = [attention_kernel_config(kind, c, default) for c in candidates]
+        assert (one_stage in configs) is searched, (capability, persistent)
 
 
 @pytest.mark.parametrize("kind", KINDS)

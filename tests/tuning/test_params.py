@@ -216,8 +216,11 @@ def test_attention_kernel_config_takes_each_kernels_fields():
     for kind, config in expected.items():
         params = fwd if kind == "forward" else bwd
         assert attention_kernel_config(kind, params, default) == config == getattr(together, kind)
-    with pytest.raises(TypeError, match="params of backward_dq must be a BwdParams"):
+    assert attention_kernel_config("backward_dq", None, default) == default
+    with pytest.raises(TypeError, match="params of backward_dq must be a BwdParams or None"):
         attention_kernel_config("backward_dq", fwd, default)
+    with pytest.raises(TypeError, match="default must be an AttentionKernelConfig, got None"):
+        attention_kernel_config("forward", fwd, AttentionConfigs().forward)
     with pytest.raises(ValueError, match="kind must be one of"):
         attention_kernel_config("backward", bwd, default)
 

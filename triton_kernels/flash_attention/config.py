@@ -249,15 +249,18 @@ TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 # 96 KiB). At one stage Triton pipelines nothing: each step loads its K and V tiles at
 # its top (plain global loads into registers, then stores to shared memory; SASS: 32
 # LDG, 32 STS) and waits for them, so nothing of its own hides them: the other CTA's
-# loop may. In exchange the 128-key step runs fewer warp-instructions per MFLOP than the
-# 8-warp defaults, where two CTAs at 64x64 and two stages run more. Static report,
-# sm_90, bf16, d=128, causal, Triton 3.6 / 3.9: forward 467 / 614 (the default, 128x128
-# at 8 warps and two stages: 495 / 527; 64x64 at two stages: 669 under 3.6; 3.9's extra
-# instructions are the loads' address arithmetic, 106 IMAD an iteration against 11), dQ
-# 291 / 305 (the default, 128x64: 359 / 422), the block-sparse forward 539 / 564 (its
-# default 504 / 526); no spill in the loops (outside them dQ 48 / 4 B, 28 / 0 B without
-# a right bound; the forward without one 8 / 0 B). Each reads K and V twice as often as
-# the default.
+# loop may. In exchange, under Triton 3.6 (the H100 machine's), the 128-key step runs
+# fewer warp-instructions per MFLOP than the 8-warp defaults in the forward and dQ, where
+# two CTAs at 64x64 and two stages run more; under 3.9 dQ does, the forward does not
+# (nor the block-sparse forward under either). Static report, sm_90, bf16, d=128,
+# causal, Triton 3.6 / 3.9: forward 467 / 614 (the default, 128x128 at 8 warps and two
+# stages: 495 / 527; 64x64 at two stages: 669 under 3.6; 3.9's extra instructions are
+# the loads' address arithmetic, 106 IMAD an iteration against 11), dQ 291 / 305 (the
+# default, 128x64: 359 / 422), the block-sparse forward 539 / 564 (its default 504 /
+# 526); no spill in the loops (outside them dQ 48 / 4 B, 28 / 0 B without a right bound;
+# the forward without one 8 / 0 B). A persistent walk (many documents): forward 471
+# against 492 under 3.6; under 3.9 its dQ spills in the loop, so the tuning grid leaves
+# persistent launches out. Each reads K and V twice as often as the default.
 ONE_STAGE_TWO_CTA_TILE = (64, 128, 4, 1)
 
 
