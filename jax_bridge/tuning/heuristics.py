@@ -387,11 +387,10 @@ def _hopper_options(
     (`ONE_STAGE_TWO_CTA_TILE`: the grid's stages, sized by one CTA's shared memory, never
     take one; on mma.sync GPUs one stage keeps no copy in flight and two CTAs do not fit
     99 KiB; a persistent walk's dQ at that tile spills in its loop on sm_90 under Triton
-    3.9); where
-    descriptors launch (`tma_here`) also the warp-specialized forward and dK/dV and the
-    backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the tile the
-    kernels' config module names for it (the kernels' options last); the static report
-    prunes the ones that spill at other head dims."""
+    3.9); where descriptors launch (`tma_here`) also the warp-specialized forward and
+    dK/dV and the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the
+    tile the kernels' config module names for it (the kernels' options last); the static
+    report prunes the ones that spill at other head dims."""
     if (compute_capability or 0) < 90 or dtype_name == "float32":
         return []
     two_ctas = [AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)] if tma_here else []

@@ -340,17 +340,21 @@ def attention_kernel_config(
             f"got {kind!r}."
         )
     params_type, convert = _KERNEL_CONVERSIONS[kind]
-    if params is not None and not isinstance(params, params_type):
-        raise TypeError(
-            f"attention_kernel_config: params of {kind} must be a {params_type.__name__} "
-            f"or None, got {type(params).__name__}."
-        )
-    if not isinstance(default, AttentionKernelConfig):
-        raise TypeError(
-            "attention_kernel_config: default must be an AttentionKernelConfig, "
-            f"got {type(default).__name__}."
-        )
+    _check_type("attention_kernel_config", f"params of {kind}", params, params_type, none=True)
+    _check_type("attention_kernel_config", "default", default, AttentionKernelConfig)
     return convert(params or params_type(), default)
+
+
+def _check_type(op: str, name: str, value: Any, expected: type, *, none: bool = False) -> None:
+    """TypeError naming `op` and `name` unless `value` is an `expected` (or None, where
+    `none`)."""
+    if (value is None and none) or isinstance(value, expected):
+        return
+    article = "an" if expected.__name__[0] in "AEIOU" else "a"
+    raise TypeError(
+        f"{op}: {name} must be {article} {expected.__name__}{' or None' if none else ''}, "
+        f"got {type(value).__name__}."
+    )
 
 
 def attention_configs(
@@ -363,17 +367,9 @@ def attention_configs(
       defaults: a complete `AttentionConfigs` (no None field; its `dq_atomic` is kept), e.g.
         `jax_bridge.tuning.heuristics.default_attention_configs(...)`.
     """
-    for name, value, kind in (("fwd", fwd, FwdParams), ("bwd", bwd, BwdParams)):
-        if value is not None and not isinstance(value, kind):
-            raise TypeError(
-                f"attention_configs: {name} must be a {kind.__name__} or None, "
-                f"got {type(value).__name__}."
-            )
-    if not isinstance(defaults, AttentionConfigs):
-        raise TypeError(
-            "attention_configs: defaults must be an AttentionConfigs, "
-            f"got {type(defaults).__name__}."
-        )
+    _check_type("attention_configs", "fwd", fwd, FwdParams, none=True)
+    _check_type("attention_configs", "bwd", bwd, BwdParams, none=True)
+    _check_type("attention_configs", "defaults", defaults, AttentionConfigs)
     kinds = ("forward", "backward_dkdv", "backward_dq")
     missing = [kind for kind in kinds if getattr(defaults, kind) is None]
     if missing:
