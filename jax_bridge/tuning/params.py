@@ -374,7 +374,6 @@ def attention_configs(
     missing = [kind for kind in kinds if getattr(defaults, kind) is None]
     if missing:
         raise ValueError(f"attention_configs: defaults.{missing} must be set, got None.")
-    fwd, bwd = fwd or FwdParams(), bwd or BwdParams()
     params = {"forward": fwd, "backward_dkdv": bwd, "backward_dq": bwd}
     configs = {
         kind: attention_kernel_config(kind, params[kind], getattr(defaults, kind)) for kind in kinds

@@ -492,18 +492,17 @@ def test_static_report_of_the_tuning_grid_on_a_99_kib_gpu(head_dim, kind):
     own allocation."""
     from jax_bridge.tuning import (
         attention_candidates,
-        attention_configs,
+        attention_kernel_config,
         default_attention_configs,
     )
     from jax_bridge.tuning.heuristics import shared_memory_limit_for
 
-    defaults = default_attention_configs(head_dim, "bfloat16", 86)
+    default = getattr(default_attention_configs(head_dim, "bfloat16", 86), kind)
     candidates = attention_candidates(
         kind, head_dim=head_dim, dtype="bfloat16", compute_capability=86
     )
     for params in candidates:
-        fwd, bwd = (params, None) if kind == "forward" else (None, params)
-        config = getattr(attention_configs(fwd, bwd, defaults), kind)
+        config = attention_kernel_config(kind, params, default)
         report = attention_kernel_report(kind, head_dim, 86, config=config)
         assert report.shared_memory_bytes <= shared_memory_limit_for(86), report.summary()
 
