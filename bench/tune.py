@@ -46,11 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, metavar="PATH", help="the tuning cache file")
     parser.add_argument("--head-dim", type=int, default=128, help="attention head_dim")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    from jax_bridge.launch.report import SM_LIMITS
+
     parser.add_argument(
         "--arch",
         type=int,
-        choices=(80, 86, 89, 90, 100, 120),
-        help="--dry-run's compile target (default: the GPU's, else 90)",
+        choices=sorted(SM_LIMITS),
+        metavar="CC",
+        help=f"--dry-run's compile target, of {sorted(SM_LIMITS)} (default: the GPU's, else 90)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per candidate")
     return parser

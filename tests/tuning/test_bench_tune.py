@@ -38,6 +38,20 @@ def test_arguments_are_checked(capsys):
         tune.main(["--op", "softmax"])
 
 
+def test_it_compiles_for_the_targets_bench_report_does():
+    """Every compute capability the static report sizes (`SM_LIMITS`) is a dry run's
+    target too, and none other: `bench report --arch 103` and `bench tune --arch 103`."""
+    from bench import kernel_report
+    from jax_bridge.launch.report import SM_LIMITS
+
+    def arch_choices(parser):
+        (action,) = [a for a in parser._actions if "--arch" in a.option_strings]
+        return list(action.choices)
+
+    targets = sorted(SM_LIMITS)
+    assert arch_choices(tune._parser()) == arch_choices(kernel_report._parser()) == targets
+
+
 def test_dry_run_prunes_by_the_static_report(capsys, monkeypatch, cache_dir):
     # Two candidates, compiled for real: the op's default, and a 256 x 128 x 256 tile with
     # four stages, (256 * 128 + 128 * 256) * 2 B = 128 KiB a stage: far over any GPU's
