@@ -775,7 +775,7 @@ def _three_stage_tiles(spec: MaskSpec) -> Impl:
     return varlen_impl(spec, flex, "three stages")
 
 
-def _two_ctas_forward(spec: MaskSpec) -> Impl:
+def _two_ctas_forward(spec: MaskSpec, tma: bool = False) -> Impl:
     """An A/B of the forward: 64x128 tiles at 4 warps and one stage fit two CTAs per SM
     (`ONE_STAGE_TWO_CTA_TILE`: 80 KiB of shared memory, 252 registers; the default,
     128x128 at 8 warps and two stages: one, 160 KiB, 255), so one program's start (Q's
@@ -790,28 +790,34 @@ def _two_ctas_forward(spec: MaskSpec) -> Impl:
     barrier every tile, so the tensor cores idle through each tile's 16384 exp2. What it
     risks: at one stage each step loads its K and V at its top and waits for them (no
     asynchronous copy), which only the other CTA's loop hides, and K and V are read twice
-    as often.
+    as often. With `tma` (`--tma`'s rows) K and V come by bulk tensor copies: one
+    instruction a tile where the pointers' loads take 32 and their stores to shared
+    memory 32 more (458 / 487 per MFLOP under Triton 3.6 / 3.9, 254 / 217 registers, no
+    spill).
     Forward only (the backward is the default's)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import ONE_STAGE_TWO_CTA_TILE
 
-    two = AttentionConfigs(forward=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE))
-    return varlen_impl(spec, two, "forward 64x128 4 warps 1 stage", passes="forward")
+    two = AttentionConfigs(forward=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE, tma=tma))
+    name = "forward 64x128 4 warps 1 stage" + (" tma" if tma else "")
+    return varlen_impl(spec, two, name, passes="forward")
 
 
-def _two_ctas_dq(spec: MaskSpec) -> Impl:
+def _two_ctas_dq(spec: MaskSpec, tma: bool = False) -> Impl:
     """An A/B of the dQ kernel as `_two_ctas_forward` of the forward: 64 query rows in
     128-key steps at 4 warps and one stage, two CTAs per SM (96 KiB), against the default
     128x64 at 8 warps and two stages (one CTA, 128 KiB): 291 warp-instructions per MFLOP
     against 359 under Triton 3.6 (305 against 422 under 3.9; static report, sm_90, d=128,
     causal), no spill in the loop (48 B outside it, stored once a program). Needs no
-    descriptors, so it runs without `--tma` too, unlike `_two_ctas_backward`. The forward
-    and dK/dV are the default's: fwd+bwd only."""
+    descriptors, so it runs without `--tma` too, unlike `_two_ctas_backward`; with `tma`
+    (`--tma`'s rows) 279 / 297 under 3.6 / 3.9, no spill in the loop (28 / 0 B outside).
+    The forward and dK/dV are the default's: fwd+bwd only."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
     from triton_kernels.flash_attention.config import ONE_STAGE_TWO_CTA_TILE
 
-    two = AttentionConfigs(backward_dq=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE))
-    return varlen_impl(spec, two, "dq 64x128 4 warps 1 stage", passes="fwd+bwd")
+    two = AttentionConfigs(backward_dq=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE, tma=tma))
+    name = "dq 64x128 4 warps 1 stage" + (" tma" if tma else "")
+    return varlen_impl(spec, two, name, passes="fwd+bwd")
 
 
 def _overlapped_forward(spec: MaskSpec) -> Impl:
@@ -1072,22 +1078,22 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         (f"{many}x{t // many} causal", MaskSpec((t // many,) * many), heads),
     ]
 
-    # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and
-    # dQ at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
-    # default before TMA, the backward at one warpgroup a CTA and dQ by bulk tensor
-    # reductions; of those and the row without a right bound, the forward at its default
-    # tile three stages deep, a forward and a dQ of two CTAs per SM and the forward and
-    # dK/dV with their softmax overlapped; of the many documents, the persistent forward
-    # at its former tile (128x64) and of two CTAs per SM; with --host-descriptors, of the
-    # first two, each kernel at its default tile with TMA (dK/dV at 64x128), its
-    # descriptors each program's or the launch's; of the row without a right bound, dK/dV's
-    # pipeline four stages deep; of the window, the forward at its former tile (128x64);
-    # with --warp-specialized, of the first two and the one without a right bound, the
-    # warp-specialized forward (and with --warp-specialized-dkdv, of the first two,
-    # dK/dV). An anchor that changes one pass only times that pass. Not on the row without
-    # a right bound: dK/dV at Flex's config and warp-specialized, whose loops spill there
-    # (192 and 524 B a thread stored, as `gpu-check --compile-for h100` reads them under
-    # Triton 3.6): a timing of spills.
+    # A/B anchors of the first two (causal) rows: three pipeline stages (the forward and dQ
+    # at Flex's tiles), dK/dV at Flex's config, dQ by atomics, and with --tma the dK/dV
+    # default before TMA, the backward at one warpgroup a CTA, dQ by bulk tensor reductions
+    # and the forward and dQ of two CTAs per SM by descriptors; of those and the row without
+    # a right bound, the forward at its default tile three stages deep, a forward and a dQ
+    # of two CTAs per SM and the forward and dK/dV with their softmax overlapped; of the
+    # many documents, the persistent forward at its former tile (128x64) and of two CTAs per
+    # SM; with --host-descriptors, of the first two, each kernel at its default tile with
+    # TMA (dK/dV at 64x128), its descriptors each program's or the launch's; of the row
+    # without a right bound, dK/dV's pipeline four stages deep; of the window, the forward
+    # at its former tile (128x64); with --warp-specialized, of the first two and the one
+    # without a right bound, the warp-specialized forward (and with --warp-specialized-dkdv,
+    # of the first two, dK/dV). An anchor that changes one pass only times that pass. Not on
+    # the row without a right bound: dK/dV at Flex's config and warp-specialized, whose
+    # loops spill there (192 and 524 B a thread stored, as `gpu-check --compile-for h100`
+    # reads them under Triton 3.6): a timing of spills.
     def ab(i: int, spec: MaskSpec) -> tuple[Impl, ...]:
         if i == len(rows) - 1:
             return (_former_forward_tile(spec), _two_ctas_forward(spec))
@@ -1101,7 +1107,8 @@ def varlen_cases(sizes: Sizes) -> list[Case]:
         ws += (_warp_specialized_dkdv(spec),) if USE_WARP_SPECIALIZED_DKDV else ()
         depth = (_flex_dkdv_config(spec), _deep_forward(spec))
         tma = (*_dkdv_tile_before_tma(spec), _two_ctas_backward(spec),
-               _dq_by_tensor_reduction(spec)) if USE_TMA else ()  # fmt: skip
+               _dq_by_tensor_reduction(spec), _two_ctas_forward(spec, tma=True),
+               _two_ctas_dq(spec, tma=True)) if USE_TMA else ()  # fmt: skip
         if USE_HOST_DESCRIPTORS:
             tma += (*_forward_descriptors(spec), *_dq_descriptors(spec), *_dkdv_descriptors(spec))
         return (_three_stage_tiles(spec), *depth, _dq_atomic_backward(spec), *overlap, *tma, *ws)

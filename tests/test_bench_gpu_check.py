@@ -200,13 +200,13 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
         "m64 k32 n16 G4", "64 tok random 50%", "64 tok 16 documents",
     }  # fmt: skip
     # --dry-run adds the A/B anchors: on grouped matmul gmm with TMA, its launches
-    # persistent (by pointers and by TMA), both with the launch's descriptors (the persistent
-    # one forward and fwd+bwd), the weight gradient's tgmm persistent (fwd+bwd
+    # persistent (by pointers and by TMA), both with the launch's descriptors (the
+    # persistent one forward and fwd+bwd), the weight gradient's tgmm persistent (fwd+bwd
     # only), warp-specialized at both candidate tiles, its groups being small at 64-row
-    # tiles, every launch at megablox's tiling (the default before Hopper's), and the
-    # weight gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the
-    # block-sparse documents two CTAs per SM, FlexAttention's forward and dK/dV tiles, the
-    # dQ tile and the forward and dK/dV with their softmax overlapped.
+    # tiles, every launch at megablox's tiling (the default before Hopper's), and the weight
+    # gradient's tgmm with TMA and warp-specialized (fwd+bwd only); on the block-sparse
+    # documents two CTAs per SM, FlexAttention's forward and dK/dV tiles, the dQ tile and
+    # the forward and dK/dV with their softmax overlapped.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "jax ragged_dot", "dense matmul (roofline)", "ours triton tma",
         "ours triton 64x64x256 4 warps", "ours triton tiling 128x128x128",
@@ -249,18 +249,21 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # --dry-run adds the A/B anchors: on the first two rows three pipeline stages and
     # dK/dV at Flex's config (the forward at 128x128 three stages deep also on the row
     # without a right bound), dQ by atomics (and by bulk tensor reductions), the dK/dV
-    # tile before TMA, the backward, the forward and dQ of two CTAs per SM, and the forward
-    # and dK/dV with their softmax overlapped, on the many documents the persistent
-    # forward at its former tile (128x64) and of two CTAs per SM, on the first two the
-    # warp-specialized forward and dK/dV (the forward also without a bound) and each
-    # kernel with TMA by the programs' descriptors and by the launch's; on the wide-head
-    # row the forward and dQ at their former d=256 tiles and dK/dV by mma.sync.
+    # tile before TMA, the backward, the forward and dQ of two CTAs per SM (by pointers and
+    # by descriptors), and the forward and dK/dV with their softmax overlapped, on the
+    # many documents the persistent forward at its former tile (128x64) and of two CTAs
+    # per SM, on the first two the warp-specialized forward and dK/dV (the forward also
+    # without a bound) and each kernel with TMA by the programs' descriptors and by the
+    # launch's; on the wide-head row the forward and dQ at their former d=256 tiles and
+    # dK/dV by mma.sync.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
         "ours triton varlen forward 128x128 3 stages",
         "ours triton varlen forward 64x128 4 warps 1 stage",
         "ours triton varlen dq 64x128 4 warps 1 stage",
+        "ours triton varlen forward 64x128 4 warps 1 stage tma",
+        "ours triton varlen dq 64x128 4 warps 1 stage tma",
         "ours triton varlen forward 128x64 3 stages",
         "ours triton varlen dq by atomics", "ours triton varlen dq by tma reduction",
         "ours triton varlen forward warp-specialized",
