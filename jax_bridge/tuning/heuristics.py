@@ -305,7 +305,8 @@ def attention_candidates(
 
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
     too (`_hopper_options`): on sm_90-119 the forward and dQ at one stage, two CTAs an
-    SM (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128, not persistent), the forward's and
+    SM (`ONE_STAGE_TWO_CTA_TILE`, head dims up to 128, not persistent; by pointers, and
+    with `descriptors` at a power-of-two head_dim by descriptors too), the forward's and
     dK/dV's `overlap_softmax` at their tiles (`OVERLAPPED_FORWARD_TILE`,
     `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a head_dim that is a power of
     two, the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
@@ -383,7 +384,8 @@ def _hopper_options(
     """The configs of the options the kernels leave off by default, where they apply:
     sm_90 and up (wgmma), 16-bit inputs (float32 runs on CUDA cores, with its own small
     tiles); on the wgmma GPUs (sm_90-119) the forward and dQ at one warpgroup a CTA and
-    one stage, two CTAs an SM, by pointers, up to head_dim 128, a program a tile
+    one stage, two CTAs an SM, by pointers (and by descriptors where `tma_here`), up to
+    head_dim 128, a program a tile
     (`ONE_STAGE_TWO_CTA_TILE`: the grid's stages, sized by one CTA's shared memory, never
     take one; on mma.sync GPUs one stage keeps no copy in flight and two CTAs do not fit
     99 KiB; a persistent walk's dQ at that tile spills in its loop on sm_90 under Triton
@@ -398,6 +400,8 @@ def _hopper_options(
     wgmma = not multiplies_by_mma_sync(compute_capability, ONE_STAGE_TWO_CTA_TILE[0])
     if kind != "backward_dkdv" and block_d(head_dim) <= 128 and wgmma and not persistent:
         one_stage = [AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)]
+        if tma_here:  # a bulk copy a tile for the pointers' 32 loads and 32 stores a thread
+            one_stage.append(AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE, tma=True))
     if kind == "backward_dq":  # it refuses overlap_softmax and warp_specialize
         return two_ctas + one_stage
     overlapped, specialized = {

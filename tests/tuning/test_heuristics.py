@@ -315,8 +315,9 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     """With descriptors on sm_90 (bf16, d=128) dK/dV's 128-key tiles of 32 and 64 queries
     are searched by pointers and through descriptors, its default (64x128 with TMA)
     first; the forward and dQ only by pointers (slower with TMA on an H100), but for the
-    warp-specialized forward and the backward's kernels at one warpgroup a CTA
-    (`TWO_CTA_BACKWARD_TILE`), which need descriptors. Without descriptors: by pointers
+    warp-specialized forward, the backward's kernels at one warpgroup a CTA
+    (`TWO_CTA_BACKWARD_TILE`), which need descriptors, and the forward and dQ at one
+    stage, two CTAs an SM (`ONE_STAGE_TWO_CTA_TILE`). Without descriptors: by pointers
     only."""
     candidates = attention_candidates(
         kind, head_dim=128, dtype="bfloat16", compute_capability=90,
@@ -331,7 +332,9 @@ def test_attention_candidates_search_tma_for_hopper_dkdv(kind):
     assert len(specialized) == (kind != "backward_dq") and all(c.tma for c in specialized)
     two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
     assert (two_ctas in configs) is (kind != "forward")
-    configs = [c for c in configs if not c.warp_specialize and c != two_ctas]
+    one_stage_tma = AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE, tma=True)
+    assert (one_stage_tma in configs) is (kind != "backward_dkdv")
+    configs = [c for c in configs if not c.warp_specialize and c not in (two_ctas, one_stage_tma)]
     with_tma = {(c.block_m, c.block_n, c.num_stages) for c in configs if c.tma}
     by_pointers = {(c.block_m, c.block_n, c.num_stages) for c in configs if not c.tma}
     if kind == "backward_dkdv":
@@ -422,8 +425,8 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
     `WARP_SPECIALIZED_DKDV_TILE`, tma) and dK/dV and dQ at one warpgroup a CTA
     (`TWO_CTA_BACKWARD_TILE`, tma); dQ takes neither `overlap_softmax` nor
     `warp_specialize`. The forward and dQ at one stage, two CTAs an SM
-    (`ONE_STAGE_TWO_CTA_TILE`, by pointers), at every head dim up to 128. They come after
-    the default and the grid."""
+    (`ONE_STAGE_TWO_CTA_TILE`), at every head dim up to 128 by pointers, and by
+    descriptors where those launch. They come after the default and the grid."""
     expected = {
         "forward": [AttentionKernelConfig(*OVERLAPPED_FORWARD_TILE, overlap_softmax=True)],
         "backward_dkdv": [AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True)],
@@ -436,6 +439,7 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
     }  # fmt: skip
     two_ctas = AttentionKernelConfig(*TWO_CTA_BACKWARD_TILE, tma=True)
     one_stage = AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE)
+    one_stage_tma = one_stage.replace(tma=True)
     for kind in KINDS:
         for head_dim, descriptors in ((128, True), (128, False), (80, True), (64, True)):
             args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
@@ -452,14 +456,17 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
             assert (two_ctas in configs) is backward, (kind, head_dim, descriptors)
             # by pointers, two CTAs an SM at one stage: the forward and dQ
             assert (one_stage in configs) is (kind != "backward_dkdv"), (kind, head_dim)
+            by_descriptors = kind != "backward_dkdv" and descriptors and powers_of_two
+            assert (one_stage_tma in configs) is by_descriptors, (kind, head_dim, descriptors)
             assert configs[0] == default and configs[len(configs) - len(found) :] == found
             assert len(candidates) == len(set(candidates))
     for kind in ("forward", "backward_dq"):  # past d=128 two CTAs of it do not fit
-        default = default_attention_config(256, dtype, capability, kind)
+        default = default_attention_config(256, dtype, capability, kind, descriptors=True)
         candidates = attention_candidates(
-            kind, head_dim=256, dtype=dtype, compute_capability=capability
+            kind, head_dim=256, dtype=dtype, compute_capability=capability, descriptors=True
         )
-        assert one_stage not in [attention_kernel_config(kind, c, default) for c in candidates]
+        configs = [attention_kernel_config(kind, c, default) for c in candidates]
+        assert one_stage not in configs and one_stage_tma not in configs
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward_dq"])

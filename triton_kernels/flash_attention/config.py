@@ -255,12 +255,16 @@ TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 # (nor the block-sparse forward under either). Static report, sm_90, bf16, d=128,
 # causal, Triton 3.6 / 3.9: forward 467 / 614 (the default, 128x128 at 8 warps and two
 # stages: 495 / 527; 64x64 at two stages: 669 under 3.6; 3.9's extra instructions are
-# the loads' address arithmetic, 106 IMAD an iteration against 11), dQ 291 / 305 (the
-# default, 128x64: 359 / 422), the block-sparse forward 539 / 564 (its default 504 /
-# 526); no spill in the loops (outside them dQ 48 / 4 B, 28 / 0 B without a right bound;
-# the forward without one 8 / 0 B). A persistent walk (many documents): forward 471
-# against 492 under 3.6; under 3.9 its dQ spills in the loop, so the tuning grid leaves
-# persistent launches out. Each reads K and V twice as often as the default.
+# the loads' address arithmetic, 106 IMAD an iteration against 11: its PTX carries each
+# row's pointer as a 64-bit induction variable of its own, where 3.6's keeps one base
+# and ptxas folds the rows into immediate offsets), dQ 291 / 305 (the default, 128x64:
+# 359 / 422), the block-sparse forward 539 / 564 (its default 504 / 526); no spill in
+# the loops (outside them dQ 48 / 4 B, 28 / 0 B without a right bound; the forward
+# without one 8 / 0 B). By descriptors (`tma`: a bulk copy a tile for a thread's 32
+# loads and 32 stores; the --tma A/B rows, the grid where descriptors launch): forward
+# 458 / 487, dQ 279 / 297, no spill in the loops. A persistent walk (many documents):
+# forward 471 against 492 under 3.6; under 3.9 its dQ spills in the loop, so the tuning
+# grid leaves persistent launches out. Each reads K and V twice as often as the default.
 ONE_STAGE_TWO_CTA_TILE = (64, 128, 4, 1)
 
 
