@@ -74,6 +74,13 @@ def is_traced(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def host_value(x: Any) -> np.ndarray | None:
+    """``x`` on the host where it is concrete, None where it is traced. Static sizes and
+    immediate checks read it: under an outer ``jax.jit`` the ``jnp.asarray`` a check
+    returns is a tracer, even of a NumPy constant the jitted function closes over."""
+    return None if is_traced(x) else np.asarray(x)
+
+
 def require(predicate: Any, message: str) -> None:
     """Assert a scalar boolean ``predicate``: raise now if concrete, else checkify-check.
 
@@ -259,11 +266,11 @@ def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> jax.Array:
     return jnp.asarray(cu)
 
 
-def check_token_capacity(cu_seqlens: jax.Array, total_tokens: int, name: str) -> None:
-    """Require that the sequences in ``cu_seqlens`` fit in ``total_tokens`` packed slots."""
-    last = cu_seqlens[-1] if is_traced(cu_seqlens) else np.asarray(cu_seqlens)[-1]
+def check_token_capacity(real_tokens: Any, total_tokens: int, name: str) -> None:
+    """Require that ``real_tokens`` (``cu_seqlens[-1]``: an int, or a traced scalar) fit
+    in ``total_tokens`` packed slots."""
     require(
-        last <= total_tokens,
+        real_tokens <= total_tokens,
         f"{name}={total_tokens} is smaller than cu_seqlens[-1], the number of real tokens.",
     )
 

@@ -34,7 +34,7 @@ from jax_bridge.core.validation import (
     check_mask,
     check_static_int,
     check_token_capacity,
-    is_traced,
+    host_value,
     naming_op,
     require,
 )
@@ -43,17 +43,26 @@ FILL_INDEX = -1
 """Value of every index slot past the real tokens or chunks."""
 
 
-def _resolve_total_tokens(cu_seqlens: jax.Array, total_tokens: int | None, caller: str) -> int:
-    """The static packed-axis length: given, or read from concrete ``cu_seqlens[-1]``."""
+def _checked(cu_seqlens: Any) -> tuple[jax.Array, np.ndarray | None]:
+    """`check_cu_seqlens`'s array, and the input on the host where it is concrete
+    (`host_value`: None where traced), which static sizes are read off."""
+    return check_cu_seqlens(cu_seqlens), host_value(cu_seqlens)
+
+
+def _resolve_total_tokens(
+    cu_seqlens: jax.Array, host: np.ndarray | None, total_tokens: int | None, caller: str
+) -> int:
+    """The static packed-axis length: given, or read from the concrete ``cu_seqlens[-1]``
+    (`host`, `_checked`'s)."""
     if total_tokens is None:
-        if is_traced(cu_seqlens):
+        if host is None:
             raise ValueError(
                 f"{caller}: total_tokens must be given as a static int when cu_seqlens is "
                 "traced (e.g. under jax.jit); pass the packed axis length, e.g. x.shape[0]."
             )
-        return int(np.asarray(cu_seqlens)[-1])
+        return int(host[-1])
     total_tokens = check_static_int(total_tokens, "total_tokens")
-    check_token_capacity(cu_seqlens, total_tokens, "total_tokens")
+    check_token_capacity((cu_seqlens if host is None else host)[-1], total_tokens, "total_tokens")
     return total_tokens
 
 
@@ -161,8 +170,8 @@ def prepare_sequence_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
       starting at or before ``t``) for real tokens ``t``,
       -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens = check_cu_seqlens(cu_seqlens)
-    total_tokens = _resolve_total_tokens(cu_seqlens, total_tokens, "prepare_sequence_ids")
+    cu_seqlens, host = _checked(cu_seqlens)
+    total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_sequence_ids")
     return token_indices(cu_seqlens, total_tokens, column=0)
 
 
@@ -178,8 +187,8 @@ def prepare_position_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
       ``[T]``: ``t - cu_seqlens[seq(t)]`` (0 at every sequence start) for real tokens,
       -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens = check_cu_seqlens(cu_seqlens)
-    total_tokens = _resolve_total_tokens(cu_seqlens, total_tokens, "prepare_position_ids")
+    cu_seqlens, host = _checked(cu_seqlens)
+    total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_position_ids")
     return token_indices(cu_seqlens, total_tokens, column=1)
 
 
@@ -195,8 +204,8 @@ def prepare_token_indices(cu_seqlens: Any, total_tokens: int | None = None) -> j
       ``[T, 2]``; column 0 is :func:`prepare_sequence_ids`, column 1
       :func:`prepare_position_ids`; both are -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens = check_cu_seqlens(cu_seqlens)
-    total_tokens = _resolve_total_tokens(cu_seqlens, total_tokens, "prepare_token_indices")
+    cu_seqlens, host = _checked(cu_seqlens)
+    total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_token_indices")
     return token_indices(cu_seqlens, total_tokens)
 
 
@@ -267,26 +276,29 @@ def prepare_chunk_indices(
     Returns:
       ``[N, 2]``; rows past the real chunks are ``(-1, -1)``.
     """
-    cu_seqlens = check_cu_seqlens(cu_seqlens)
+    cu_seqlens, host = _checked(cu_seqlens)
     chunk_size = check_chunk_size(chunk_size)
     offsets = _chunk_offsets(cu_seqlens, chunk_size)
+    # Tokens and chunks, counted on the host where cu_seqlens is concrete (`_checked`).
+    real = cu_seqlens[-1] if host is None else host[-1]
+    chunks = offsets[-1] if host is None else int(np.sum(-(-np.diff(host) // chunk_size)))
     batch = cu_seqlens.shape[0] - 1
     if num_chunks is None:
         if total_tokens is not None:
             total_tokens = check_static_int(total_tokens, "total_tokens")
-            check_token_capacity(cu_seqlens, total_tokens, "total_tokens")
+            check_token_capacity(real, total_tokens, "total_tokens")
             num_chunks = chunk_bound(total_tokens, chunk_size, batch)
-        elif is_traced(cu_seqlens):
+        elif host is None:
             raise ValueError(
                 "prepare_chunk_indices: num_chunks or total_tokens must be given as a static "
                 "int when cu_seqlens is traced (e.g. under jax.jit)."
             )
         else:
-            num_chunks = int(np.asarray(offsets)[-1])
+            num_chunks = chunks
     else:
         num_chunks = check_static_int(num_chunks, "num_chunks")
         require(
-            offsets[-1] <= num_chunks,
+            chunks <= num_chunks,
             f"num_chunks={num_chunks} is smaller than the number of chunks in cu_seqlens.",
         )
     return _chunk_indices(offsets, num_chunks)

@@ -21,6 +21,7 @@ from jax_bridge.core.validation import (
     check_mask,
     check_static_int,
     check_token_capacity,
+    host_value,
     is_traced,
     naming_op,
     require_all,
@@ -129,14 +130,15 @@ def pack(
         raise ValueError(
             f"lengths_or_mask must be lengths [batch] or a mask [batch, seq], got rank {ndim}."
         )
+    # The real tokens, counted on the host where the input is concrete: under an outer
+    # jax.jit cu_seqlens is traced even then.
+    host = host_value(lengths_or_mask)
+    real = None if host is None else int(np.sum(host) if ndim == 1 else np.count_nonzero(host))
     if total_tokens is None:
-        if is_traced(lengths_or_mask):
-            total_tokens = batch * seq
-        else:
-            total_tokens = int(np.asarray(cu_seqlens)[-1])
+        total_tokens = batch * seq if real is None else real
     else:
         total_tokens = check_static_int(total_tokens, "total_tokens")
-        check_token_capacity(cu_seqlens, total_tokens, "total_tokens")
+        check_token_capacity(cu_seqlens[-1] if real is None else real, total_tokens, "total_tokens")
     if ndim == 1:
         packed = _pack_by_lengths(x, cu_seqlens, fill_value, total_tokens)
     else:
@@ -170,6 +172,7 @@ def unpack(
     packed = jnp.asarray(packed)
     if packed.ndim < 1:
         raise ValueError("packed must have shape [T, ...], got a scalar.")
+    host = host_value(cu_seqlens)  # checked at once where concrete, even under jax.jit
     cu_seqlens = check_cu_seqlens(cu_seqlens)
     batch = check_static_int(batch, "batch")
     max_len = check_static_int(max_len, "max_len")
@@ -178,9 +181,10 @@ def unpack(
             f"batch={batch} does not match cu_seqlens of shape {tuple(cu_seqlens.shape)} "
             "(expected batch + 1 entries)."
         )
-    check_token_capacity(cu_seqlens, packed.shape[0], "packed.shape[0]")
+    cu = cu_seqlens if host is None else host
+    check_token_capacity(cu[-1], packed.shape[0], "packed.shape[0]")
     require_all(
-        cu_seqlens[1:] - cu_seqlens[:-1] <= max_len,
+        cu[1:] - cu[:-1] <= max_len,
         f"max_len={max_len} is shorter than the longest sequence in cu_seqlens.",
     )
     return _unpack(packed, cu_seqlens, fill_value, max_len)

@@ -230,6 +230,29 @@ def test_jit_matches_eager_and_reference(lengths):
     )
 
 
+@pytest.mark.parametrize("lengths", JIT_CASES)
+def test_concrete_cu_seqlens_inside_jit_give_the_exact_sizes(lengths):
+    """A cu_seqlens the jitted function closes over is concrete: the sizes default to the
+    exact counts as eagerly, and sizes too small for it raise at once, naming the op."""
+    cu = cu_from_lengths(lengths)
+    total, chunks = int(cu[-1]), sum(-(-n // 4) for n in lengths)
+    tokens = ref_token_indices(lengths, total)
+    for fn, want in ((prepare_sequence_ids, tokens[:, 0]), (prepare_position_ids, tokens[:, 1]),
+                     (prepare_token_indices, tokens)):  # fmt: skip
+        np.testing.assert_array_equal(jax.jit(lambda fn=fn: fn(cu))(), want)
+        if total:
+            with pytest.raises(ValueError, match=f"{fn.__name__}: total_tokens={total - 1}"):
+                jax.jit(lambda fn=fn: fn(cu, total - 1))()
+    got = jax.jit(lambda: prepare_chunk_indices(cu, 4))()
+    np.testing.assert_array_equal(got, ref_chunk_indices(lengths, 4, chunks))
+    if chunks:
+        with pytest.raises(ValueError, match=f"num_chunks={chunks - 1} is smaller"):
+            jax.jit(lambda: prepare_chunk_indices(cu, 4, chunks - 1))()
+    if total:
+        with pytest.raises(ValueError, match=f"prepare_chunk_indices: total_tokens={total - 1}"):
+            jax.jit(lambda: prepare_chunk_indices(cu, 4, total_tokens=total - 1))()
+
+
 def test_mask_helpers_jit_match_eager():
     mask = np.random.default_rng(0).random((5, 11)) < 0.6
     mask[2] = False

@@ -142,6 +142,36 @@ def test_eager_exact_size_and_jit_agree_with_loop(lengths, seq, feature_shape):
     np.testing.assert_array_equal(padded, ref_unpack(want, want_cu, seq, FILL))
 
 
+@pytest.mark.parametrize("transform", [jax.jit, jax.checkpoint], ids=["jit", "checkpoint"])
+@pytest.mark.parametrize(("lengths", "seq", "feature_shape"), EAGER_CASES)
+def test_concrete_lengths_or_mask_inside_a_transform_give_the_exact_size(
+    transform, lengths, seq, feature_shape
+):
+    """Lengths or a mask the transformed function closes over are concrete: the packed
+    axis is the exact count there too (not batch * seq), as eagerly; unpack and pack
+    with too small sizes raise at once, naming the op."""
+    batch = len(lengths)
+    x = random_x(len(lengths) * 17 + seq, feature_shape, batch, seq)
+    mask = mask_from_lengths(lengths, seq)
+    want, want_cu = ref_pack(x, mask, sum(lengths), 0)
+    for lengths_or_mask in (np.asarray(lengths, np.int32), mask):
+        packed, cu = transform(lambda x, given=lengths_or_mask: pack(x, given))(x)
+        np.testing.assert_array_equal(packed, want)
+        np.testing.assert_array_equal(cu, want_cu)
+        if sum(lengths):
+            with pytest.raises(ValueError, match=f"pack: total_tokens={sum(lengths) - 1}"):
+                jax.jit(
+                    lambda x, given=lengths_or_mask: pack(x, given, total_tokens=sum(lengths) - 1)
+                )(x)
+    unpacked = transform(lambda p: unpack(p, want_cu, batch, seq, fill_value=FILL))(want)
+    np.testing.assert_array_equal(unpacked, ref_unpack(want, want_cu, seq, FILL))
+    if max(lengths) > 0:
+        with pytest.raises(ValueError, match=f"unpack: max_len={max(lengths) - 1}"):
+            jax.jit(lambda p: unpack(p, want_cu, batch, max(lengths) - 1))(want)
+        with pytest.raises(ValueError, match=r"unpack: packed.shape\[0\]"):
+            jax.jit(lambda p: unpack(p[:-1], want_cu, batch, seq))(want)
+
+
 def test_left_padded_mask_packs_the_trailing_tokens():
     lengths = np.array([2, 0, 5, 1])
     seq = 5
