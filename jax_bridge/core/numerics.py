@@ -12,7 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import check_chunk_size, check_static_int, naming_op
+from jax_bridge.core.validation import (
+    check_chunk_size,
+    check_static_int,
+    host_value,
+    naming_op,
+    require_all,
+)
 
 
 def cdiv(a: Any, b: Any) -> Any:
@@ -31,6 +37,9 @@ def cdiv(a: Any, b: Any) -> Any:
     for name, arr in (("a", a_arr), ("b", b_arr)):
         if not jnp.issubdtype(arr.dtype, jnp.integer):
             raise TypeError(f"cdiv: {name} must be an integer or integer array, got {arr.dtype}.")
+    # Checked at once where b is concrete (even under jax.jit), a checkify check if traced.
+    host_b = host_value(b)
+    require_all(b_arr != 0 if host_b is None else host_b != 0, "cdiv: divisor b must be non-zero.")
     # floor + 1 when inexact; unlike -(-a // b) this is also right for unsigned dtypes.
     quotient, remainder = jnp.divmod(a_arr, b_arr)
     return quotient + (remainder != 0).astype(quotient.dtype)
@@ -77,6 +86,7 @@ def _log_sum_exp_jvp(axes, keepdims, primals, tangents):
     return out, out_dot
 
 
+@naming_op("log_sum_exp")
 def log_sum_exp(
     x: jax.Array, axis: int | Sequence[int] | None = -1, *, keepdims: bool = False
 ) -> jax.Array:
@@ -95,7 +105,7 @@ def log_sum_exp(
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"log_sum_exp: x must have a floating dtype, got {x.dtype}.")
+        raise TypeError(f"x must have a floating dtype, got {x.dtype}.")
     axes = _normalize_axes(axis, x.ndim, "axis")
     compute_dtype = jnp.promote_types(x.dtype, jnp.float32)
     return _log_sum_exp(x.astype(compute_dtype), axes, bool(keepdims)).astype(x.dtype)

@@ -36,7 +36,7 @@ import numpy as np
 from jax_bridge.core.autodiff import refuse_forward_mode
 from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
-from jax_bridge.core.validation import check_bool, naming_op
+from jax_bridge.core.validation import check_bool, check_static_int, naming_op
 from jax_bridge.core.vma import cotangent_like
 from jax_bridge.grouped_matmul import checks, triton, xla
 from jax_bridge.grouped_matmul.options import MatmulOptions
@@ -243,8 +243,7 @@ def transposed_grouped_matmul(
                     "group_sizes must hold at least one group (num_groups defaults to its "
                     "length), got shape (0,)."
                 )
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-            raise ValueError(f"num_groups must be a positive Python int, got {num_groups!r}.")
+        num_groups = check_static_int(num_groups, "num_groups", minimum=1)
         out_dtype = checks.check_preferred_element_type(preferred_element_type, lhs.dtype)
         checks.check_existing_out(existing_out, shape=(num_groups, k, n), dtype=out_dtype)
         group_sizes, group_offset = checks.check_groups(

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_bridge.core.validation import check_static_int, naming_op
+from jax_bridge.core.validation import check_bool, check_static_int, naming_op
 
 __all__ = [
     "inverse_load_balanced_positions",
@@ -100,7 +100,7 @@ def reorder_sequence(
         raise ValueError(f"seq_dim={seq_dim} is out of range for x with shape {x.shape}")
     seq_dim %= x.ndim
     _check_sizes(x.shape[seq_dim], cp_size, seq_len_name=f"x.shape[{seq_dim}]")
-    if to_contiguous:
+    if check_bool("reorder_sequence", to_contiguous, "to_contiguous"):
         source_index = inverse_load_balanced_positions(x.shape[seq_dim], cp_size)
     else:
         source_index = load_balanced_positions(x.shape[seq_dim], cp_size)

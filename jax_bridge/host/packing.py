@@ -84,6 +84,11 @@ def _unpack(packed: jax.Array, cu_seqlens: jax.Array, fill_value: Any, max_len: 
     return out.reshape((batch, max_len, *packed.shape[1:]))
 
 
+def _check_fill_value(fill_value: Any) -> None:
+    if jnp.ndim(fill_value) != 0:
+        raise ValueError(f"fill_value must be a scalar, got shape {tuple(jnp.shape(fill_value))}.")
+
+
 @naming_op("pack")
 def pack(
     x: jax.Array,
@@ -111,6 +116,7 @@ def pack(
       Differentiable w.r.t. ``x``.
     """
     x = jnp.asarray(x)
+    _check_fill_value(fill_value)
     if x.ndim < 2:
         raise ValueError(f"x must have shape [batch, seq, ...], got shape {tuple(x.shape)}.")
     batch, seq = x.shape[:2]
@@ -170,6 +176,7 @@ def unpack(
       batch, S)`` equals ``x`` on the real tokens. Differentiable w.r.t. ``packed``.
     """
     packed = jnp.asarray(packed)
+    _check_fill_value(fill_value)
     if packed.ndim < 1:
         raise ValueError("packed must have shape [T, ...], got a scalar.")
     host = host_value(cu_seqlens)  # checked at once where concrete, even under jax.jit

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from jax_bridge.core.autodiff import refuse_forward_mode
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import check_array, check_static_int, naming_op
@@ -96,6 +97,11 @@ def _check_router_inputs(x: Any, router: Any) -> None:
         )
 
 
+# What `refuse_forward_mode` offers instead: the experts' products are `grouped_matmul`s,
+# whose derivatives are defined for reverse mode.
+_REVERSE_MODE = "Reverse mode works: jax.grad, jax.vjp, jax.jacrev."
+
+
 def _check_block(op: str, x: Any, params: Any, top_k: Any) -> int:
     """Shapes and dtypes of one block call (global arrays); returns top_k."""
     if not isinstance(params, MoEParams):
@@ -137,6 +143,7 @@ def _check_block(op: str, x: Any, params: Any, top_k: Any) -> int:
         top_k = check_static_int(top_k, "top_k", minimum=1)
         if top_k > experts:
             raise ValueError(f"top_k must lie in [1, {experts}], got {top_k}.")
+    refuse_forward_mode(op, x, params.router, params.w_up, params.w_down, works=_REVERSE_MODE)
     return top_k
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.experimental import checkify
 
 from jax_bridge.core.numerics import (
     cdiv,
@@ -53,6 +54,14 @@ def test_cdiv_unsigned_and_errors():
         cdiv(2.5, 2)
     with pytest.raises(TypeError, match="b must be an integer"):
         cdiv(jnp.arange(3), jnp.ones(3))
+    # a zero among an array's divisors, concrete (even under jit) or traced (checkify)
+    with pytest.raises(ValueError, match="divisor b"):
+        cdiv(jnp.arange(3), jnp.array([2, 0, 1]))
+    with pytest.raises(ValueError, match="divisor b"):
+        jax.jit(lambda a: cdiv(a, np.array([2, 0, 1])))(jnp.arange(3))
+    err, _ = jax.jit(checkify.checkify(cdiv))(jnp.arange(3), jnp.array([2, 0, 1]))
+    with pytest.raises(checkify.JaxRuntimeError, match="divisor b"):
+        err.throw()
 
 
 # ---------------------------------------------------------------- log_sum_exp
@@ -131,6 +140,8 @@ def test_log_sum_exp_bad_input():
         log_sum_exp(np.arange(4))
     with pytest.raises(ValueError, match="axis=2 is out of range"):
         log_sum_exp(np.ones((2, 2), np.float32), axis=2)
+    with pytest.raises(ValueError, match=r"^log_sum_exp: axis has repeated axes"):
+        log_sum_exp(np.ones((2, 2), np.float32), axis=(0, 0))
 
 
 # ---------------------------------------------------------------- safe_divide

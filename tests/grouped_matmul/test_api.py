@@ -288,6 +288,8 @@ def test_gmm_rejects_bad_arguments(overrides, error, match):
 TGMM_ERRORS = {
     "m_mismatch": (dict(rhs=jnp.zeros((30, 8))), ValueError, "rhs"),
     "offset_without_num_groups": (dict(group_offset=1), ValueError, "num_groups"),
+    "num_groups_float": (dict(group_offset=0, num_groups=2.0), TypeError, "num_groups must be"),
+    "num_groups_zero": (dict(group_offset=0, num_groups=0), ValueError, "num_groups must be >= 1"),
     "num_groups_too_many": (
         dict(group_offset=0, num_groups=4),
         ValueError,

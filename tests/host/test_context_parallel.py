@@ -131,6 +131,11 @@ reorder_8x2 = functools.partial(reorder_sequence, np.zeros((8, 2)), 2)
         ),
         (functools.partial(reorder_sequence, np.zeros(()), 1, seq_dim=0), ValueError, "seq_dim"),
         (functools.partial(reorder_sequence, np.zeros((8,)), 1, seq_dim=0.0), TypeError, "seq_dim"),
+        (
+            functools.partial(reorder_sequence, np.zeros((8,)), 1, 0, to_contiguous="no"),
+            TypeError,
+            "reorder_sequence: to_contiguous must be a bool",
+        ),
         (functools.partial(load_balanced_positions, 10, 3), ValueError, "seq_len"),
         (functools.partial(load_balanced_positions, -4, 1), ValueError, "seq_len"),
         (functools.partial(inverse_load_balanced_positions, 8, 0), ValueError, "cp_size"),

@@ -295,6 +295,8 @@ def test_bad_pack_inputs():
         pack(x, np.ones((3, 4, 1), bool))
     with pytest.raises(ValueError, match="total_tokens=2"):
         pack(x, np.array([1, 2, 0]), total_tokens=2)
+    with pytest.raises(ValueError, match=r"pack: fill_value must be a scalar, got shape \(2,\)"):
+        pack(x, np.array([1, 2, 0]), fill_value=np.zeros(2))
 
 
 def test_bad_unpack_inputs():

@@ -177,3 +177,21 @@ def test_bad_arguments_name_the_op_and_the_argument(case, error, match):
     }.get(case, params)
     with pytest.raises(error, match=match):
         moe_feed_forward(x, params, top_k=top_k)
+
+
+def test_forward_mode_is_refused_naming_the_op_and_reverse_mode_works():
+    """`jax.jvp` / `jax.jacfwd` of the block (its experts' products are custom_vjp
+    grouped matmuls) raise a NotImplementedError naming it, for a tangent on any
+    argument; `jax.jacrev` agrees with the float64 gradients' oracle."""
+    x, params = problem(2, tokens=4)
+
+    def block(x, params):
+        return moe_feed_forward(x, params, top_k=2)
+
+    with pytest.raises(NotImplementedError, match="moe_feed_forward: forward-mode autodiff"):
+        jax.jvp(block, (x, params), (x, params))
+    with pytest.raises(NotImplementedError, match=r"moe_feed_forward: .*jax\.jacrev"):
+        jax.jacfwd(lambda w: block(x, MoEParams(params.router, w, params.w_down)))(params.w_up)
+    cotangent = jnp.asarray(np.random.default_rng(21).standard_normal(x.shape), jnp.float32)
+    grads = jax.jacrev(lambda x, params: jnp.sum(block(x, params) * cotangent), (0, 1))(x, params)
+    assert_tree_close(grads, moe_grads_float64(x, params, 2, cotangent))

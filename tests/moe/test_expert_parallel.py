@@ -173,3 +173,12 @@ def test_bad_arguments_name_the_op_and_the_argument(change, error, match):
     kwargs = dict(mesh=_mesh(devices), axis_name="expert") | change
     with pytest.raises(error, match=f"expert_parallel_moe_feed_forward: .*{match}"):
         expert_parallel_moe_feed_forward(x, params, **kwargs)
+
+
+def test_forward_mode_is_refused_naming_the_op():
+    x, params = problem(3, tokens=8)
+    block = functools.partial(
+        expert_parallel_moe_feed_forward, mesh=_mesh(2), axis_name="expert", top_k=TOP_K
+    )
+    with pytest.raises(NotImplementedError, match="expert_parallel_moe_feed_forward: forward"):
+        jax.jvp(block, (x, params), (x, params))
