@@ -9,7 +9,7 @@ its in-kernel element rule; so do computable masks whose lengths are already mul
 of the blocks. A padded computable mask, `|` / `&` combinations, NumpyMask and
 PredicateMask have their distinct partial blocks materialised by the mask processing.
 
-q / k / v [B, L, H, D] become [H, L, D] per batch entry (`jax.vmap` over the batch; GQA
+q / k / v [B, L, H, D] become [H, L, D] per batch entry (`jax.lax.map` over the batch; GQA
 is the kernels' own: query head h reads kv head h // group). Compiled by Mosaic where
 the program is lowered for a TPU, in Pallas' interpret mode elsewhere (slow, for tests).
 float32 products run at the TPU's default dot precision (`precision` is not used).
@@ -67,6 +67,19 @@ def _heads_first(x: jax.Array, length: int) -> jax.Array:
     return x.transpose(0, 2, 1, 3)
 
 
+def _over_batch(fn, *xs: jax.Array):
+    """`fn` over the leading (batch) axis of `xs`, one example at a time (`jax.lax.map`).
+
+    Not `jax.vmap`: the kernels' scalar prefetch holds per-example data where blocks are
+    partial (their rows' non-finite flags), and Pallas batches such a call as a loop of
+    its own, whose carry a checked `shard_map` refuses (it is not typed as varying over
+    the mesh axes); without partial blocks vmap makes the batch a grid axis, which JAX
+    0.10's TPU interpreter (the one inside `shard_map` off a TPU) indexes wrongly. On a
+    TPU that case is now a loop of kernels where it was one kernel.
+    """
+    return jax.lax.map(lambda args: fn(*args), xs)
+
+
 def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
     """(out [B, Lq, Hq, Dv] in q's dtype, lse float32 [B, Hq, Lq]); alibi is always None
     (the op refuses ALiBi here: the splash kernels have none)."""
@@ -79,8 +92,11 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
         out, (lse,) = kernel(q, k, v, sinks=sinks)
         return out, lse
 
-    out, lse = jax.vmap(one)(
-        _heads_first(q, plan.q_len), _heads_first(k, plan.kv_len), _heads_first(v, plan.kv_len)
+    out, lse = _over_batch(
+        one,
+        _heads_first(q, plan.q_len),
+        _heads_first(k, plan.kv_len),
+        _heads_first(v, plan.kv_len),
     )
     return out[:, :, :q_len].transpose(0, 2, 1, 3), lse[:, :, :q_len]
 
@@ -106,7 +122,8 @@ def backward(
         dk, dv = splash_backward_dkv(*args, masks.dkv, masks.element, options=kernel_options)
         return dq, dk, dv
 
-    dq, dk, dv = jax.vmap(one)(
+    dq, dk, dv = _over_batch(
+        one,
         _heads_first(q, plan.q_len),
         _heads_first(k, plan.kv_len),
         _heads_first(v, plan.kv_len),
