@@ -174,11 +174,11 @@ def check_qkv_arrays(op: str, q: Any, k: Any, v: Any, *, q_doc: str, kv_doc: str
     v of k's shape, k's head_dim (last axis) q's, and the query heads (second-last axis)
     a multiple of the kv heads (GQA). Errors name `op` and the argument."""
     rank = len(q_doc.split(","))
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    for name, x, doc in (("q", q, q_doc), ("k", k, kv_doc), ("v", v, kv_doc)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__}.")
         if x.ndim != rank:
-            raise ValueError(f"{op}: {name} must have shape {q_doc}, got {tuple(x.shape)}.")
+            raise ValueError(f"{op}: {name} must have shape {doc}, got {tuple(x.shape)}.")
         if jnp.dtype(x.dtype) not in ATTENTION_DTYPES:
             raise TypeError(f"{op}: {name} must be float16, bfloat16 or float32, got {x.dtype}.")
     for name, x in (("k", k), ("v", v)):

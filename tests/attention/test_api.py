@@ -198,6 +198,7 @@ BAD_CALLS = {
     ),
     "kv_shape_mismatch": ({"v": jnp.zeros((4, 2, 32))}, ValueError, "v must have the shape of k"),
     "q_rank": ({"q": jnp.zeros((6, 128))}, ValueError, "q must have shape"),
+    "v_rank": ({"v": jnp.zeros((5, 64))}, ValueError, "v must have shape [total_k, num_kv"),
     "int_q": ({"q": jnp.zeros((6, 4, 32), jnp.int32)}, TypeError, "q must be float16"),
     "float64_v": ({"v": np.zeros((5, 2, 32), np.float64)}, TypeError, "v must be float16"),
     "mixed_dtypes": ({"k": jnp.zeros((5, 2, 32), jnp.bfloat16)}, TypeError, "k is bfloat16"),

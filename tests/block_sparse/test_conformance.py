@@ -686,6 +686,7 @@ def test_auto_runs_xla_on_a_cpu_and_the_native_kernels_elsewhere():
         (dict(v=jnp.zeros((1, 20, 1, 8), jnp.bfloat16)), TypeError, r"share one dtype"),
         (dict(q=jnp.zeros((1, 20, 2, 8), jnp.int32)), TypeError, r"q must be float16"),
         (dict(q=jnp.zeros((20, 2, 8))), ValueError, r"q must have shape \[batch, seq_len"),
+        (dict(k=jnp.zeros((20, 1, 8))), ValueError, r"k must have shape \[batch, kv_len, num_kv"),
         (
             dict(implementation="triton"),
             ValueError,
