@@ -50,6 +50,7 @@ from tests.launches import record_launches
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
     KINDS,
+    ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
     OVERLAPPED_FORWARD_TILE,
     TWO_CTA_BACKWARD_TILE,
@@ -415,8 +416,12 @@ LENGTHS = [(40, 29), (0, 3), (7, 7), (20, 33)]
             backward_dkdv=AttentionKernelConfig(32, 16, tma=True, host_descriptors=True),
             backward_dq=AttentionKernelConfig(32, 16, tma=True, host_descriptors=True),
         ),
+        AttentionConfigs(
+            forward=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE),
+            backward_dq=AttentionKernelConfig(*ONE_STAGE_TWO_CTA_TILE, tma=True),
+        ),
     ],
-    ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized", "tma-host"],
+    ids=["one_for_all", "per_kernel", "tma", "tma-warp-specialized", "tma-host", "one-stage"],
 )
 def test_config_overrides_give_the_same_numbers(config):
     """Other tilings (unequal, larger than a sequence) and tensor-descriptor loads (whose
@@ -426,7 +431,9 @@ def test_config_overrides_give_the_same_numbers(config):
     tile of the GQA group's heads, masked, with the stationary tile by descriptor and
     surplus programs that return nothing but run an empty loop; so do all three kernels
     through descriptors the launch encodes over the whole arrays they stream
-    (`host_descriptors`: K and V, dK/dV's Q and dO)."""
+    (`host_descriptors`: K and V, dK/dV's Q and dO); so do the tuning grid's and the A/B
+    rows' forward and dQ at one stage (`ONE_STAGE_TWO_CTA_TILE`, by pointers and by
+    descriptors)."""
     if isinstance(config, AttentionConfigs) and config.forward.host_descriptors:
         skip_unless_host_descriptors_launch()
     inputs = make_inputs(40, LENGTHS, 2, 1, 32)
