@@ -26,7 +26,8 @@ def cdiv(a: Any, b: Any) -> Any:
 
     Two Python/numpy ints give a Python int (so it can size static shapes); anything else
     goes through ``jnp`` and broadcasts like ``a // b``. Floats are a TypeError: rounding
-    would make the result depend on float precision.
+    would make the result depend on float precision. A zero divisor is a ValueError (a
+    ``checkify`` check where ``b`` is traced).
     """
     scalar_ints = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (a, b))
     if scalar_ints:

@@ -75,10 +75,14 @@ def is_traced(x: Any) -> bool:
 
 
 def host_value(x: Any) -> np.ndarray | None:
-    """``x`` on the host where it is concrete, None where it is traced. Static sizes and
-    immediate checks read it: under an outer ``jax.jit`` the ``jnp.asarray`` a check
-    returns is a tracer, even of a NumPy constant the jitted function closes over."""
-    return None if is_traced(x) else np.asarray(x)
+    """``x`` on the host where every part of it is concrete (an array, a scalar, a list),
+    else None: where any part is traced, or an array is not all on this host. Static
+    sizes and immediate checks read it: under an outer ``jax.jit`` the ``jnp.asarray`` a
+    check returns is a tracer, even of a NumPy constant the jitted function closes over."""
+    for leaf in jax.tree.leaves(x):
+        if is_traced(leaf) or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
+            return None
+    return np.asarray(x)
 
 
 def require(predicate: Any, message: str) -> None:

@@ -11,7 +11,7 @@ from jax.experimental import checkify
 
 import jax_bridge
 from jax_bridge import varlen_attention
-from jax_bridge.core.validation import as_int32, naming_op, require
+from jax_bridge.core.validation import as_int32, host_value, naming_op, require
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int16, np.int64])
@@ -123,3 +123,19 @@ def test_a_jitted_check_names_each_op_that_traces_it():
 
         error, _ = checkify.checkify(call)(jnp.asarray(-1))
         assert str(error.get()).startswith(f"{op}: x must be positive")
+
+
+def test_host_value_reads_concrete_inputs_even_under_jit_and_nothing_traced():
+    """A NumPy array, a Python list or scalar, or a device array: its values on the host,
+    inside a jitted function too (a closed-over constant); None where any part of it is
+    traced (an argument of the jitted function, or inside a list)."""
+    values = np.arange(3, dtype=np.int32)
+    on_device = jnp.asarray(values)
+
+    def inside(traced):
+        for x in (values, values.tolist(), 7, on_device):
+            np.testing.assert_array_equal(host_value(x), np.asarray(x))
+        assert host_value(traced) is None and host_value([1, traced]) is None
+        return traced
+
+    jax.jit(inside)(jnp.int32(2))
