@@ -22,7 +22,8 @@ from jax_bridge import (
     transposed_grouped_matmul,
     varlen_attention,
 )
-from pallas_tpu.splash import CausalMask, DocumentMask, FullMask
+from pallas_tpu.splash import CausalMask, DocumentMask, FullMask, make_splash_mha
+from pallas_tpu.splash.common import batches_in_grid
 from tests.devices import first_devices
 
 IMPLEMENTATIONS = ("xla", "triton")
@@ -138,15 +139,14 @@ def test_data_parallel_block_sparse_attention_forward_and_gradient(mesh, impleme
 def test_pallas_block_sparse_attention_with_several_examples_a_shard(mask):
     """Two batch entries a device: equal to the op on the whole batch, forward and
     gradient. The Pallas backend maps its kernels over the batch itself (xla's and
-    triton's take it in their grids); it had run them under jax.vmap, which a checked
-    shard_map refused: a causal mask's per-example scalar prefetch made vmap a loop
-    whose carry did not vary over the mesh axis, a full one a batch grid axis the TPU
-    interpreter indexed wrongly."""
-    implementation = "pallas"
+    triton's take it in their grids): under jax.vmap alone a checked shard_map had
+    refused it, a causal mask's per-example scalar prefetch making vmap a loop whose
+    carry did not vary over the mesh axis, a full one's batch grid axis indexed wrongly
+    by the TPU interpreter (`batches_in_grid`)."""
     rng = np.random.default_rng(11)
     q, k, v = (jnp.asarray(rng.standard_normal((4, 128, 2, 16)), jnp.float32) for _ in "qkv")
     block_mask = {"causal": CausalMask((128, 128)), "full": FullMask((128, 128))}[mask]
-    op = lambda q, k, v: block_sparse_attention(q, k, v, block_mask, implementation=implementation)
+    op = lambda q, k, v: block_sparse_attention(q, k, v, block_mask, implementation="pallas")
     two = Mesh(np.array(first_devices(2)), ("b",))
     sharded = jax.shard_map(op, mesh=two, in_specs=(P("b"),) * 3, out_specs=P("b"))
     np.testing.assert_allclose(jax.jit(sharded)(q, k, v), op(q, k, v), rtol=1e-5, atol=1e-5)
@@ -155,6 +155,20 @@ def test_pallas_block_sparse_attention_with_several_examples_a_shard(mask):
     grads = jax.jit(jax.grad(loss(sharded), (0, 1, 2)))(q, k, v)
     for name, got, want in zip("qkv", grads, jax.grad(loss(op), (0, 1, 2))(q, k, v), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_the_batch_is_a_grid_axis_only_without_partial_blocks_or_the_tpu_interpreter():
+    """`batches_in_grid`: a full mask's kernels take the batch as a grid axis (vmap),
+    a causal mask's load partial blocks (a loop), and inside a CPU mesh (the TPU
+    interpreter) neither does."""
+    full, causal = (make_splash_mha(m((256, 256))) for m in (FullMask, CausalMask))
+    of = lambda kernel: batches_in_grid((kernel.masks.fwd, kernel.masks.dkv), kernel.masks.element)
+    assert of(full) and not of(causal)
+    inside = []
+    probe = lambda x: inside.append(of(full)) or x
+    mesh = Mesh(np.array(first_devices(2)), ("b",))
+    jax.shard_map(probe, mesh=mesh, in_specs=P("b"), out_specs=P("b"))(jnp.zeros(2))
+    assert inside == [False]
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

@@ -9,8 +9,9 @@ its in-kernel element rule; so do computable masks whose lengths are already mul
 of the blocks. A padded computable mask, `|` / `&` combinations, NumpyMask and
 PredicateMask have their distinct partial blocks materialised by the mask processing.
 
-q / k / v [B, L, H, D] become [H, L, D] per batch entry (`jax.lax.map` over the batch; GQA
-is the kernels' own: query head h reads kv head h // group). Compiled by Mosaic where
+q / k / v [B, L, H, D] become [H, L, D] per batch entry (GQA is the kernels' own: query
+head h reads kv head h // group). The batch is a grid axis of each kernel where no block
+is partial (`jax.vmap`), else a loop of kernels (`_over_batch`). Compiled by Mosaic where
 the program is lowered for a TPU, in Pallas' interpret mode elsewhere (slow, for tests).
 float32 products run at the TPU's default dot precision (`precision` is not used).
 """
@@ -26,6 +27,7 @@ from jax_bridge.block_sparse.common import row_delta
 from jax_bridge.block_sparse.masks import join_mask, pad_mask
 from jax_bridge.block_sparse.options import BlockSparseOptions
 from pallas_tpu.splash.backward import splash_backward_dkv, splash_backward_dq
+from pallas_tpu.splash.common import batches_in_grid
 from pallas_tpu.splash.config import BlockSizes
 from pallas_tpu.splash.kernel import SplashAttentionKernel, make_splash_mha
 from pallas_tpu.splash.masks import MultiHeadMask
@@ -67,16 +69,13 @@ def _heads_first(x: jax.Array, length: int) -> jax.Array:
     return x.transpose(0, 2, 1, 3)
 
 
-def _over_batch(fn, *xs: jax.Array):
-    """`fn` over the leading (batch) axis of `xs`, one example at a time (`jax.lax.map`).
-
-    Not `jax.vmap`: the kernels' scalar prefetch holds per-example data where blocks are
-    partial (their rows' non-finite flags), and Pallas batches such a call as a loop of
-    its own, whose carry a checked `shard_map` refuses (it is not typed as varying over
-    the mesh axes); without partial blocks vmap makes the batch a grid axis, which JAX
-    0.10's TPU interpreter (the one inside `shard_map` off a TPU) indexes wrongly. On a
-    TPU that case is now a loop of kernels where it was one kernel.
-    """
+def _over_batch(fn, in_grid: bool, *xs: jax.Array):
+    """`fn` over the leading (batch) axis of `xs`: by `jax.vmap` where that makes the
+    batch a grid axis of the kernels (`batches_in_grid`), else one example at a time by
+    `jax.lax.map`, the loop vmap would otherwise build, with its carry typed from `fn`'s
+    outputs (varying over a `shard_map`'s axes as they do)."""
+    if in_grid:
+        return jax.vmap(fn)(*xs)
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
@@ -94,6 +93,7 @@ def forward(q, k, v, sinks, alibi, mask_arrays, options: BlockSparseOptions):
 
     out, lse = _over_batch(
         one,
+        batches_in_grid((kernel.masks.fwd,), kernel.masks.element),
         _heads_first(q, plan.q_len),
         _heads_first(k, plan.kv_len),
         _heads_first(v, plan.kv_len),
@@ -124,6 +124,7 @@ def backward(
 
     dq, dk, dv = _over_batch(
         one,
+        batches_in_grid((masks.dq, masks.dkv), masks.element),
         _heads_first(q, plan.q_len),
         _heads_first(k, plan.kv_len),
         _heads_first(v, plan.kv_len),

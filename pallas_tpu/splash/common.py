@@ -478,7 +478,7 @@ def _refuse_the_interpreter_deadlock() -> None:
     """A ValueError, at trace time, where JAX's TPU interpreter would hang (above)."""
     if jax.__version_info__ >= FIRST_JAX_WITHOUT_THE_INTERPRETER_DEADLOCK:
         return
-    if _mesh_platform() != "cpu":
+    if mesh_platform() != "cpu":
         return
     mesh_size = jax.sharding.get_abstract_mesh().size
     cpu_devices = jax.device_count("cpu")
@@ -503,7 +503,20 @@ def _interpret_mode(interpret: bool, like: tuple[jax.Array, ...]):
     return interpret
 
 
-def _mesh_platform() -> str | None:
+def batches_in_grid(infos: tuple[MaskInfo, ...], element_mask: ElementMask | None) -> bool:
+    """Whether `jax.vmap` of the kernels over these MaskInfos makes the batch a grid axis
+    of each kernel: none has a block mask (with one, its scalar prefetch holds the
+    example's non-finite flags, `scalar_prefetch`, and Pallas batches the call as a loop
+    of kernels, whose carry a checked `shard_map` refuses), and they are not interpreted
+    inside a mesh off a TPU (JAX 0.10's TPU interpreter indexes a batched grid wrongly)."""
+    partial = any(
+        mask_operands(True, element_mask, info.partial_mask_blocks, None).has_block_mask
+        for info in infos
+    )
+    return not partial and mesh_platform() in (None, "tpu")
+
+
+def mesh_platform() -> str | None:
     """The platform of the mesh being traced for (inside `shard_map`, or under
     `jax.set_mesh`), read from its abstract mesh; None where no mesh is set."""
     device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
@@ -542,7 +555,7 @@ def pallas_call(kernel: Callable[..., None], *, interpret: bool | None, like, **
     def run(*operands):
         if interpret is not None:
             return call(interpret, *operands)
-        platform = _mesh_platform()
+        platform = mesh_platform()
         if platform is not None:
             return call(platform != "tpu", *operands)
         return lax.platform_dependent(
