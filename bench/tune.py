@@ -35,6 +35,8 @@ GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
 
 
 def _parser() -> argparse.ArgumentParser:
+    from jax_bridge.launch.report import SM_LIMITS
+
     parser = argparse.ArgumentParser(
         prog="python -m bench tune", description=__doc__.split("\n")[0] if __doc__ else None
     )
@@ -46,8 +48,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, metavar="PATH", help="the tuning cache file")
     parser.add_argument("--head-dim", type=int, default=128, help="attention head_dim")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    from jax_bridge.launch.report import SM_LIMITS
-
     parser.add_argument(
         "--arch",
         type=int,

@@ -43,7 +43,7 @@ def first_order_only(fn: Callable[..., Any], op: str) -> Callable[..., Any]:
     return functools.wraps(fn)(wrapped)
 
 
-def refuse_forward_mode(op: str, *args: Any, works: str) -> None:
+def refuse_forward_mode(op: str, *args: Any, works: str, why: str | None = None) -> None:
     """A NotImplementedError naming `op` when an argument carries a forward-mode tangent.
 
     The ops are `custom_vjp` functions, which JAX cannot push a tangent through; left
@@ -51,12 +51,13 @@ def refuse_forward_mode(op: str, *args: Any, works: str) -> None:
     forward-mode autodiff (jvp) to a custom_vjp function". Call this with the op's array
     arguments before the custom_vjp (and in its forward rule, which forward-over-reverse
     reaches with tangent-carrying residuals). `jax.grad` / `jax.vjp` pass different tracers
-    and are not affected. `works` says what the user can do instead. A jvp of an already
-    `jax.jit`-ed function never runs this Python and still gets JAX's message.
+    and are not affected. `works` says what the user can do instead, `why` why not (by
+    default: `op` is a custom_vjp). A jvp of an already `jax.jit`-ed function never runs
+    this Python and still gets JAX's message.
     """
     if any(isinstance(x, JVPTracer) for x in args):
+        why = why or f"{op} defines its derivative for reverse mode only (a custom_vjp)"
         raise NotImplementedError(
             f"{op}: forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian, which is "
-            f"jacfwd of jacrev) is not supported: {op} defines its derivative for reverse "
-            f"mode only (a custom_vjp). {works}"
+            f"jacfwd of jacrev) is not supported: {why}. {works}"
         )

@@ -215,8 +215,8 @@ def transposed_grouped_matmul(
       group_offset: int or int32 scalar (may be traced): compute groups
         `[group_offset, group_offset + num_groups)` only (a traced one out of range: as
         in `grouped_matmul`).
-      num_groups: groups in the result; defaults to `len(group_sizes)` and must be
-        given with `group_offset`.
+      num_groups: groups in the result, a static int >= 1 (TypeError / ValueError);
+        defaults to `len(group_sizes)` and must be given with `group_offset`.
       existing_out: [num_groups, k, n] of `preferred_element_type`: added to the result.
       interpret, precision, implementation, config: as in `grouped_matmul`. This op's
         lhs [k, m] is read by pointers: tgmm's descriptors need the token-major lhs of

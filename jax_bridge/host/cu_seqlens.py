@@ -9,9 +9,10 @@ Conventions shared by every function here:
 * Outputs have the integer dtype of ``jnp.asarray(cu_seqlens)``.
 * **Static sizes.** Outputs whose length depends on values take it as a static int:
   ``total_tokens`` (length of the packed token axis, ``>= cu_seqlens[-1]``) and
-  ``num_chunks``. Eager calls on concrete ``cu_seqlens`` may omit them and get the exact
-  size; traced calls (``jax.jit`` with ``cu_seqlens`` an argument) must pass them or get a
-  ValueError. Slots past the real tokens/chunks are filled with ``FILL_INDEX`` (-1).
+  ``num_chunks``. Calls on a concrete ``cu_seqlens`` (eager, or a constant a jitted
+  function closes over) may omit them and get the exact size; traced calls (``jax.jit``
+  with ``cu_seqlens`` an argument) must pass them or get a ValueError. Slots past the
+  real tokens/chunks are filled with ``FILL_INDEX`` (-1).
 * Everything is vectorised (scatter-adds, ``cumsum``, gathers), with no loop over sequences
   and no ``while`` in the compiled program: ``jnp.searchsorted``'s default method is a
   loop that, on a GPU, waits on the host every iteration; :func:`count_at_or_below`

@@ -85,6 +85,8 @@ def _unpack(packed: jax.Array, cu_seqlens: jax.Array, fill_value: Any, max_len: 
 
 
 def _check_fill_value(fill_value: Any) -> None:
+    """`fill_value` one scalar (Python, NumPy or a 0-d array, traced or not), as pack and
+    unpack document it: a ValueError naming its shape otherwise."""
     if jnp.ndim(fill_value) != 0:
         raise ValueError(f"fill_value must be a scalar, got shape {tuple(jnp.shape(fill_value))}.")
 

@@ -97,13 +97,14 @@ def _check_router_inputs(x: Any, router: Any) -> None:
         )
 
 
-# What `refuse_forward_mode` offers instead: the experts' products are `grouped_matmul`s,
-# whose derivatives are defined for reverse mode.
+# Why `refuse_forward_mode` refuses, and what it offers instead.
+_WHY_REVERSE_MODE = "its experts' products are grouped matmuls, custom_vjp functions"
 _REVERSE_MODE = "Reverse mode works: jax.grad, jax.vjp, jax.jacrev."
 
 
 def _check_block(op: str, x: Any, params: Any, top_k: Any) -> int:
-    """Shapes and dtypes of one block call (global arrays); returns top_k."""
+    """Shapes and dtypes of one block call (global arrays), and no forward-mode tangent
+    (a NotImplementedError naming `op`); returns top_k."""
     if not isinstance(params, MoEParams):
         raise TypeError(f"{op}: params must be MoEParams, got {type(params).__name__}.")
     weights = ((f"params.{f.name}", getattr(params, f.name)) for f in dataclasses.fields(params))
@@ -143,7 +144,10 @@ def _check_block(op: str, x: Any, params: Any, top_k: Any) -> int:
         top_k = check_static_int(top_k, "top_k", minimum=1)
         if top_k > experts:
             raise ValueError(f"top_k must lie in [1, {experts}], got {top_k}.")
-    refuse_forward_mode(op, x, params.router, params.w_up, params.w_down, works=_REVERSE_MODE)
+    refuse_forward_mode(
+        op, x, params.router, params.w_up, params.w_down, works=_REVERSE_MODE,
+        why=_WHY_REVERSE_MODE,
+    )  # fmt: skip
     return top_k
 
 

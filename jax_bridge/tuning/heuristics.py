@@ -299,9 +299,9 @@ def attention_candidates(
     `compute_capability`'s (a tile that fits at none is left out), by pointers; for
     dK/dV with `descriptors` on sm_90 and up (head_dim a power of two), its 128-key
     tiles of 32 and 64 queries also through tensor descriptors (its default there is one
-    of them; the forward and dQ ran slower with them on an H100, and are not searched:
-    each candidate is a compile on the device). The default is the kernels' table entry
-    for `features` and `descriptors` (`default_attention_config`).
+    of them; the forward and dQ ran slower with them on an H100, and are not searched at
+    the grid's tiles: each candidate is a compile on the device). The default is the
+    kernels' table entry for `features` and `descriptors` (`default_attention_config`).
 
     On sm_90 and up, 16-bit inputs, the kernels' off-by-default options are searched
     too (`_hopper_options`): on sm_90-119 the forward and dQ at one stage, two CTAs an

@@ -160,16 +160,16 @@ def test_concrete_lengths_or_mask_inside_a_transform_give_the_exact_size(
         np.testing.assert_array_equal(cu, want_cu)
         if sum(lengths):
             with pytest.raises(ValueError, match=f"pack: total_tokens={sum(lengths) - 1}"):
-                jax.jit(
+                transform(
                     lambda x, given=lengths_or_mask: pack(x, given, total_tokens=sum(lengths) - 1)
                 )(x)
     unpacked = transform(lambda p: unpack(p, want_cu, batch, seq, fill_value=FILL))(want)
     np.testing.assert_array_equal(unpacked, ref_unpack(want, want_cu, seq, FILL))
     if max(lengths) > 0:
         with pytest.raises(ValueError, match=f"unpack: max_len={max(lengths) - 1}"):
-            jax.jit(lambda p: unpack(p, want_cu, batch, max(lengths) - 1))(want)
+            transform(lambda p: unpack(p, want_cu, batch, max(lengths) - 1))(want)
         with pytest.raises(ValueError, match=r"unpack: packed.shape\[0\]"):
-            jax.jit(lambda p: unpack(p[:-1], want_cu, batch, seq))(want)
+            transform(lambda p: unpack(p[:-1], want_cu, batch, seq))(want)
 
 
 def test_left_padded_mask_packs_the_trailing_tokens():
