@@ -11,7 +11,8 @@ PredicateMask have their distinct partial blocks materialised by the mask proces
 
 q / k / v [B, L, H, D] become [H, L, D] per batch entry (GQA is the kernels' own: query
 head h reads kv head h // group). The batch is a grid axis of each kernel where no block
-is partial (`jax.vmap`), else a loop of kernels (`_over_batch`). Compiled by Mosaic where
+is partial and no TPU interpreter runs inside a mesh (`batches_in_grid`), else a loop of
+kernels (`_over_batch`). Compiled by Mosaic where
 the program is lowered for a TPU, in Pallas' interpret mode elsewhere (slow, for tests).
 float32 products run at the TPU's default dot precision (`precision` is not used).
 """
