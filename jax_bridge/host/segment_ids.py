@@ -79,8 +79,9 @@ def segment_ids_to_mask(
     """Attention mask of packed segments.
 
     Args:
-      segment_ids: int ids `[..., S]` used for both queries and keys, or a pair
-        `(q_segment_ids [..., Q], kv_segment_ids [..., K])` whose leading dims broadcast.
+      segment_ids: int ids `[..., S]` (an array, or a list of ints) used for both
+        queries and keys, or a pair of arrays `(q_segment_ids [..., Q], kv_segment_ids
+        [..., K])` whose leading dims broadcast.
         Ids <= 0 are padding.
       dtype: dtype of the returned masks (bool, or a number type holding 1 / 0).
       return_separate_masks: also return the query-side and key-side validity masks.
@@ -90,7 +91,8 @@ def segment_ids_to_mask(
       `return_separate_masks=True`, a `SegmentMasks(q_mask [..., Q], kv_mask [..., K],
       attention_mask [..., Q, K])` named tuple.
     """
-    if isinstance(segment_ids, tuple | list):
+    # A sequence of arrays is a (q, kv) pair; one of scalars is a list of ids.
+    if isinstance(segment_ids, tuple | list) and any(np.ndim(x) for x in segment_ids):
         if len(segment_ids) != 2:
             raise ValueError(
                 "segment_ids must be one id array or a pair (q_segment_ids, kv_segment_ids), "

@@ -180,6 +180,15 @@ def test_segment_ids_to_mask_rejects_bad_input(segment_ids, error, match):
         segment_ids_to_mask(segment_ids)
 
 
+def test_a_list_of_ints_is_one_id_array_and_a_sequence_of_arrays_a_pair():
+    ids = [1, 2, 2, 0]
+    expected = segment_ids_to_mask(np.asarray(ids))
+    np.testing.assert_array_equal(segment_ids_to_mask(ids), expected)
+    np.testing.assert_array_equal(segment_ids_to_mask(ids[:2]), expected[:2, :2])
+    pair = segment_ids_to_mask([np.asarray(ids[:2]), np.asarray(ids)])
+    np.testing.assert_array_equal(pair, expected[:2])
+
+
 def test_segment_ids_to_mask_rejects_bad_dtype():
     with pytest.raises(TypeError, match="dtype"):
         segment_ids_to_mask(np.arange(3), dtype="not a dtype")
