@@ -270,6 +270,14 @@ def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> jax.Array:
     return jnp.asarray(cu)
 
 
+def check_cu_seqlens_and_host(
+    cu_seqlens: Any, name: str = "cu_seqlens"
+) -> tuple[jax.Array, np.ndarray | None]:
+    """`check_cu_seqlens`'s array, and the input on the host where it is concrete
+    (`host_value`: None where traced), which static sizes and immediate checks read."""
+    return check_cu_seqlens(cu_seqlens, name), host_value(cu_seqlens)
+
+
 def check_token_capacity(real_tokens: Any, total_tokens: int, name: str) -> None:
     """Require that ``real_tokens`` (``cu_seqlens[-1]``: an int, or a traced scalar) fit
     in ``total_tokens`` packed slots."""

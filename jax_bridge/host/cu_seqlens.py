@@ -32,10 +32,10 @@ from jax_bridge.core.numerics import cdiv
 from jax_bridge.core.validation import (
     check_chunk_size,
     check_cu_seqlens,
+    check_cu_seqlens_and_host,
     check_mask,
     check_static_int,
     check_token_capacity,
-    host_value,
     naming_op,
     require,
 )
@@ -44,17 +44,11 @@ FILL_INDEX = -1
 """Value of every index slot past the real tokens or chunks."""
 
 
-def _checked(cu_seqlens: Any) -> tuple[jax.Array, np.ndarray | None]:
-    """`check_cu_seqlens`'s array, and the input on the host where it is concrete
-    (`host_value`: None where traced), which static sizes are read off."""
-    return check_cu_seqlens(cu_seqlens), host_value(cu_seqlens)
-
-
 def _resolve_total_tokens(
     cu_seqlens: jax.Array, host: np.ndarray | None, total_tokens: int | None, caller: str
 ) -> int:
     """The static packed-axis length: given, or read from the concrete ``cu_seqlens[-1]``
-    (`host`, `_checked`'s)."""
+    (`host`, `check_cu_seqlens_and_host`'s)."""
     if total_tokens is None:
         if host is None:
             raise ValueError(
@@ -171,7 +165,7 @@ def prepare_sequence_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
       starting at or before ``t``) for real tokens ``t``,
       -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens, host = _checked(cu_seqlens)
+    cu_seqlens, host = check_cu_seqlens_and_host(cu_seqlens)
     total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_sequence_ids")
     return token_indices(cu_seqlens, total_tokens, column=0)
 
@@ -188,7 +182,7 @@ def prepare_position_ids(cu_seqlens: Any, total_tokens: int | None = None) -> ja
       ``[T]``: ``t - cu_seqlens[seq(t)]`` (0 at every sequence start) for real tokens,
       -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens, host = _checked(cu_seqlens)
+    cu_seqlens, host = check_cu_seqlens_and_host(cu_seqlens)
     total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_position_ids")
     return token_indices(cu_seqlens, total_tokens, column=1)
 
@@ -205,7 +199,7 @@ def prepare_token_indices(cu_seqlens: Any, total_tokens: int | None = None) -> j
       ``[T, 2]``; column 0 is :func:`prepare_sequence_ids`, column 1
       :func:`prepare_position_ids`; both are -1 for ``t >= cu_seqlens[-1]``.
     """
-    cu_seqlens, host = _checked(cu_seqlens)
+    cu_seqlens, host = check_cu_seqlens_and_host(cu_seqlens)
     total_tokens = _resolve_total_tokens(cu_seqlens, host, total_tokens, "prepare_token_indices")
     return token_indices(cu_seqlens, total_tokens)
 
@@ -277,10 +271,10 @@ def prepare_chunk_indices(
     Returns:
       ``[N, 2]``; rows past the real chunks are ``(-1, -1)``.
     """
-    cu_seqlens, host = _checked(cu_seqlens)
+    cu_seqlens, host = check_cu_seqlens_and_host(cu_seqlens)
     chunk_size = check_chunk_size(chunk_size)
     offsets = _chunk_offsets(cu_seqlens, chunk_size)
-    # Tokens and chunks, counted on the host where cu_seqlens is concrete (`_checked`).
+    # Tokens and chunks, counted on the host where cu_seqlens is concrete.
     real = cu_seqlens[-1] if host is None else host[-1]
     chunks = offsets[-1] if host is None else int(np.sum(-(-np.diff(host) // chunk_size)))
     batch = cu_seqlens.shape[0] - 1

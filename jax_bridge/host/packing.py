@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bridge.core.validation import (
-    check_cu_seqlens,
+    check_cu_seqlens_and_host,
     check_lengths,
     check_mask,
     check_static_int,
@@ -181,8 +181,8 @@ def unpack(
     _check_fill_value(fill_value)
     if packed.ndim < 1:
         raise ValueError("packed must have shape [T, ...], got a scalar.")
-    host = host_value(cu_seqlens)  # checked at once where concrete, even under jax.jit
-    cu_seqlens = check_cu_seqlens(cu_seqlens)
+    # host: a concrete input, so the checks below raise at once even under jax.jit
+    cu_seqlens, host = check_cu_seqlens_and_host(cu_seqlens)
     batch = check_static_int(batch, "batch")
     max_len = check_static_int(max_len, "max_len")
     if batch != cu_seqlens.shape[0] - 1:
