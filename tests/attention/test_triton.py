@@ -739,14 +739,15 @@ _POISONED_QUERY_CASES = {
 
 # A NaN query row's scores are all NaN: the interpreter's row max (numpy's nanmax) warns.
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.parametrize("poison", ["q-nan", "d_out-inf"])
 @pytest.mark.parametrize("name", sorted(_POISONED_QUERY_CASES))
-def test_host_descriptors_keep_poisoned_queries_to_their_document(name):
+def test_host_descriptors_keep_poisoned_queries_to_their_document(name, poison):
     """dK/dV through the launch's descriptors over all of q and dO: NaN in one document's
-    queries, or Inf in its output's cotangent (each document in turn, then the padding),
-    changes no other document's dq, dk or dv, whichever masked range (the diagonal band,
-    a window's edges, the sequence's end) reads past it; clean, the gradients are the same
-    tiles' by pointers. The backends are driven directly, as ring attention calls them,
-    to pass shifts."""
+    queries, or Inf in its output's cotangent (`poison`; each document in turn, then the
+    padding), changes no other document's dq, dk or dv, whichever masked range (the
+    diagonal band, a window's edges, the sequence's end) reads past it; clean, the
+    gradients are the same tiles' by pointers. The backends are driven directly, as ring
+    attention calls them, to pass shifts."""
     skip_unless_host_descriptors_launch()
     keywords, lengths, shifts, heads, dq_atomic = _POISONED_QUERY_CASES[name]
     inputs = make_inputs(3, lengths, *heads, 16, pad=(6, 0))
@@ -777,16 +778,17 @@ def test_host_descriptors_keep_poisoned_queries_to_their_document(name):
     for q_lo, q_hi, k_lo, k_hi in owners:
         rows = jnp.arange(q_lo, q_hi)
         others = np.r_[0:q_lo, q_hi : q.shape[0]], np.r_[0:k_lo, k_hi : k.shape[0]]
-        for poisoned in (gradients(host, q.at[rows].set(jnp.nan), d_out),
-                         gradients(host, q, d_out.at[rows].set(jnp.inf))):  # fmt: skip
-            where = f"rows [{q_lo}, {q_hi}) poisoned"
-            keeps = (others[0], others[1], others[1])
-            for label, got, want, keep in zip(("dq", "dk", "dv"), poisoned, clean, keeps,
-                                              strict=True):  # fmt: skip
-                if label == "dq" and dq_atomic:  # on a GPU its adds land in any order
-                    assert_close(got[keep], want[keep].astype(np.float64), tol, f"dq, {where}")
-                else:
-                    np.testing.assert_array_equal(got[keep], want[keep], f"{label}, {where}")
+        if poison == "q-nan":
+            poisoned = gradients(host, q.at[rows].set(jnp.nan), d_out)
+        else:
+            poisoned = gradients(host, q, d_out.at[rows].set(jnp.inf))
+        where = f"rows [{q_lo}, {q_hi}) poisoned ({poison})"
+        keeps = (others[0], others[1], others[1])
+        for label, got, want, keep in zip(("dq", "dk", "dv"), poisoned, clean, keeps, strict=True):
+            if label == "dq" and dq_atomic:  # on a GPU its adds land in any order
+                assert_close(got[keep], want[keep].astype(np.float64), tol, f"dq, {where}")
+            else:
+                np.testing.assert_array_equal(got[keep], want[keep], f"{label}, {where}")
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")  # as above
