@@ -257,7 +257,11 @@ TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 # stages: 495 / 527; 64x64 at two stages: 669 under 3.6; 3.9's extra instructions are
 # the loads' address arithmetic, 106 IMAD an iteration against 11: its PTX carries each
 # row's pointer as a 64-bit induction variable of its own, where 3.6's keeps one base
-# and ptxas folds the rows into immediate offsets), dQ 291 / 305 (the default, 128x64:
+# and ptxas folds the rows into immediate offsets; the cause is the masked key loop
+# reading through the same hoisted row offsets as the unmasked one: a masked loop
+# addressing its rows from the sequence's row 0 instead gives 499 under 3.9, but the two
+# sequence bases it keeps live spill 16 of the default variants, so it is not taken;
+# Triton 3.9 has no block pointers), dQ 291 / 305 (the default, 128x64:
 # 359 / 422), the block-sparse forward 539 / 564 (its default 504 / 526); no spill in
 # the loops (outside them dQ 48 / 4 B, 28 / 0 B without a right bound; the forward
 # without one 8 / 0 B). By descriptors (`tma`: a bulk copy a tile for a thread's 32
