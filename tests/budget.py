@@ -260,8 +260,8 @@ SLOW: tuple[tuple[str, str], ...] = (
         "tests/launch/test_gpu_launches_interpreted.py::test_*dq_by_atomics[sm_80-d64]",
         "sm_80's d=128 kept",
     ),
-    ("tests/block_sparse/test_triton.py::test_static_report_of_the_dq_*[False-False]", "True"),
-    ("tests/test_shard_map.py::test_pallas_block_sparse_*_a_shard[full]", "causal: the loop"),
+    ("tests/block_sparse/test_triton.py::test_static_report_of_the_dq_*[False-False]", "1 kept"),
+    ("tests/test_shard_map.py::test_pallas_block_sparse_*_a_shard[full]", "causal's lax.map kept"),
 )
 
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
