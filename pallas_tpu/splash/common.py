@@ -478,7 +478,7 @@ def _refuse_the_interpreter_deadlock() -> None:
     """A ValueError, at trace time, where JAX's TPU interpreter would hang (above)."""
     if jax.__version_info__ >= FIRST_JAX_WITHOUT_THE_INTERPRETER_DEADLOCK:
         return
-    if mesh_platform() != "cpu":
+    if _mesh_platform() != "cpu":
         return
     mesh_size = jax.sharding.get_abstract_mesh().size
     cpu_devices = jax.device_count("cpu")
@@ -513,10 +513,10 @@ def batches_in_grid(infos: tuple[MaskInfo, ...], element_mask: ElementMask | Non
         mask_operands(True, element_mask, info.partial_mask_blocks, None).has_block_mask
         for info in infos
     )
-    return not partial and mesh_platform() in (None, "tpu")
+    return not partial and _mesh_platform() in (None, "tpu")
 
 
-def mesh_platform() -> str | None:
+def _mesh_platform() -> str | None:
     """The platform of the mesh being traced for (inside `shard_map`, or under
     `jax.set_mesh`), read from its abstract mesh; None where no mesh is set."""
     device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
@@ -555,7 +555,7 @@ def pallas_call(kernel: Callable[..., None], *, interpret: bool | None, like, **
     def run(*operands):
         if interpret is not None:
             return call(interpret, *operands)
-        platform = mesh_platform()
+        platform = _mesh_platform()
         if platform is not None:
             return call(platform != "tpu", *operands)
         return lax.platform_dependent(
