@@ -71,9 +71,10 @@ def resolve_implementation(
       (Triton on cuda/rocm, Pallas on TPU), otherwise "xla".
     """
     if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"{op}: implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}."
-        )
+        # Names only what this op accepts: listing a backend it lacks would send the
+        # caller from one error to the next.
+        choices = ("auto", *(name for name in IMPLEMENTATIONS[1:] if name in supported))
+        raise ValueError(f"{op}: implementation must be one of {choices}, got {implementation!r}.")
     platform = platform or default_platform()
     if implementation == "auto":
         native = _AUTO_BY_PLATFORM.get(platform)

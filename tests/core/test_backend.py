@@ -35,6 +35,9 @@ def test_explicit_choice_wins_and_triton_runs_anywhere():
 def test_unavailable_choices_say_why():
     with pytest.raises(ValueError, match="implementation must be one of"):
         resolve_implementation("cudnn", op="op", supported=("xla",))
+    # An unknown name is answered with the op's own choices, not every backend's.
+    with pytest.raises(ValueError, match=r"one of \('auto', 'triton', 'xla'\), got 'cuda'"):
+        resolve_implementation("cuda", op="gmm", supported=("xla", "triton"))
     with pytest.raises(ValueError, match="not available for this op"):
         resolve_implementation("pallas", op="gmm", supported=("triton", "xla"))
 
