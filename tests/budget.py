@@ -81,6 +81,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_xla.py::test_block_sizes_match_reference[*", "conformance: default"),
     ("tests/attention/test_triton.py::test_large_scores_and_a_negative_scale[*", "one kept"),
     ("tests/attention/test_triton.py::test_config_overrides_give_the_same_numbers[*", "one kept"),
+    ("tests/attention/test_triton.py::test_one_stage_tiles_over_several_key_tiles[*", "A/B tile"),
     ("tests/attention/test_triton.py::test_persistent_programs_walk_the_tile_list[*", "one kept"),
     *(
         (f"tests/block_sparse/test_conformance.py::test_mask_against_oracle[{m}-*", why)

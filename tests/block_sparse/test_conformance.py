@@ -311,13 +311,37 @@ def _blocks_of(size: int, backward: int | None = None) -> BlockSizes:
     return BlockSizes(**sizes, block_q_dq=backward, block_kv_dq=backward)
 
 
+def _check_traced_documents_in_order(implementation, cu, order):
+    """Traced documents over the order `order` (blocks of 16): out, lse and every
+    gradient against the float64 oracle of the same documents and order, concrete. Read
+    in the natural order instead, the same inputs differ from it by O(1)."""
+    q, k, v, sinks, weights = _inputs(4, len(order))
+    shape = (len(order), len(order))
+
+    def mask_of(cu):
+        return DocumentMask(cu, shape=shape, causal=True, q_sequence=order, kv_sequence=order)
+
+    def loss(cu, q, k, v, sinks):
+        kwargs = dict(implementation=implementation, block_sizes=_blocks_of(16))
+        return _loss(block_sparse_attention, mask_of(cu), weights, kwargs)(q, k, v, sinks)
+
+    grad = jax.jit(jax.value_and_grad(loss, (1, 2, 3, 4), has_aux=True))
+    (_, (out, lse)), grads = grad(cu, q, k, v, sinks)
+    want_out, want_lse, want_grads = _oracle(mask_of(np.asarray(cu)), q, k, v, sinks, weights, {})
+    tol = _tolerance(q, k, {}, sinks)
+    assert_close(out, want_out, tol, f"{implementation} out")
+    assert_lse_close(lse, want_lse, tol, f"{implementation} lse")
+    for name, got, want in zip("qkvs", grads, want_grads, strict=True):
+        assert_close(got, want, tol, f"{implementation} d{name}")
+
+
 @pytest.mark.parametrize("implementation", ["xla", "triton"])
 def test_traced_documents_refuse_kv_orders_their_blocks_cannot_follow(implementation):
     """Traced documents over a load-balanced order: kv blocks must each hold one chunk of
     consecutive positions (4 shards of 128 rows: 16-row chunks). Blocks of 64 are refused
     naming the op, the block and the fix, in the forward and where only the backward's
-    are 64; blocks of 16 run. The order itself must be concrete: traced, it is refused
-    naming the argument."""
+    are 64; blocks of 16 run, and match the oracle. The order itself must be concrete:
+    traced, it is refused naming the argument."""
     q = jnp.asarray(np.random.default_rng(3).standard_normal((1, 128, 2, 16)), jnp.float32)
     order = np.asarray(load_balanced_positions(128, 4))
     cu = jnp.array([0, 40, 128], jnp.int32)
@@ -341,8 +365,7 @@ def test_traced_documents_refuse_kv_orders_their_blocks_cannot_follow(implementa
     if implementation == "triton":  # XLA's backward walks the forward's blocks
         with pytest.raises(ValueError, match=refused):
             backward_64.trace(cu, q)
-    grad = jax.jit(jax.grad(functools.partial(loss, blocks=_blocks_of(16)), 1))(cu, q)
-    assert jnp.isfinite(grad).all()
+    _check_traced_documents_in_order(implementation, cu, order)
     with pytest.raises(TypeError, match="q_sequence must be concrete"):
         jax.jit(lambda cu, order: loss(cu, q, q_order=order))(cu, order)
     with pytest.raises(TypeError, match="kv_sequence must be concrete"):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import hypothesis
 import hypothesis.strategies as st
@@ -862,22 +861,29 @@ def test_the_weight_gradient_walks_as_many_splits_as_one_wave_holds(monkeypatch,
 
 @hypothesis.given(
     groups=st.integers(1, 128),
-    k_tiles=st.integers(1, 64),
-    n_tiles=st.integers(1, 64),
+    k=st.integers(1, 4096),
+    n=st.integers(1, 4096),
+    block_k=st.sampled_from([32, 64, 128, 256]),
+    block_n=st.sampled_from([32, 64, 128, 256]),
     resident=st.integers(1, 1024),
 )
-def test_walk_splits_balance_the_waves(groups, k_tiles, n_tiles, resident):
-    """`tgmm_walk_splits`: between 1 and a split a group; its time (waves of `resident`
-    programs over a 1 / splits share of the work each) within 5% of the best any split
-    count up to the groups reaches, and no fewer splits reach that."""
-    splits = tgmm_walk_splits(groups, 128 * k_tiles, 128 * n_tiles, 128, 128, resident)
+def test_walk_splits_balance_the_waves(groups, k, n, block_k, block_n, resident):
+    """`tgmm_walk_splits`: between 1 and a split a group; its time within 5% of the best
+    any split count up to the groups reaches, and no fewer splits reach that. The time is
+    simulated: a program per (output tile, split), each doing 1 / splits of a tile's work,
+    dealt in turn to `resident` slots; the busiest slot finishes last. Output tiles are
+    counted by their origins, partial tiles at the edges included."""
+    splits = tgmm_walk_splits(groups, k, n, block_k, block_n, resident)
+    tiles = len(range(0, k, block_k)) * len(range(0, n, block_n))
 
     def time(s):
-        return math.ceil(k_tiles * n_tiles * s / resident) / s
+        programs_per_slot = np.bincount(np.arange(tiles * s) % resident, minlength=resident)
+        return programs_per_slot.max() / s
 
-    best = min(time(s) for s in range(1, groups + 1))
-    assert 1 <= splits <= groups and time(splits) <= 1.05 * best
-    assert all(time(s) > 1.05 * best for s in range(1, splits))
+    times = {s: time(s) for s in range(1, groups + 1)}
+    best = min(times.values())
+    assert 1 <= splits <= groups and times[splits] <= 1.05 * best
+    assert all(times[s] > 1.05 * best for s in range(1, splits))
 
 
 def test_a_persistent_launch_on_a_gpu_of_unknown_size_takes_a_program_a_tile(monkeypatch):
