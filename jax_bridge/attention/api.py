@@ -253,6 +253,11 @@ def _window_side(side: Any, window: Any, op: str = _OP) -> int | None:
     unbounded, as FlashAttention's `window_size=(-1, -1)` does."""
     if side is None:
         return None
+    if is_traced(side):  # it sizes the kernels' tile ranges: a value known when tracing
+        raise TypeError(
+            f"{op}: sliding_window entries must be static Python ints or None, got a traced "
+            f"value in {window!r}."
+        )
     if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
         raise ValueError(
             f"{op}: sliding_window entries must be ints >= 0, -1 or None (unbounded), "

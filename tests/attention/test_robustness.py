@@ -177,6 +177,9 @@ def test_conventions_that_are_still_errors():
     cu = _cu()
     with pytest.raises(ValueError, match="varlen_attention: sliding_window entries"):
         varlen_attention(q, k, v, cu, cu, sliding_window=(-2, None))
+    # It sizes the kernels' tile ranges: a traced side is refused as not static.
+    with pytest.raises(TypeError, match="sliding_window entries must be static Python ints"):
+        jax.jit(lambda left: varlen_attention(q, k, v, cu, cu, sliding_window=(left, 0)))(2)
     with pytest.raises(ValueError, match="cu_seqlens_q holds values that do not fit int32"):
         too_big = np.asarray(cu, np.int64) + 2**32
         varlen_attention(q, k, v, too_big, cu)
