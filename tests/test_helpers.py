@@ -215,7 +215,10 @@ def test_assert_allclose_fails_on_opposite_infinities_and_on_shapes():
 def test_timer_measures_a_sleep():
     with timer() as clock:
         time.sleep(0.2)
-    assert 0.2 <= clock.seconds < 0.2 + 0.15  # tolerance for a loaded 2-core machine
+    # A sleep only lower-bounds the time: on a loaded machine (xdist workers on 2 cores)
+    # the wake-up can come seconds late. The upper bound tells a timer that counts the
+    # sleep from one that counts something else entirely.
+    assert 0.2 <= clock.seconds < 5.0
 
 
 def test_timer_waits_for_the_values_it_is_handed():

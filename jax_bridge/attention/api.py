@@ -24,6 +24,7 @@ from jax_bridge.core.backend import BackendTable
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.validation import (
     as_int32,
+    calling_op,
     check_bool,
     check_cu_seqlens,
     check_head_dim,
@@ -183,6 +184,7 @@ def varlen_attention(
         precision=canonicalize_precision(precision, _OP),
         config=_check_config(config, impl, head_dim=head_dim),
         spec=spec,
+        op=calling_op(_OP),
     )
     refuse_forward_mode(_OP, q, k, v, sinks, works=REVERSE_MODE_ONLY)
     if not check_bool(_OP, return_lse, "return_lse"):
@@ -338,7 +340,7 @@ def _check_max_seqlen(hint: Any, cu: jax.Array, name: str) -> None:
 
 def _forward(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
     """(out [Tq, Hq, D], lse f32 [Hq, Tq]) by the chosen backend."""
-    with naming_op(_OP):  # a backend's refusal at trace time (e.g. Pallas in a shard_map)
+    with naming_op(options.op):  # a backend's refusal at trace time (e.g. Pallas in a shard_map)
         backend = BACKENDS[options.implementation]
         out, lse = backend.forward(q, k, v, cu_q, cu_k, sinks, alibi, options)
     return (out, lse) if sinks is None else apply_sink_limits(out, lse, sinks)
@@ -352,7 +354,7 @@ def _attention(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
 def _attention_fwd(options: AttentionOptions, q, k, v, cu_q, cu_k, sinks, alibi):
     # Only a second-order derivative differentiates the residuals' computation.
     forward = functools.partial(_forward, options)
-    out, lse = first_order_only(forward, _OP)(q, k, v, cu_q, cu_k, sinks, alibi)
+    out, lse = first_order_only(forward, options.op)(q, k, v, cu_q, cu_k, sinks, alibi)
     return (out, lse), (q, k, v, out, lse, cu_q, cu_k, sinks, alibi)
 
 
@@ -362,8 +364,8 @@ def _attention_bwd(options: AttentionOptions, residuals, cotangents):
     # skip it, but JAX does not support them under an eager shard_map).
     d_out, d_lse = cotangents
     backward = functools.partial(BACKENDS[options.implementation].backward, options=options)
-    with naming_op(_OP):
-        dq, dk, dv, d_sinks = first_order_only(backward, _OP)(
+    with naming_op(options.op):
+        dq, dk, dv, d_sinks = first_order_only(backward, options.op)(
             q, k, v, out, lse, d_out, d_lse, cu_q, cu_k, sinks, alibi
         )
     if sinks is not None:

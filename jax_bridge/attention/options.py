@@ -20,6 +20,8 @@ class AttentionOptions(OpOptions):
 
     `config` is an `AttentionConfigs` or None. The max_seqlen hints are deliberately
     absent: no backend uses them, so calls differing only in the hints share one trace.
+    `op`: the public op the user called, which the autodiff refusals name.
     """
 
     spec: AttentionSpec
+    op: str = "varlen_attention"

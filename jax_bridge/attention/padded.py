@@ -41,7 +41,7 @@ import numpy as np
 
 from jax_bridge.attention.api import REVERSE_MODE_ONLY, varlen_attention
 from jax_bridge.core.autodiff import refuse_forward_mode
-from jax_bridge.core.validation import is_traced, naming_op, require_all
+from jax_bridge.core.validation import as_int32, is_traced, naming_op, require_all
 
 __all__ = ["flash_attention"]
 
@@ -61,8 +61,11 @@ def flash_attention(
     softmax_scale: float | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    return_lse: bool = False,
+    precision: Any = None,
+    config: Any = None,
     implementation: str = "auto",
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention over padded batches, with packed documents marked by segment ids.
 
     Query i may attend key j of the same batch row when both carry the same segment id
@@ -85,11 +88,15 @@ def flash_attention(
         is used for the keys too (q_seq must equal kv_seq). Each document must be one
         contiguous run per row, in the same order on both sides (see module docstring).
       causal, sliding_window, logits_soft_cap, softmax_scale, sinks, alibi_slopes,
-      implementation: as for `varlen_attention`.
+      precision, config, implementation: as for `varlen_attention` (the batch rows are
+      its packed sequences).
+      return_lse: also return the log-sum-exp of each query's scores.
 
     Returns:
-      [batch, q_seq, num_q_heads, head_dim] in q's dtype; 0 at padding queries and at
-      queries that attend no key.
+      out: [batch, q_seq, num_q_heads, head_dim] in q's dtype; 0 at padding queries and
+      at queries that attend no key. With `return_lse`, (out, lse): lse float32
+      [batch, num_q_heads, q_seq] (FlashAttention's `softmax_lse` layout), natural log,
+      -inf where a query attends no key (padding included) and no sink.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "ndim") or x.ndim != 4:
@@ -134,9 +141,15 @@ def flash_attention(
             softmax_scale=softmax_scale,
             sinks=sinks,
             alibi_slopes=alibi_slopes,
+            return_lse=return_lse,
+            precision=precision,
+            config=config,
             implementation=implementation,
         )
-    return out.reshape(q.shape)
+    if not return_lse:
+        return out.reshape(q.shape)
+    out, lse = out  # lse: [num_q_heads, batch * q_seq]
+    return out.reshape(q.shape), lse.reshape(-1, batch, q_seq).transpose(1, 0, 2)
 
 
 def _check_segment_ids(ids: Any, name: str, shape: tuple[int, int]) -> jax.Array:
@@ -145,7 +158,8 @@ def _check_segment_ids(ids: Any, name: str, shape: tuple[int, int]) -> jax.Array
         raise TypeError(f"{_OP}: {name} must hold integer ids, got dtype {arr.dtype}.")
     if tuple(arr.shape) != shape:
         raise ValueError(f"{_OP}: {name} must have shape {shape}, got {tuple(arr.shape)}.")
-    return jnp.asarray(arr, jnp.int32)
+    # Wrapped to int32, two documents' ids could become one (or padding's 0).
+    return jnp.asarray(as_int32(arr, f"{_OP}: {name}"))
 
 
 def _runs(ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

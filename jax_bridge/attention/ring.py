@@ -76,6 +76,7 @@ from jax_bridge.core.backend import resolve_implementation
 from jax_bridge.core.precision import canonicalize_precision
 from jax_bridge.core.sharding import jit_shard_map
 from jax_bridge.core.validation import (
+    as_int32,
     check_bool,
     check_head_dim,
     check_per_head,
@@ -663,4 +664,5 @@ def _check_ids(ids: Any, shape: tuple[int, int]) -> jax.Array | None:
         raise ValueError(
             f"{_OP}: segment_ids must have q's [batch, seq] = {shape}, got {tuple(ids.shape)}."
         )
-    return ids.astype(jnp.int32)
+    # Wrapped to int32, two documents' ids could become one (or padding's 0).
+    return jnp.asarray(as_int32(ids, f"{_OP}: segment_ids"))

@@ -369,6 +369,14 @@ def naming_op(op: str, replacing: tuple[str, ...] = ()) -> Iterator[None]:
             raise
 
 
+def calling_op(op: str) -> str:
+    """The public op a user called: the outermost within `naming_op`, else `op`. An op
+    built on another (flash_attention on varlen_attention) keeps it in the static half of
+    the call, so that an error raised later, outside its call (a second derivative's,
+    traced after the call returned), still names it."""
+    return _checking_ops.value[0] if _checking_ops.value else op
+
+
 def check_head_dim(op: str, head_dim: int, head_dims: tuple[int, int], implementation: str) -> None:
     """q's head_dim within the (smallest, largest) the chosen backend runs."""
     smallest, largest = head_dims

@@ -437,7 +437,8 @@ def test_flash_attention_segment_ids_with_padding(impl, causal):
 
 @every_implementation
 def test_flash_attention_with_every_option_matches_packed_reference(impl):
-    """The padded wrapper and the packed reference agree with sinks, ALiBi, windows, cap."""
+    """The padded wrapper and the packed reference agree with sinks, ALiBi, windows, cap;
+    its lse is the reference's, [batch, heads, q_seq] (padding: -inf, or the sink)."""
     q, k, v, _ = padded_inputs(3, 2, 40, 40, 2, 1)
     rng = np.random.default_rng(3)
     sinks = jnp.asarray(rng.standard_normal(2), jnp.float32)
@@ -445,13 +446,15 @@ def test_flash_attention_with_every_option_matches_packed_reference(impl):
     if impl == "pallas":  # no ALiBi there: the rest of the options still meet
         slopes = None
     options = {"causal": True, "sliding_window": (6, None), "logits_soft_cap": 3.0}
-    out = flash_attention(
+    out, lse = flash_attention(
         q,
         k,
         v,
         q_segment_ids=SELF_IDS,
         sinks=sinks,
         alibi_slopes=slopes,
+        return_lse=True,
+        precision=jax.lax.Precision.HIGHEST,
         implementation=impl,
         **options,
     )
@@ -460,7 +463,7 @@ def test_flash_attention_with_every_option_matches_packed_reference(impl):
     lengths = [(9, 9), (20, 20), (1, 1), (10, 0), (13, 13), (4, 0), (22, 22), (1, 1)]
     kv_order = np.concatenate([np.arange(30), np.arange(40, 53), np.arange(57, 80)])
     flat = lambda x: x.reshape(80, *x.shape[2:])
-    ref = attention_reference(
+    ref, ref_lse = attention_reference(
         flat(q),
         flat(k)[kv_order],
         flat(v)[kv_order],
@@ -468,10 +471,13 @@ def test_flash_attention_with_every_option_matches_packed_reference(impl):
         cu_seqlens([b for _, b in lengths]),
         sinks=sinks,
         alibi_slopes=slopes,
+        return_lse=True,
         **options,
     )
     tol = 2 * attention_tolerance(flat(q), flat(k), sinks=sinks, slopes=slopes)  # f32 oracle
     assert_close(out, ref.reshape(q.shape), tol, "out")
+    assert lse.shape == (2, 2, 40)  # [batch, heads, q_seq]
+    assert_lse_close(lse, ref_lse.reshape(2, 2, 40).transpose(1, 0, 2), tol)
 
 
 @every_implementation

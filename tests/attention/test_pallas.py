@@ -15,7 +15,15 @@ import pytest
 
 from jax_bridge import attention_reference, varlen_attention
 from pallas_tpu.splash import BlockSizes, DocumentMask, process_mask
-from tests.attention.helpers import assert_close, attention_tolerance, cu_seqlens, make_inputs
+from tests.attention.helpers import (
+    assert_close,
+    assert_lse_close,
+    attention_tolerance,
+    cu_seqlens,
+    make_inputs,
+    oracle_value_and_grads,
+    value_and_grads,
+)
 
 LENGTHS = ((150, 150), (0, 0), (1, 1), (97, 120), (40, 9))
 
@@ -35,23 +43,22 @@ def test_block_sizes_as_config(blocks):
     x = _inputs(1)
     q, k, v, cu_q, cu_k = (x[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
-    def loss(impl, config, q, k, v):
-        out = varlen_attention(q, k, v, cu_q, cu_k, causal=True, implementation=impl, config=config)
-        return jnp.sum(out * x["d_out"]), out
+    def attention(impl, config=None):
+        return lambda q, k, v, _: varlen_attention(
+            q, k, v, cu_q, cu_k, causal=True, implementation=impl, config=config,
+            return_lse=True,
+        )  # fmt: skip
 
-    (_, out), grads = jax.value_and_grad(
-        lambda *a: loss("pallas", blocks, *a), argnums=(0, 1, 2), has_aux=True
-    )(q, k, v)
-    ref = attention_reference(q, k, v, cu_q, cu_k, causal=True)
-    ref_grads = jax.grad(
-        lambda q, k, v: jnp.sum(attention_reference(q, k, v, cu_q, cu_k, causal=True) * x["d_out"]),
-        argnums=(0, 1, 2),
-    )(q, k, v)
-    # Two float32 paths (ours, the float32 reference): within the helper's factor-two room.
+    def reference(q, k, v, _):
+        return attention_reference(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+
+    out, lse, grads = value_and_grads(attention("pallas", blocks), q, k, v, None, x["d_out"])
+    want_out, want_lse, want_grads = oracle_value_and_grads(reference, q, k, v, None, x["d_out"])
     tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
-    assert_close(out, ref, tol, "out")
-    for name, grad, ref_grad in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
-        assert_close(grad, ref_grad, tol, name)
+    assert_close(out, want_out, tol, "out")
+    assert_lse_close(lse, want_lse, tol)
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, want_grads, strict=True):
+        assert_close(grad, want, tol, name)
 
 
 def test_new_documents_do_not_retrace():

@@ -199,6 +199,26 @@ def test_differentiating_the_gradient_names_the_op(implementation):
     assert np.isfinite(np.asarray(jax.grad(f)(q))).all()  # first order still works
 
 
+def test_differentiating_flash_attentions_gradient_names_it():
+    """flash_attention is varlen_attention on packed rows; the refusal, raised when the
+    gradient is differentiated (after the call returned), names the op the user called."""
+    q, k, v, _, _ = _inputs(6)
+    padded = lambda x: x.reshape(2, 40, *x.shape[1:])
+    f = lambda q: jnp.sum(flash_attention(q, padded(k), padded(v), causal=True) ** 2)
+    with pytest.raises(NotImplementedError, match=r"^flash_attention: higher-order derivatives"):
+        jax.grad(lambda q: jnp.sum(jax.grad(f)(q) ** 2))(padded(q))
+
+
+def test_segment_ids_past_int32_are_refused_not_wrapped():
+    """int64 ids that int32 cannot hold would wrap (2**32 + 1 to 1: two documents merged):
+    refused naming the argument, as cu_seqlens are."""
+    q, k, v, _, _ = _inputs(5)
+    padded = lambda x: x.reshape(2, 40, *x.shape[1:])
+    ids = np.repeat([[1, 2**32 + 1], [2, 3]], 20, axis=1)
+    with pytest.raises(ValueError, match="flash_attention: q_segment_ids holds values that do"):
+        flash_attention(padded(q), padded(k), padded(v), q_segment_ids=ids)
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_vmap_over_queries_with_shared_keys(implementation):
     q, k, v, _, _ = _inputs(7)
