@@ -99,7 +99,8 @@ def test_memory_is_linear_in_tokens():
 
 def test_alibi_distance_is_exact_past_float32_integers():
     """Packed indices above 2^24 (not all representable in float32): |diag - j| is taken
-    in int32, so neighbouring keys differ by exactly one slope."""
+    in int32, so neighbouring keys differ by exactly one slope. q and k are zero: the
+    scores are the ALiBi terms alone."""
     base = 2**24 + 1  # odd: float32(base) would round to 2^24
     keys = base + jnp.arange(8, dtype=jnp.int32)
     rows = _Rows(
@@ -114,8 +115,9 @@ def test_alibi_distance_is_exact_past_float32_integers():
         rows,
         keys,
         AttentionSpec(1.0),
-        jnp.ones((1,)),
+        jnp.full((1,), 0.75),  # a slope that is not 1: its product must be there too
         jax.lax.Precision.HIGHEST,
     )
-    expected = -np.abs(np.array([[0], [2]]) - np.arange(8)[None, :]).astype(np.float32)
+    distances = np.abs(np.array([[0], [2]]) - np.arange(8)[None, :])
+    expected = (-0.75 * distances).astype(np.float32)  # exact: 0.75 * d fits float32
     np.testing.assert_array_equal(np.asarray(s[0]), expected)

@@ -45,8 +45,10 @@ def test_inputs_of_any_sharding_reach_the_body_as_their_spec(kind, placed):
 
 def test_none_arguments_and_pytrees_of_specs():
     mesh = _mesh("explicit")
-    tree = {"w": jnp.ones((4, 2)) * 2.0, "b": jnp.arange(2.0)}
+    # Every row distinct: row shards that came back swapped or repeated would show.
+    w, bias = np.arange(8.0).reshape(4, 2) + 1.0, np.array([2.0, 3.0])
+    tree = {"w": jnp.asarray(w), "b": jnp.asarray(bias)}
     body = lambda t, none: t["w"] * t["b"] if none is None else None
     specs = ({"w": P("a"), "b": P()}, None)
     out = jit_shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("a"))(tree, None)
-    np.testing.assert_allclose(out, np.tile([0.0, 2.0], (4, 1)))
+    np.testing.assert_array_equal(out, w * bias)  # exact: one product an element

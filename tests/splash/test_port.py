@@ -33,14 +33,20 @@ from tests.splash.helpers import splash_tolerance
 HEADS, SEQ, DIM = 2, 256, 64
 
 
-def _script(splash, mask_lib) -> dict[str, jax.Array]:
-    """A JAX-splash training step and three forward variants, written against JAX's API
-    only: `splash` / `mask_lib` are the kernel and mask modules, JAX's or ours."""
+def _inputs() -> tuple[jax.Array, ...]:
+    """The script's q, k, v and output cotangent, [batch, heads, seq, dim]."""
     keys = jax.random.split(jax.random.key(42), 5)
     # The JAX convention: the softmax scale is folded into q.
     batch = 1  # vmapped like a real batch; one entry keeps the interpreter's time down
     q = jax.random.normal(keys[0], (batch, HEADS, SEQ, DIM)) * DIM**-0.5
     k, v, cotangent = (jax.random.normal(key, (batch, HEADS, SEQ, DIM)) for key in keys[1:4])
+    return q, k, v, cotangent
+
+
+def _script(splash, mask_lib) -> dict[str, jax.Array]:
+    """A JAX-splash training step and three forward variants, written against JAX's API
+    only: `splash` / `mask_lib` are the kernel and mask modules, JAX's or ours."""
+    q, k, v, cotangent = _inputs()
     shape = (SEQ, SEQ)
     mask = mask_lib.MultiHeadMask(
         [
@@ -103,8 +109,8 @@ def test_a_jax_splash_script_runs_with_only_its_import_changed():
     with jax.default_matmul_precision("float32"):
         want = _script(jsk, jm)
     got = _script(osk, om)
-    q = jax.random.normal(jax.random.key(0), (HEADS, SEQ, DIM)) * DIM**-0.5
-    tol = splash_tolerance(q, q * DIM**0.5, q)
+    q, k, v, _ = _inputs()
+    tol = splash_tolerance(q[0], k[0], v[0])  # the scale is in q
     assert set(got) == set(want)
     for name in want:
         assert got[name].shape == want[name].shape, name
