@@ -26,6 +26,7 @@ from jax_bridge import (
     AttentionConfigs,
     AttentionKernelConfig,
     attention_reference,
+    flash_attention,
     varlen_attention,
 )
 from jax_bridge.attention import schedule
@@ -1120,6 +1121,25 @@ def test_kernel_options_reach_only_the_kernels_that_take_them(monkeypatch, const
         "attention_backward_dq_kernel": False,
         "attention_backward_dkdv_kernel": dkdv,
     }
+
+
+def test_flash_attention_passes_its_config_to_the_kernels(monkeypatch):
+    """The padded op's `config=` reaches every kernel of its gradient, as the packed op's."""
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 24, 2, 32)), jnp.float32) for _ in "qkv")
+    config = AttentionKernelConfig(block_m=16, block_n=32, num_warps=2)
+    launches = record_launches(monkeypatch, attention_triton)
+    loss = lambda q: flash_attention(q, k, v, causal=True, config=config,
+                                     implementation="triton").sum()  # fmt: skip
+    jax.grad(loss)(q)
+    kernels = [x for x in launches if x.kernel.__name__ != "attention_schedule_kernel"]
+    assert {x.kernel.__name__ for x in kernels} == {
+        "attention_forward_kernel", "attention_backward_dq_kernel",
+        "attention_backward_dkdv_kernel",
+    }  # fmt: skip
+    for launch in kernels:
+        blocks = (launch.constexprs["BLOCK_M"], launch.constexprs["BLOCK_N"], launch.num_warps)
+        assert blocks == (16, 32, 2), launch.kernel.__name__
 
 
 @needs_tensor_descriptors
