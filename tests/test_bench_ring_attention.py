@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from bench import ring_attention
+from tests.attention.helpers import assert_close, attention_tolerance
 
 
 def _numpy_attention(q, k, v, ids) -> np.ndarray:
@@ -40,8 +41,7 @@ def test_the_oracle_is_causal_attention_within_documents() -> None:
     allowed = ring_attention.allowed_mask(ids)
     got = np.asarray(jax.jit(ring_attention.dense_reference)(q, k, v, ids, allowed))
     expected = _numpy_attention(q, k, v, ids)
-    # float32 scores of unit-variance inputs over <= 13 keys: errors of a few ulps of O(1).
-    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=0)
+    assert_close(got, expected, attention_tolerance(q[0], k[0]), "out")
     assert not got[0, -5:].any()
 
 
