@@ -181,22 +181,36 @@ def test_predicate_is_evaluated_a_bounded_piece_at_a_time(case, predicate, budge
     block row) elements for classification, or max(budget, one block) for partial blocks,
     and the results do not change."""
     shape, block_shape = case
-    largest = []
+    largest, partial = [], []  # elements a call saw; those of partial blocks' calls
+    materialising = []  # non-empty while the partial blocks are materialised
 
     def recording(q, kv):
-        largest.append(int(np.prod(np.broadcast_shapes(np.shape(q), np.shape(kv)))))
+        size = int(np.prod(np.broadcast_shapes(np.shape(q), np.shape(kv))))
+        (partial if materialising else largest).append(size)
         return predicate(q, kv)
 
+    def packing(*args, **kwargs):
+        materialising.append(True)
+        try:
+            return packed_partial_blocks(*args, **kwargs)
+        finally:
+            materialising.pop()
+
+    packed_partial_blocks = mi._packed_partial_blocks
     mask = masks.PredicateMask(shape, recording)
     want = np.asarray(mi.classify_blocks(masks.PredicateMask(shape, predicate), block_shape))
+    block_row, block = block_shape[0] * shape[1], block_shape[0] * block_shape[1]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(mi, "DENSE_CHUNK_ELEMENTS", budget)
+        patch.setattr(mi, "_packed_partial_blocks", packing)
         largest.clear()
         np.testing.assert_array_equal(mi.classify_blocks(mask, block_shape), want)
-        assert max(largest) <= max(budget, block_shape[0] * shape[1])
+        assert max(largest) <= max(budget, block_row)
         largest.clear()
         info, _ = mi.process_mask(mask, block_shape, shrink_grid=False)
-        assert max(largest) <= max(budget, block_shape[0] * shape[1])
+        assert max(largest) <= max(budget, block_row)
+        assert max(partial, default=0) <= max(budget, block)
+        assert bool(partial) == bool((want == mi.PARTIAL).any())
     dense = predicate.dense(*shape)
     check_mask_info(
         info, None, dense[None], block_shape, head_shards=1, q_seq_shards=1, is_dkv=False
