@@ -79,11 +79,14 @@ class KernelConfig:
             value = getattr(self, field.name)
             if field.type in (bool, "bool") and not isinstance(value, bool):
                 raise TypeError(f"{kind}.{field.name} must be a bool, got {value!r}.")
-        num_warps = getattr(self, "num_warps", 4)
-        if isinstance(num_warps, bool) or num_warps not in NUM_WARPS:
+        num_warps, num_stages = getattr(self, "num_warps", 4), getattr(self, "num_stages", 1)
+        for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+            # 4.0 == 4, but Triton's launch takes ints only.
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{kind}.{name} must be an int, got {value!r}.")
+        if num_warps not in NUM_WARPS:
             raise ValueError(f"{kind}.num_warps must be one of {NUM_WARPS}, got {num_warps!r}.")
-        num_stages = getattr(self, "num_stages", 1)
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        if num_stages < 1:
             raise ValueError(f"{kind}.num_stages must be an int >= 1, got {num_stages!r}.")
         if getattr(self, "warp_specialize", False) and not (self.tma and num_warps == 4):
             raise ValueError(

@@ -98,6 +98,18 @@ def _on_platform(sharding: Any, platform: str) -> bool:
     return platforms == {"gpu" if platform == "cuda" else platform}
 
 
+def _is_targets(device: Any, target: CompileTarget) -> bool:
+    """Whether `device` is of `target`'s kind: its platform and, for a GPU whose device
+    says it, its compute capability ("9.0": an A100's mesh would take sm_90 kernels)."""
+    if not _on_platform(SingleDeviceSharding(device), target.platform):
+        return False
+    capability = getattr(device, "compute_capability", None)
+    if target.compute_capability is None or not isinstance(capability, str):
+        return True
+    major, _, minor = capability.partition(".")
+    return f"{major}{minor or 0}" == str(target.compute_capability)
+
+
 def _check_mesh(mesh: Mesh | None, target: CompileTarget) -> None:
     if mesh is None:
         return
@@ -105,7 +117,7 @@ def _check_mesh(mesh: Mesh | None, target: CompileTarget) -> None:
         raise TypeError(
             f"compile_for: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}."
         )
-    if not all(_on_platform(SingleDeviceSharding(d), target.platform) for d in mesh.devices.flat):
+    if not all(_is_targets(d, target) for d in mesh.devices.flat):
         raise ValueError(
             f"compile_for: mesh holds devices that are not {target.name}'s; build it with "
             f"jax_bridge.target_mesh({target.name!r}, ...)."

@@ -169,7 +169,7 @@ def target_devices(target: str | CompileTarget, count: int = 1) -> list[jax.Devi
       RuntimeError: when the compiler for the target is not installed.
     """
     target = get_target(target)
-    if not isinstance(count, int) or count < 1:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive int, got {count!r}.")
     if target.platform == "tpu":
         name = _tpu_topology_name(target, count)

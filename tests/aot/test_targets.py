@@ -59,13 +59,18 @@ def test_target_devices_and_mesh(name):
 def test_bad_targets_and_meshes_are_refused_with_their_name():
     with pytest.raises(ValueError, match="target must be one of"):
         jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="h200x")
-    with pytest.raises(ValueError, match="count must be a positive int"):
-        jb.target_devices("h100", 0)
+    for count in (0, True):
+        with pytest.raises(ValueError, match="count must be a positive int"):
+            jb.target_devices("h100", count)
     with pytest.raises(ValueError, match="axis_sizes"):
         jb.target_mesh("h100", {"data": 0})
     cpu_mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
     with pytest.raises(ValueError, match="compile_for: mesh holds devices that are not"):
         jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="h100", mesh=cpu_mesh)
+    # Another GPU's mesh: its devices would get sm_90 kernels.
+    a100_mesh = jb.target_mesh("a100", {"data": 2})
+    with pytest.raises(ValueError, match="compile_for: mesh holds devices that are not h100's"):
+        jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="h100", mesh=a100_mesh)
     with pytest.raises(TypeError, match=r"compile_for: mesh must be a jax\.sharding\.Mesh"):
         jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="h100", mesh="data")
     with pytest.raises(ValueError, match="estimate_cycles is for TPU targets"):

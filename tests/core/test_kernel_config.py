@@ -37,7 +37,9 @@ def test_valid_configs_are_frozen_and_hashable(kind):
         ({"num_warps": 3}, ValueError, "num_warps must be one of"),
         ({"num_warps": 32}, ValueError, "num_warps must be one of"),
         ({"num_stages": 0}, ValueError, "num_stages must be an int >= 1"),
-        ({"num_stages": 2.0}, ValueError, "num_stages must be an int >= 1"),
+        ({"num_stages": 2.0}, TypeError, "num_stages must be an int"),
+        ({"num_warps": 4.0}, TypeError, "num_warps must be an int"),  # 4.0 in NUM_WARPS
+        ({"num_warps": True}, TypeError, "num_warps must be an int"),
     ],
 )
 def test_every_config_is_validated_by_the_base(kind, override, error, text):
