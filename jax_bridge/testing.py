@@ -181,6 +181,10 @@ def _as_numpy(x: Any) -> np.ndarray:
     return array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
 
 
+def _integers(x: Any) -> bool:
+    return np.issubdtype(np.asarray(x).dtype, np.integer) or np.asarray(x).dtype == np.bool_
+
+
 def assert_allclose(
     actual: Any, expected: Any, *, rtol: float, atol: float, err_msg: str = ""
 ) -> None:
@@ -203,6 +207,11 @@ def assert_allclose(
         # (inf <= inf would pass -inf against inf); NaN compares False.
         finite = np.isfinite(a) & np.isfinite(e)
         close = (a == e) | (nan_a & nan_e) | (finite & (error <= allowed))
+    if _integers(actual) and _integers(expected):
+        # float64 holds integers exactly only up to 2**53: compare Python ints (an int
+        # against a float tolerance compares exactly too).
+        exact = np.abs(np.asarray(actual).astype(object) - np.asarray(expected).astype(object))
+        close = np.asarray(exact <= allowed, bool).reshape(a.shape)
     failing = ~close
     count = int(failing.sum())
     if count == 0:

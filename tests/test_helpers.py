@@ -202,6 +202,13 @@ def test_assert_allclose_fails_on_nan_against_a_number(nan_in):
     assert "worst at index (1, 0)" in message and "nan" in message
 
 
+def test_assert_allclose_compares_integers_past_float64s_exactly():
+    # 2**62 and 2**62 + 1 are one float64: integers are compared as integers.
+    with pytest.raises(AssertionError, match="1 of 1 elements"):
+        assert_allclose(np.array([2**62]), np.array([2**62 + 1]), rtol=0, atol=0)
+    assert_allclose(np.array([2**62]), np.array([2**62 + 1]), rtol=0, atol=1)
+
+
 def test_assert_allclose_fails_on_opposite_infinities_and_on_shapes():
     with pytest.raises(AssertionError, match="1 of 2 elements"):
         assert_allclose(np.array([np.inf, 1.0]), np.array([-np.inf, 1.0]), rtol=1, atol=1)

@@ -128,8 +128,9 @@ def select_num_stages(
         the kernel needs shared memory besides its stages.
       max_stages: the upper bound (more stages rarely pay beyond hiding latency).
     """
-    if isinstance(smem_bytes_per_stage, bool) or not isinstance(smem_bytes_per_stage, int):
-        raise TypeError(f"smem_bytes_per_stage must be an int, got {smem_bytes_per_stage!r}.")
+    for name, value in (("smem_bytes_per_stage", smem_bytes_per_stage), ("max_stages", max_stages)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}.")
     if smem_bytes_per_stage < 1 or max_stages < 1:
         raise ValueError(
             f"smem_bytes_per_stage and max_stages must be >= 1, got {smem_bytes_per_stage} "
@@ -146,6 +147,18 @@ def _check_features(features: Collection[str], known: frozenset[str], op: str) -
     unknown = sorted(set(features) - known)
     if unknown:
         raise ValueError(f"{op}: unknown feature(s) {unknown}; known: {sorted(known)}.")
+
+
+def _check_capability(compute_capability: object, fn: str) -> None:
+    """An int (90 for sm_90: the tables' keys, a GPU not in them takes the nearest) or
+    None; JAX spells a device's capability "9.0", which would miss every key."""
+    if compute_capability is not None and (
+        isinstance(compute_capability, bool) or not isinstance(compute_capability, int)
+    ):
+        raise TypeError(
+            f"{fn}: compute_capability must be an int such as 90 (sm_90) or None, got "
+            f"{compute_capability!r}."
+        )
 
 
 def attention_features(features: AttentionFeatures | Collection[str] = ()) -> AttentionFeatures:
@@ -176,6 +189,7 @@ def default_attention_configs(
     tiles where the larger spill in the walk, e.g. the Hopper forward at d=256); and
     whether dK/dV adds dQ (`AttentionConfigs.dq_atomic`, set in the result too: that
     kernel has its own tiles, and the dQ kernel's is then unused)."""
+    _check_capability(compute_capability, "default_attention_configs")
     name, on = _dtype_name(dtype), attention_features(features)
     launch = dict(features=on, descriptors=descriptors, persistent=persistent,
                   dq_atomic=dq_atomic)  # fmt: skip
@@ -230,6 +244,7 @@ def default_params(
       descriptors, persistent, dq_atomic: attention's launch, as
         `default_attention_configs` takes it (each changes some kernel's default).
     """
+    _check_capability(compute_capability, "default_params")
     launch = dict(descriptors=descriptors, persistent=persistent, dq_atomic=dq_atomic)
     if op == "attention":
         if head_dim is None:

@@ -59,6 +59,8 @@ def abstractify(pytree: Any) -> Any:
 
 def _encode(obj: Any) -> Any:
     """`obj` as plain JSON values (see the module docstring for the tags)."""
+    if isinstance(obj, enum.Enum):  # before int and str: an IntEnum is an int, a StrEnum a str
+        return {f"{_TAG}enum": f"{_qualname(type(obj))}.{obj.name}"}
     if obj is None or isinstance(obj, bool | int | str):
         return obj
     if isinstance(obj, float):
@@ -77,8 +79,6 @@ def _encode(obj: Any) -> Any:
         return {f"{_TAG}array": {"shape": shape, "dtype": np.dtype(obj.dtype).name}}
     if isinstance(obj, np.dtype) or _is_scalar_type(obj):
         return {f"{_TAG}dtype": np.dtype(obj).name}
-    if isinstance(obj, enum.Enum):
-        return {f"{_TAG}enum": f"{_qualname(type(obj))}.{obj.name}"}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         return {f"{_TAG}dataclass": {"type": _qualname(type(obj)), "fields": fields}}

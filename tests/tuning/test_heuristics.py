@@ -118,6 +118,8 @@ def test_select_num_stages():
         select_num_stages(0)
     with pytest.raises(TypeError, match="must be an int"):
         select_num_stages(1.5)
+    with pytest.raises(TypeError, match="max_stages must be an int"):
+        select_num_stages(10, shared_memory_limit=99 * KIB, max_stages=2.5)
 
 
 def test_shared_memory_limits():
@@ -219,6 +221,14 @@ def test_default_params_refuses_unknown_ops_features_and_missing_sizes():
         default_params("grouped_matmul", compute_capability=90, dtype="bfloat16")
     with pytest.raises(ValueError, match="dtype must be one of"):
         default_params("attention", compute_capability=90, dtype="float64", head_dim=64)
+    # JAX's "9.0" (or 9.0) would miss every table key and fall back silently.
+    for capability in ("9.0", 9.0, True):
+        with pytest.raises(TypeError, match="default_params: compute_capability must be an int"):
+            default_params(
+                "attention", compute_capability=capability, dtype="bfloat16", head_dim=64
+            )
+        with pytest.raises(TypeError, match="default_attention_configs: compute_capability"):
+            default_attention_configs(64, "bfloat16", capability)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -138,6 +138,14 @@ class _Mode(enum.Enum):
     SAFE = 2
 
 
+class _Level(enum.IntEnum):
+    ONE = 1
+
+
+class _Name(enum.StrEnum):
+    FAST = "fast"
+
+
 class _Pair(NamedTuple):
     left: int
     right: int
@@ -159,6 +167,9 @@ def test_stable_json_encodes_the_documented_types_deterministically():
     assert len({stable_json(d) for d in spellings}) == 1
     assert stable_json(jnp.float32) == stable_json(np.float32) == '{"$dtype":"float32"}'
     assert stable_json(_Mode.FAST) != stable_json(_Mode.SAFE)
+    # Enums that are also ints or strs are tagged as enums, not encoded as their values.
+    assert stable_json(_Level.ONE) != stable_json(1)
+    assert stable_json(_Name.FAST) != stable_json("fast")
     assert stable_json(_Pair(1, 2)) != stable_json((1, 2))
     assert stable_json(_Point(1, 2)) != stable_json(_Point(2, 1))
     assert stable_json(FwdParams(num_warps=8)) != stable_json(BwdParams(num_warps=8))
