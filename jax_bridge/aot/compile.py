@@ -161,6 +161,11 @@ def compile_for(
     _check_mesh(mesh, target)
     if estimate_cycles and target.platform != "tpu":
         raise ValueError(f"compile_for: estimate_cycles is for TPU targets, not {target.name!r}.")
+    if estimate_cycles and not target.estimates_cycles:  # libtpu aborts the process there
+        raise ValueError(
+            f"compile_for: estimate_cycles is not available for {target.name!r}: libtpu "
+            "cannot estimate its cycles."
+        )
     args, kwargs = place((args, kwargs), target, mesh)
     if isinstance(fn, jax.stages.Wrapped):
         if static_argnames:

@@ -95,6 +95,11 @@ def get_target(target: str | CompileTarget) -> CompileTarget:
     """The `CompileTarget` of a name (or the target itself)."""
     if isinstance(target, CompileTarget):
         return target
+    if not isinstance(target, str):
+        raise TypeError(
+            f"target must be a target name, one of {tuple(TARGETS)}, or a CompileTarget; got "
+            f"{target!r}."
+        )
     if target not in TARGETS:
         raise ValueError(f"target must be one of {tuple(TARGETS)}, got {target!r}.")
     return TARGETS[target]

@@ -75,6 +75,11 @@ def test_bad_targets_and_meshes_are_refused_with_their_name():
         jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="h100", mesh="data")
     with pytest.raises(ValueError, match="estimate_cycles is for TPU targets"):
         jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="a100", estimate_cycles=True)
+    # Refused before compiling: libtpu would abort the compiling process.
+    with pytest.raises(ValueError, match="estimate_cycles is not available for 'tpu-v5e'"):
+        jb.compile_for(jnp.sin, spec((4,), jnp.float32), target="tpu-v5e", estimate_cycles=True)
+    with pytest.raises(TypeError, match="target must be a target name"):
+        jb.compile_for(jnp.sin, spec((4,), jnp.float32), target=["h100"])
 
 
 def test_report_counts_bytes_kernels_and_collectives():

@@ -59,6 +59,8 @@ def test_attention_configs_hold_one_config_per_kernel():
     assert configs.forward is fwd and configs.backward_dq is None
     with pytest.raises(TypeError, match=r"AttentionConfigs\.backward_dq"):
         AttentionConfigs(backward_dq=(32, 16))
+    with pytest.raises(TypeError, match="for_every_kernel takes an AttentionKernelConfig"):
+        AttentionConfigs.for_every_kernel(GroupedMatmulConfig(16, 16, 16))
 
 
 def test_pipeline_buffers_follow_the_mma():

@@ -364,6 +364,11 @@ class AttentionConfigs:
         specialization is the forward's alone (and dK/dV's at a tile of its own), the
         softmax overlap the forward's and dK/dV's (the dQ kernel's exp2s already run
         beside its dP)."""
+        if not isinstance(config, AttentionKernelConfig):
+            raise TypeError(
+                "AttentionConfigs.for_every_kernel takes an AttentionKernelConfig, got "
+                f"{type(config).__name__}."
+            )
         dkdv = config.replace(warp_specialize=False)
         dq = config.replace(warp_specialize=False, overlap_softmax=False)
         return cls(config, dkdv, dq)
