@@ -68,7 +68,18 @@ class MoEParams:
 def init_moe_params(
     key: jax.Array, *, hidden: int, ffn: int, num_experts: int, dtype: Any = jnp.float32
 ) -> MoEParams:
-    """Normal weights scaled by 1/sqrt(fan-in), so activations keep unit scale."""
+    """Random `MoEParams`: normal weights scaled by 1/sqrt(fan-in), so activations keep
+    unit scale.
+
+    Args:
+      key: a JAX PRNG key.
+      hidden, ffn, num_experts: the model width, each expert's inner width, the experts.
+      dtype: the weights' dtype (drawn in float32, then cast).
+
+    Returns:
+      `MoEParams` with router [hidden, num_experts], w_up [num_experts, hidden, ffn] and
+      w_down [num_experts, ffn, hidden].
+    """
     k_router, k_up, k_down = jax.random.split(key, 3)
 
     def normal(k, shape, fan_in):
