@@ -181,10 +181,6 @@ def _as_numpy(x: Any) -> np.ndarray:
     return array.astype(np.complex128 if np.iscomplexobj(array) else np.float64)
 
 
-def _integers(x: Any) -> bool:
-    return np.issubdtype(np.asarray(x).dtype, np.integer) or np.asarray(x).dtype == np.bool_
-
-
 def assert_allclose(
     actual: Any, expected: Any, *, rtol: float, atol: float, err_msg: str = ""
 ) -> None:
@@ -196,7 +192,8 @@ def assert_allclose(
     and relative errors: the worst is the element furthest past its tolerance, a NaN
     mismatch first.
     """
-    a, e = _as_numpy(actual), _as_numpy(expected)
+    raw_a, raw_e = np.asarray(actual), np.asarray(expected)
+    a, e = _as_numpy(raw_a), _as_numpy(raw_e)
     if a.shape != e.shape:
         raise AssertionError(f"shapes differ: actual {a.shape}, expected {e.shape}. {err_msg}")
     nan_a, nan_e = np.isnan(a), np.isnan(e)
@@ -207,10 +204,10 @@ def assert_allclose(
         # (inf <= inf would pass -inf against inf); NaN compares False.
         finite = np.isfinite(a) & np.isfinite(e)
         close = (a == e) | (nan_a & nan_e) | (finite & (error <= allowed))
-    if _integers(actual) and _integers(expected):
+    if raw_a.dtype.kind in "biu" and raw_e.dtype.kind in "biu":
         # float64 holds integers exactly only up to 2**53: compare Python ints (an int
         # against a float tolerance compares exactly too).
-        exact = np.abs(np.asarray(actual).astype(object) - np.asarray(expected).astype(object))
+        exact = np.abs(raw_a.astype(object) - raw_e.astype(object))
         close = np.asarray(exact <= allowed, bool).reshape(a.shape)
     failing = ~close
     count = int(failing.sum())
