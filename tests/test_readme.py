@@ -1,4 +1,5 @@
-"""Every Python example in the README runs as written."""
+"""Every Python example in the README runs as written, and every file the README and
+docs/ link to exists."""
 
 import pathlib
 import re
@@ -8,7 +9,8 @@ import pytest
 
 from tests.devices import needs_libtpu
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
@@ -26,3 +28,21 @@ def test_readme_example_runs(index, tmp_path):
     script = tmp_path / f"readme_example_{index}.py"
     script.write_text(EXAMPLES[index])
     runpy.run_path(str(script), run_name="__main__")
+
+
+# A Markdown link to a file of the checkout: [text](path), no scheme, no bare #anchor.
+LOCAL_LINK = re.compile(r"\]\((?![a-z]+:)([^)#\s]+)(?:#[^)]*)?\)")
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "results" / "README.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_local_links_resolve(page):
+    links = LOCAL_LINK.findall(page.read_text())
+    missing = [link for link in links if not (page.parent / link).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
+
+
+def test_readme_links_every_doc_page():
+    linked = {(README.parent / link).resolve() for link in LOCAL_LINK.findall(README.read_text())}
+    unlinked = [page.name for page in (ROOT / "docs").glob("*.md") if page.resolve() not in linked]
+    assert not unlinked, f"docs/ pages the README never links to: {unlinked}"
