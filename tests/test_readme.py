@@ -46,3 +46,18 @@ def test_readme_links_every_doc_page():
     linked = {(README.parent / link).resolve() for link in LOCAL_LINK.findall(README.read_text())}
     unlinked = [page.name for page in (ROOT / "docs").glob("*.md") if page.resolve() not in linked]
     assert not unlinked, f"docs/ pages the README never links to: {unlinked}"
+
+
+def _github_anchor(heading):
+    """The id GitHub gives a Markdown heading: lower case, punctuation but `-` and `_` dropped,
+    spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_anchors_name_its_headings():
+    text = README.read_text()
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # a code block's `# comment` is no heading
+    headings = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", prose, re.M)}
+    anchors = re.findall(r"\]\(#([^)]+)\)", text)
+    assert anchors
+    assert not [a for a in anchors if a not in headings], sorted(set(anchors) - headings)
