@@ -106,7 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--quick", action="store_true", help="small sizes (the default)")
     size.add_argument("--full", action="store_true", help="the larger sizes (minutes on a CPU)")
     parser.add_argument(
-        "--only", nargs="+", action="extend", default=[], metavar="NAME", help="sections to run"
+        "--only",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help=f"sections to run (default: all), of: {', '.join(SECTIONS)}",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every row as JSON")
     parser.add_argument(
@@ -218,7 +223,7 @@ def _compiled_summary(mode: str) -> str:
     if mode != "full":
         return (
             "\nnot compiled for an H100 and a TPU at quick sizes (over a minute): "
-            "python -m bench aot --quick, or python -m bench --full"
+            "python -m bench aot --quick --no-cycles (the memory alone), or python -m bench --full"
         )
     try:
         from bench.aot import summary_line

@@ -1,4 +1,6 @@
-"""What the hardware compilers say about our ops: `python -m bench aot [--quick] [--json PATH]`.
+"""What the hardware compilers say about our ops.
+
+    python -m bench aot [--quick] [--no-cycles] [--json PATH]
 
 Nothing runs: every program is compiled on this host for compile-only devices
 (`jax_bridge.compile_for`) by XLA with the real kernel compilers (Triton for H100 and

@@ -30,7 +30,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.report import BenchRow, format_table, machine_description, write_json
+from bench.report import (
+    BenchRow,
+    bench_json_argument,
+    format_table,
+    json_object_argument,
+    machine_description,
+    readable_text_argument,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,20 +78,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ncu-summary",
-        type=Path,
+        type=readable_text_argument,
         metavar="FILE",
         help="summarise an ncu --print-summary per-kernel text file",
     )
     parser.add_argument(
         "--verdicts",
-        type=Path,
+        type=bench_json_argument,
         metavar="FILE",
         help="from a --json file: each A/B anchor against the default, and issue 27's bars "
         "(bench/verdicts.py)",
     )
     parser.add_argument(
         "--static",
-        type=Path,
+        type=json_object_argument,
         metavar="PATH",
         help="with --verdicts: a --compile-for --json file of the same commit; each A/B row "
         "then names the kernels its anchor changes, with what ptxas made of them",
@@ -324,17 +332,15 @@ def main(argv: Sequence[str]) -> int:
     if args.compile_for is not None:
         return compile_rows(args)
     if args.ncu_summary is not None:
-        print(summarise_ncu(parse_ncu_summary(args.ncu_summary.read_text()), our_kernel_names()))
+        print(summarise_ncu(parse_ncu_summary(args.ncu_summary), our_kernel_names()))
         return 0
     if args.verdicts is not None:
         from bench.report import rows_of
         from bench.verdicts import format_verdicts
 
-        run_document = json.loads(args.verdicts.read_text())
-        static = json.loads(args.static.read_text()) if args.static else None
-        if static is not None:
-            _warn_other_commit(run_document, static)
-        print(format_verdicts(rows_of(run_document), static))
+        if args.static is not None:
+            _warn_other_commit(args.verdicts, args.static)
+        print(format_verdicts(rows_of(args.verdicts), args.static))
         return 0
     start = time.perf_counter()
     rows = run(args)

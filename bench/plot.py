@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.report import BenchRow, read_json
+from bench.report import BenchRow, bench_json_argument, rows_of
 
 # section -> (its rows' size parameter, the axis label)
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -120,10 +120,12 @@ def plot_rows(rows: Sequence[BenchRow], path: Path) -> int:
 def main(argv: Sequence[str]) -> None:
     """`python -m bench.plot BENCH.json OUT.png`: the plot of a saved run."""
     parser = argparse.ArgumentParser(prog="python -m bench.plot", description=main.__doc__)
-    parser.add_argument("json", type=Path, help="a file written by python -m bench --json")
+    parser.add_argument(
+        "json", type=bench_json_argument, help="a file written by python -m bench --json"
+    )
     parser.add_argument("png", type=Path, help="the PNG to write")
     args = parser.parse_args(argv)
-    count = plot_rows(read_json(args.json), args.png)
+    count = plot_rows(rows_of(args.json), args.png)
     print(f"wrote {args.png} ({count} series)")
 
 

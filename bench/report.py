@@ -18,6 +18,7 @@ so `throughput` = work / median time; the baseline does the same useful work):
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import importlib.metadata
@@ -294,6 +295,39 @@ def write_json(
 def read_json(path: Path) -> list[BenchRow]:
     """The rows of a file `write_json` wrote."""
     return rows_of(json.loads(path.read_text()))
+
+
+def readable_text_argument(text: str) -> str:
+    """An argparse type: the contents of the text file `text`, or a usage error saying why
+    it cannot be read (not a traceback)."""
+    try:
+        return Path(text).read_text()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"{text} is not a text file") from None
+
+
+def json_object_argument(text: str) -> dict[str, Any]:
+    """An argparse type: the JSON object in the file `text`, or a usage error."""
+    try:
+        document = json.loads(readable_text_argument(text))
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text} is not JSON ({error})") from None
+    if not isinstance(document, dict):
+        raise argparse.ArgumentTypeError(f"{text} holds no JSON object")
+    return document
+
+
+def bench_json_argument(text: str) -> dict[str, Any]:
+    """An argparse type: a document `write_json` wrote (`python -m bench --json`, `python -m
+    bench gpu-check --json`), or a usage error."""
+    document = json_object_argument(text)
+    if not isinstance(document.get("rows"), list):
+        raise argparse.ArgumentTypeError(
+            f"{text} holds no rows: not a file of python -m bench --json or gpu-check --json"
+        )
+    return document
 
 
 def rows_of(document: Mapping[str, Any]) -> list[BenchRow]:

@@ -35,6 +35,7 @@ GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
 
 
 def _parser() -> argparse.ArgumentParser:
+    from bench.kernel_report import head_dim_argument
     from jax_bridge.launch.report import SM_LIMITS
 
     parser = argparse.ArgumentParser(
@@ -46,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--force", action="store_true", help="re-time ops already cached")
     parser.add_argument("--cache", type=Path, metavar="PATH", help="the tuning cache file")
-    parser.add_argument("--head-dim", type=int, default=128, help="attention head_dim")
+    parser.add_argument(
+        "--head-dim", type=head_dim_argument, default=128, help="attention head_dim, 16..256"
+    )
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument(
         "--arch",

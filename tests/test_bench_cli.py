@@ -203,6 +203,41 @@ def test_json_round_trip_and_replot(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"wrote {png} (7 series)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "content, text",
+    [
+        (None, "No such file or directory"),
+        ("not json", "is not JSON"),
+        ("[1, 2]", "holds no JSON object"),
+        ('{"programs": []}', "holds no rows"),
+    ],
+)
+def test_a_saved_run_that_is_not_one_is_a_usage_error(tmp_path: Path, capsys, content, text):
+    """`bench.plot FILE` and `gpu-check --verdicts FILE` (and `--static`, `--ncu-summary`)
+    say what is wrong with the file, not a traceback."""
+    from bench import gpu_check
+    from bench.plot import main as plot_main
+
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    calls = [
+        lambda: plot_main([str(path), str(tmp_path / "out.png")]),
+        lambda: gpu_check.main(["--verdicts", str(path)]),
+    ]
+    if text != "holds no rows":  # --static and --ncu-summary take any object / any text
+        calls.append(lambda: gpu_check.main(["--verdicts", str(path), "--static", str(path)]))
+    for call in calls:
+        with pytest.raises(SystemExit) as exit_info:
+            call()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and text in err and str(path) in err, err
+    if content is None:
+        with pytest.raises(SystemExit):
+            gpu_check.main(["--ncu-summary", str(path)])
+        assert "cannot read" in capsys.readouterr().err
+
+
 def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(

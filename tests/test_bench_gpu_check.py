@@ -234,7 +234,8 @@ def test_dry_run_checks_grouped_matmul_and_block_sparse_rows_against_their_ancho
     assert gpu_check.main(["--verdicts", str(path)]) == 0
     verdicts = capsys.readouterr().out
     assert "ours triton block-sparse dkdv 64x128 3 stages: " in verdicts
-    assert "grouped matmul >= 0.9x torch._grouped_mm: 0 of 0 rows" in verdicts  # no torch
+    no_torch = "grouped matmul >= 0.9x torch._grouped_mm: no row of this run has that anchor"
+    assert no_torch in verdicts
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -36,6 +36,10 @@ def test_arguments_are_checked(capsys):
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit):
         tune.main(["--op", "softmax"])
+    for head_dim, text in (("300", "must be in [16, 256], got 300"), ("x", "an integer")):
+        with pytest.raises(SystemExit) as exit_info:
+            tune.main(["--dry-run", "--op", "attention", "--head-dim", head_dim])
+        assert exit_info.value.code == 2 and text in capsys.readouterr().err
 
 
 def test_it_compiles_for_the_targets_bench_report_does():
