@@ -28,6 +28,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("tests/attention/test_lowering.py::test_two_sided_window_lowers_for_cuda", "4 kernels"),
     ("tests/attention/test_lowering.py::test_two_cta_backward_runs_*", "4 offline compiles"),
     ("tests/block_sparse/test_triton.py::test_static_report_at_default_configs*", "compile"),
+    ("tests/block_sparse/test_triton.py::test_static_report_of_the_careful_*", "QUICK: 1"),
     ("tests/grouped_matmul/test_lowering.py::test_*", "offline compiles"),
     ("tests/aot/test_targets.py::test_plain_jit_over_a_gpu_mesh_*[a100]", "as [h100]"),
     # --- the same check over more cases (each an XLA compile of forward + backward, and a
@@ -285,6 +286,7 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_lowering.py::test_static_report_of_the_ampere_dkdv_*[causal-row-a-program]",
     "tests/attention/test_lowering.py::test_lowers_with_every_option[90-bfloat16-80]",
     "tests/block_sparse/test_triton.py::test_static_report_at_default_configs[forward-128-True-True-90]",
+    "tests/block_sparse/test_triton.py::test_static_report_of_the_careful_relaunch[backward_dkdv-mha]",
     "tests/block_sparse/test_triton.py::test_overlapped_softmax_gives_the_float64_*[documents-nan]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_and_tgmm_lower_for_cuda[bfloat16-90]",
     "tests/grouped_matmul/test_lowering.py::test_gmm_gradient_lowers_to_three_matmul_kernels[True-90]",

@@ -281,6 +281,34 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
             assert report.instructions_per_mflop <= 1.1 * varlen.instructions_per_mflop
 
 
+# The careful relaunch (programs that met a non-finite value) at the default sm_90 tiles:
+# dK/dV spills a few bytes outside its loops (8 B under either Triton, one or four query
+# heads a kv head).
+_CAREFUL_SPILL_OUTSIDE_LOOP = 16
+
+
+@pytest.mark.parametrize("heads", [(16, 16), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["forward", "backward_dq", "backward_dkdv"])
+def test_static_report_of_the_careful_relaunch(kind, heads):
+    """The second launch's kernels (CAREFUL) at the default sm_90 tiles (bf16, d=128, a
+    causal mask's token rule), with one query head a kv head and with a GQA group: wgmma
+    not serialized, nothing spilled in a loop. Under Triton 3.9 dK/dV's NaN select on its
+    accumulators inside the loop serialized its wgmma with one query head a kv head (the
+    bench rows' layout; the catalog's GQA group hid it): it only notes a non-finite row
+    there, and `_keys_seeing_bad_rows` finds the key rows after the loops."""
+    from jax_bridge.launch.report import variant_report
+    from triton_kernels.catalog import block_sparse_variant
+
+    variant = block_sparse_variant(kind, 128, 90)
+    constexprs = {**variant.constexprs, "CAREFUL": True}
+    constexprs.update(NUM_Q_HEADS=heads[0], NUM_KV_HEADS=heads[1])
+    report = variant_report(dataclasses.replace(variant, constexprs=constexprs), 90)
+    print(variant.description, heads, report.summary())
+    assert report.uses_wgmma and not report.serialized_wgmma, report.summary()
+    spilled = max(report.spill_store_bytes, report.spill_load_bytes)
+    assert not report.loop_spills and spilled <= _CAREFUL_SPILL_OUTSIDE_LOOP, report.summary()
+
+
 # dQ at d=256 takes the varlen table's 128x32 on sm_90: under Triton 3.6 it spills 24-68 B
 # a thread outside its loops, once a program (none under 3.9).
 _DQ_256_SPILL_OUTSIDE_LOOPS = 68

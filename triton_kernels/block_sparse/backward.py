@@ -429,7 +429,7 @@ def _dkdv_full_tiles(
 
 @triton.jit
 def _dkdv_partial_tiles(
-    dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
+    dk, dv, any_bad, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
     codes_ptr, base, full, total, keys, batch, head, hook_head, table_ptr, q_doc_ptr,
     kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
     qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_Q_HEADS: tl.constexpr,
@@ -440,10 +440,11 @@ def _dkdv_partial_tiles(
     SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     CAREFUL: tl.constexpr, DP_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """(dk, dv) over the partial query tiles full..total of query head `head`'s list at
-    `base`, masked by the element rule (transposed: rows are keys). CAREFUL: q's and dO's
-    non-finite rows (`_query_row_flags`) read as zeros and the key rows that see one are
-    poisoned; otherwise q and dO as given (exact where they are finite)."""
+    """(dk, dv, any_bad) over the partial query tiles full..total of query head `head`'s
+    list at `base`, masked by the element rule (transposed: rows are keys). CAREFUL: q's
+    and dO's non-finite rows (`_query_row_flags`) read as zeros, and any_bad notes that a
+    tile held one (`_keys_seeing_bad_rows` finds the key rows that see it, after the
+    loops); otherwise q and dO as given (exact where they are finite)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -467,14 +468,7 @@ def _dkdv_partial_tiles(
         )  # fmt: skip
         code = tl.load(codes_ptr + base + t)
         if CAREFUL:
-            if tl.max((q_bad | do_bad).to(tl.int32), 0) > 0:  # rare: see the forward
-                seen = _allowed(
-                    cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
-                    q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-                    MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
-                )  # fmt: skip
-                dk = _poison_rows(dk, _rows_seeing(seen, q_bad))
-                dv = _poison_rows(dv, _rows_seeing(seen, do_bad))
+            any_bad |= tl.max((q_bad | do_bad).to(tl.int32), 0) > 0
         allowed = _allowed(
             cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
             q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
@@ -485,7 +479,44 @@ def _dkdv_partial_tiles(
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
             HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST,
         )  # fmt: skip
-    return dk, dv
+    return dk, dv, any_bad
+
+
+@triton.jit
+def _keys_seeing_bad_rows(
+    row_flags_ptr, head_group_ptr, counts_ptr, tiles_ptr, codes_ptr, kv_head, kv_tile, keys,
+    batch, n_tiles, width, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len,
+    kv_len, window_left, window_right, prefix, GQA: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_MODE: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    PREDICATE: tl.constexpr,
+):  # fmt: skip
+    """(dk_bad, dv_bad) bool [BLOCK_N]: the rows of key tile `kv_tile` that may see a
+    non-finite q row (dk_bad) or dO row (dv_bad) in the partial tiles of its GQA group's
+    lists (full tiles read q and dO as given: NaN reaches their rows by itself). After the
+    CAREFUL launch's loops, only where they met such a row: a NaN select on dk and dv
+    inside them made ptxas serialize their wgmma (C7515, Triton 3.9, one query head a kv
+    head), and [BLOCK_N] flags kept across them spilled."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dk_bad = keys < 0
+    dv_bad = keys < 0
+    for g in range(0, GQA):
+        head = kv_head * GQA + g
+        group = tl.load(head_group_ptr + head)
+        full, total, base = _list_base(counts_ptr, group, kv_tile, n_tiles, width)
+        for t in range(full, total):
+            cols = tl.load(tiles_ptr + base + t) * BLOCK_M + offs_m
+            q_bad, do_bad = _query_row_flags(row_flags_ptr, batch, head, cols, q_len, NUM_Q_HEADS)
+            seen = _allowed(
+                cols, keys, offs_m, offs_n, tl.load(codes_ptr + base + t), table_ptr, q_doc_ptr,
+                kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right,
+                prefix, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N,
+                True,
+            )  # fmt: skip
+            dk_bad |= _rows_seeing(seen, q_bad)
+            dv_bad |= _rows_seeing(seen, do_bad)
+    return dk_bad, dv_bad
 
 
 @triton.jit
@@ -583,6 +614,7 @@ def block_sparse_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    any_bad = kv_tile < 0  # False, as a scalar the loops can carry
     for g in range(0, GQA):
         head = kv_head * GQA + g
         group = tl.load(head_group_ptr + head)
@@ -595,14 +627,14 @@ def block_sparse_dkdv_kernel(
             slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP,
             HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, OVERLAP_SOFTMAX,
         )  # fmt: skip
-        dk, dv = _dkdv_partial_tiles(
-            dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr, tiles_ptr,
-            codes_ptr, base, full, total, keys, batch, head, hook_head, table_ptr, q_doc_ptr,
-            kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M,
-            BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX,
-            PREDICATE, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION,
-            CAREFUL, OVERLAP_SOFTMAX,
+        dk, dv, any_bad = _dkdv_partial_tiles(
+            dk, dv, any_bad, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr,
+            tiles_ptr, codes_ptr, base, full, total, keys, batch, head, hook_head, table_ptr,
+            q_doc_ptr, kv_doc_ptr, q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left,
+            window_right, prefix, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+            NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT,
+            HAS_RIGHT, HAS_PREFIX, PREDICATE, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
+            SCORE_MOD_GRAD, INPUT_PRECISION, CAREFUL, OVERLAP_SOFTMAX,
         )  # fmt: skip
     if not CAREFUL:  # the sum is non-finite where either is (or, harmlessly, overflows)
         _flag_redo(redo_ptr, dk + dv)
@@ -612,3 +644,14 @@ def block_sparse_dkdv_kernel(
     dv_ptrs = _tile_ptrs(dv_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
     tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_mask)
+    if CAREFUL and any_bad:  # find the key rows that see them and overwrite them with NaN
+        dk_bad, dv_bad = _keys_seeing_bad_rows(
+            row_flags_ptr, head_group_ptr, counts_ptr, tiles_ptr, codes_ptr, kv_head, kv_tile,
+            keys, batch, n_tiles, width, table_ptr, q_doc_ptr, kv_doc_ptr, q_pos_ptr,
+            kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix, GQA, NUM_Q_HEADS,
+            BLOCK_M, BLOCK_N, MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE,
+        )  # fmt: skip
+        nan = tl.full([BLOCK_N, BLOCK_D], float("nan"), dk_ptr.dtype.element_ty)
+        tl.debug_barrier()  # the stores above first, whichever threads made them
+        tl.store(dk_ptrs, nan, mask=out_mask & dk_bad[:, None])
+        tl.store(dv_ptrs, nan.to(dv_ptr.dtype.element_ty), mask=out_mask & dv_bad[:, None])

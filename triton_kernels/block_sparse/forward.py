@@ -44,9 +44,10 @@ its partial tiles read those rows as zeros (a copy of the operand whose non-fini
 the bridge zeroed, or, on sm_90 (FIND_BAD_ROWS), the forward (V) and dQ (K) kernels find
 and zero them in the tiles they load; dK/dV loads the flagged rows of q and dO as zeros,
 from flags the dQ kernel writes (sm_90) or XLA computes (sm_80..89)), and the rows that
-may see such a row are made NaN instead (`_poison_rows` in the loops, but with
-FIND_BAD_ROWS the forward's loop only notes it, and `_rows_seeing_bad_values` finds
-those rows after it). Full tiles read the operands as given in both launches. The
+may see such a row are made NaN instead (`_poison_rows` in dQ's loop, and in the
+forward's without FIND_BAD_ROWS; the forward's loop with it and dK/dV's only note that
+one was met, and `_rows_seeing_bad_values` / `backward._keys_seeing_bad_rows` find those
+rows after the loops). Full tiles read the operands as given in both launches. The
 isolation's work (a V tile through registers, half the partial tile's instructions on
 sm_90) is paid only where the data holds non-finite values.
 
