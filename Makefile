@@ -55,8 +55,8 @@ gpu-check-dry: $(STAMP)
 	$(VENV)/bin/python -m bench gpu-check --dry-run
 
 # Every GPU row (ours and our A/B anchors) compiled for an H100 here, not run
-# (bench/preflight.py, ~3 minutes): on the device's software where .venv-device exists
-# (make test-device-stack builds it, and runs this after its tests).
+# (bench/preflight.py, about 7 minutes on 2 cores): on the device's software where
+# .venv-device exists (make test-device-stack builds it, and runs this after its tests).
 PREFLIGHT_VENV := $(if $(wildcard .venv-device/bin/python),.venv-device,$(VENV))
 gpu-preflight: $(if $(wildcard .venv-device/bin/python),,$(STAMP))
 	JAX_PLATFORMS=cpu $(PREFLIGHT_VENV)/bin/python -m bench gpu-check --compile-for h100
