@@ -282,7 +282,7 @@ def test_static_report_at_default_configs(compute_capability, head_dim, soft_cap
 
 
 # The careful relaunch (programs that met a non-finite value) at the default sm_90 tiles:
-# dK/dV spills a few bytes outside its loops (8 B under either Triton, one or four query
+# dK/dV spills a few bytes outside its loops (up to 8 B under either Triton, one or four query
 # heads a kv head).
 _CAREFUL_SPILL_OUTSIDE_LOOP = 16
 

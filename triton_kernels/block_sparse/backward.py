@@ -496,7 +496,7 @@ def _keys_seeing_bad_rows(
     lists (full tiles read q and dO as given: NaN reaches their rows by itself). After the
     CAREFUL launch's loops, only where they met such a row: a NaN select on dk and dv
     inside them made ptxas serialize their wgmma (C7515, Triton 3.9, one query head a kv
-    head), and [BLOCK_N] flags kept across them spilled."""
+    head), and [BLOCK_N] flags carried through them spilled (24-40 B a thread, 3.9)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dk_bad = keys < 0
