@@ -340,8 +340,8 @@ QUICK: tuple[str, ...] = (
     "tests/block_sparse/test_triton.py::test_forward_isolates_non_finite_*[copy-of-v-tokens]",
     "tests/block_sparse/test_triton.py::test_dq_isolates_non_finite_keys_*[in-kernel-intervals]",
     "tests/block_sparse/test_triton.py::test_dq_isolates_non_finite_keys_*[copy-of-k-tokens]",
-    "tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[dq-flags-tokens]",
-    "tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[xla-flags-intervals]",
+    "tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[dq-flags-tokens-gqa]",
+    "tests/block_sparse/test_triton.py::test_dkdv_isolates_non_finite_*[xla-flags-intervals-mha]",
     # (the ring's gradients, sinks' included, in make test: test_triton_kernels_in_the_ring)
     "tests/attention/test_ring.py::test_ring_equals_whole_sequence[R2-contiguous-*",
     "tests/splash/test_sharding.py::test_sharded_kernel_equals_unsharded[shards2-per_head_*",

@@ -461,15 +461,17 @@ def test_dq_isolates_non_finite_keys_either_way(monkeypatch, find_in_kernel, rul
     assert_equal_to_rounding(bad[~seen], clean[~seen], "unseen rows")
 
 
+@pytest.mark.parametrize("group", [1, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("rule", ["intervals", "tokens"])
 @pytest.mark.parametrize("find_in_kernel", [False, True], ids=["xla-flags", "dq-flags"])
-def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_kernel, rule):
+def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_kernel, rule, group):
     """A NaN in one query row and an infinity in one row of the output's cotangent reach
     exactly the key rows those queries see (causal, inside their document): dK there is
     non-finite (through the scores or dS), and so is dV for the cotangent's row (the NaN
     query's forward row has no mass, lse -inf: it adds nothing to dV). Every other row is
     the clean call's, bit for bit: the partial tiles around them read those rows as 0,
-    flagged by the dQ kernel (sm_90 and up) or by XLA (sm_80..89)."""
+    flagged by the dQ kernel (sm_90 and up) or by XLA (sm_80..89), and the second launch
+    finds the key rows that see them over every query head of the kv head's group."""
     from jax_bridge import block_sparse_attention
     from jax_bridge.block_sparse import triton as block_sparse_triton
 
@@ -478,7 +480,8 @@ def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_ke
     length = 96
     mask = DocumentMask(np.array([0, 30, 70, 96], np.int32), shape=(length, length), causal=True)
     rng = np.random.default_rng(10)
-    q, k, v, w = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "qkvw")
+    q, w = (jnp.asarray(rng.normal(size=(1, length, 2 * group, 32)), jnp.float32) for _ in "qw")
+    k, v = (jnp.asarray(rng.normal(size=(1, length, 2, 32)), jnp.float32) for _ in "kv")
 
     def dkdv(q, w):
         attend = lambda k, v: block_sparse_attention(q, k, v, mask, implementation="triton")
@@ -487,9 +490,10 @@ def test_dkdv_isolates_non_finite_queries_and_cotangents(monkeypatch, find_in_ke
 
     (dk, dv), (bad_dk, bad_dv) = (
         dkdv(q, w),
-        dkdv(q.at[:, 40, 0].set(jnp.nan), w.at[:, 75, 1, 3].set(jnp.inf)),
+        # query head 0 is kv head 0's; the last query head is kv head 1's
+        dkdv(q.at[:, 40, 0].set(jnp.nan), w.at[:, 75, 2 * group - 1, 3].set(jnp.inf)),
     )
-    seen = np.zeros((length, 2), bool)  # (key row, kv head): MHA
+    seen = np.zeros((length, 2), bool)  # (key row, kv head)
     seen[30:41, 0] = True  # query 40 of document 2 (rows 30..69) sees keys 30..40
     seen[70:76, 1] = True  # query 75 of document 3 sees keys 70..75
     assert not np.isfinite(bad_dk[seen]).all(axis=-1).any()
