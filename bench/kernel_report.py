@@ -202,6 +202,24 @@ def grid_sizes(batch: int = 8, seq: int = 8192, block_m: int = 128, seed: int = 
     }
 
 
+def arch_argument(text: str) -> int:
+    """An argparse type: a compute capability as a number (`90`), as `sm_90`, or as a GPU
+    `compile_for` names (`h100`, `a100`), as `gpu-check --compile-for` takes it."""
+    from jax_bridge.aot.targets import TARGETS
+
+    name = text.strip().lower()
+    target = TARGETS.get(name)
+    if target is not None and target.compute_capability is not None:
+        return target.compute_capability
+    try:
+        return int(name.removeprefix("sm_"))
+    except ValueError:
+        gpus = sorted(n for n, t in TARGETS.items() if t.compute_capability is not None)
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a compute capability (90, sm_90) or a GPU ({', '.join(gpus)})"
+        ) from None
+
+
 def head_dim_argument(text: str) -> int:
     """An argparse type: a head dim the attention kernels take, or a usage error naming the
     range (`bench report --head-dim`, `bench tune --head-dim`)."""
@@ -228,12 +246,13 @@ def _parser() -> argparse.ArgumentParser:
 
     parser.add_argument(
         "--arch",
-        type=int,
+        type=arch_argument,
         nargs="+",
         default=[80, 90],
         choices=sorted(SM_LIMITS),
         metavar="CC",
-        help=f"compute capabilities to compile for, of {sorted(SM_LIMITS)} (default: 80 90); "
+        help=f"compute capabilities to compile for, of {sorted(SM_LIMITS)} (or sm_90, h100, "
+        "a100; default: 80 90); "
         "sm_100's tcgen05 MMAs carry no shape, so it gets no instr/MFLOP",
     )
     parser.add_argument(

@@ -35,7 +35,7 @@ GMM_PROBLEM, GMM_GROUPS = (8192, 2048, 1408), 64
 
 
 def _parser() -> argparse.ArgumentParser:
-    from bench.kernel_report import head_dim_argument
+    from bench.kernel_report import arch_argument, head_dim_argument
     from jax_bridge.launch.report import SM_LIMITS
 
     parser = argparse.ArgumentParser(
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument(
         "--arch",
-        type=int,
+        type=arch_argument,
         choices=sorted(SM_LIMITS),
         metavar="CC",
         help=f"--dry-run's compile target, of {sorted(SM_LIMITS)} (default: the GPU's, else 90)",

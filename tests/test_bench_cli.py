@@ -238,6 +238,21 @@ def test_a_saved_run_that_is_not_one_is_a_usage_error(tmp_path: Path, capsys, co
         assert "cannot read" in capsys.readouterr().err
 
 
+def test_arch_takes_numbers_sm_names_and_gpus(capsys) -> None:
+    """`bench report --arch` and `bench tune --arch` take 90, sm_90 or h100 (the names
+    `gpu-check --compile-for` takes), and refuse the rest naming what they take."""
+    from bench import kernel_report, tune
+
+    for parser in (kernel_report._parser(), tune._parser()):
+        for text, capability in (("90", 90), ("sm_90", 90), ("H100", 90), ("a100", 80)):
+            arch = parser.parse_args(["--arch", text]).arch
+            assert arch in (capability, [capability])
+        for text, message in (("75", "invalid choice: 75"), ("foo", "or a GPU (a100, h100)")):
+            with pytest.raises(SystemExit):
+                parser.parse_args(["--arch", text])
+            assert message in capsys.readouterr().err
+
+
 def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
