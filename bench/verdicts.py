@@ -166,10 +166,10 @@ def format_bars(rows: Sequence[BenchRow], bars: Sequence[Bar] = BARS) -> str:
     lines = []
     for bar in bars:
         found = [r for r in rows if r.baseline == bar.anchor and r.ratio and bar.applies(r)]
-        met = sum(r.ratio >= bar.minimum for r in found)
         if not found:
             lines.append(f"{bar.name}: no row of this run has that anchor")
             continue
+        met = sum(r.ratio >= bar.minimum for r in found)
         lines.append(f"{bar.name}: {met} of {len(found)} rows")
         lines += [
             f"  {r.ratio:5.2f}x {'ok   ' if r.ratio >= bar.minimum else 'BELOW'} {_label(r)}"

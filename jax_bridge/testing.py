@@ -200,15 +200,16 @@ def assert_allclose(
     with np.errstate(invalid="ignore", over="ignore"):
         error = np.abs(a - e)  # NaN where either is NaN or where inf meets inf
         allowed = atol + rtol * np.abs(e)
-        # Exact equality covers equal infinities; the tolerance applies to finite pairs only
-        # (inf <= inf would pass -inf against inf); NaN compares False.
-        finite = np.isfinite(a) & np.isfinite(e)
-        close = (a == e) | (nan_a & nan_e) | (finite & (error <= allowed))
-    if raw_a.dtype.kind in "biu" and raw_e.dtype.kind in "biu":
-        # float64 holds integers exactly only up to 2**53: compare Python ints (an int
-        # against a float tolerance compares exactly too).
-        exact = np.abs(raw_a.astype(object) - raw_e.astype(object))
-        close = np.asarray(exact <= allowed, bool).reshape(a.shape)
+        if raw_a.dtype.kind in "biu" and raw_e.dtype.kind in "biu":
+            # float64 holds integers exactly only up to 2**53: compare Python ints (an int
+            # against a float tolerance compares exactly too).
+            exact = np.abs(raw_a.astype(object) - raw_e.astype(object))
+            close = np.asarray(exact <= allowed, bool).reshape(a.shape)
+        else:
+            # Exact equality covers equal infinities; the tolerance applies to finite pairs
+            # only (inf <= inf would pass -inf against inf); NaN compares False.
+            finite = np.isfinite(a) & np.isfinite(e)
+            close = (a == e) | (nan_a & nan_e) | (finite & (error <= allowed))
     failing = ~close
     count = int(failing.sum())
     if count == 0:

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from jax_bridge.aot.common import parse_compiled_text, tracing_for
 from jax_bridge.aot.targets import CompileTarget, get_target, target_devices
+from jax_bridge.launch.target import device_compute_capability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +104,8 @@ def _is_targets(device: Any, target: CompileTarget) -> bool:
     says it, its compute capability ("9.0": an A100's mesh would take sm_90 kernels)."""
     if not _on_platform(SingleDeviceSharding(device), target.platform):
         return False
-    capability = getattr(device, "compute_capability", None)
-    if target.compute_capability is None or not isinstance(capability, str):
-        return True
-    major, _, minor = capability.partition(".")
-    return f"{major}{minor or 0}" == str(target.compute_capability)
+    capability = device_compute_capability(device)
+    return target.compute_capability is None or capability in (None, target.compute_capability)
 
 
 def _check_mesh(mesh: Mesh | None, target: CompileTarget) -> None:

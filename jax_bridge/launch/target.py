@@ -81,13 +81,19 @@ def interpreting(enabled: bool = True) -> Iterator[None]:
         yield
 
 
-def _device_compute_capability() -> int | None:
-    """The default device's compute capability as an int (9.0 -> 90); None if unknown."""
-    capability = getattr(jax.devices()[0], "compute_capability", None)
+def device_compute_capability(device: Any) -> int | None:
+    """A device's compute capability as an int (JAX's "9.0" -> 90); None where the device
+    does not say (a CPU, a TPU)."""
+    capability = getattr(device, "compute_capability", None)
     if not capability:
         return None
     major, _, minor = str(capability).partition(".")
     return int(major) * 10 + int(minor or 0)
+
+
+def _device_compute_capability() -> int | None:
+    """The default device's compute capability as an int; None if unknown."""
+    return device_compute_capability(jax.devices()[0])
 
 
 _GPU_PLATFORMS = ("cuda", "rocm", "gpu")
