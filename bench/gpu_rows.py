@@ -1039,21 +1039,29 @@ def _wide_head_tiles(spec: MaskSpec) -> tuple[Impl, ...]:
     """A/B rows of the d=256 row (head dims 129-256: Gemma's), whose Hopper defaults moved
     by the static report alone: the forward at its former tile (128x32, two stages; 64-key
     steps since 2026-12-05) and dQ at its former 64x32 (both warpgroups computed QK^T and
-    dO V^T: 5/3 of the work; 128x32 since 2026-12-06); and dK/dV by mma.sync at 64x32, 8
-    warps (64 query rows a step, 32 keys: m16 a warp, each product once, spill-free under
-    Triton 3.6 and 3.9; 788 / 797 warp-instructions per MFLOP of the tile's work against
-    the default 16x64 wgmma tile's 1690 / 2361, which computes K Q^T and V dO^T 1.5 times
-    and spills 120-232 B): wgmma against mma.sync, whose peak on an H100 is about half
-    wgmma's, which the count cannot settle."""
+    dO V^T: 5/3 of the work; 128x32 since 2026-12-06); and dK/dV, head-major since
+    2026-12-08 (`HEAD_MAJOR_DKDV_TILE`, 32x64 at one stage: 629 / 645 warp-instructions
+    per MFLOP of the tile's work under Triton 3.6 / 3.9, causal), against its former
+    key-major 16x64 (three stages; both warpgroups computed K Q^T and V dO^T: 1690 /
+    2361), head-major 16x64 at two stages (a pipelined copy, 908 / 957) and key-major
+    by mma.sync at 64x32, 8 warps (each product once, 788 / 797; mma.sync peaks at
+    about half wgmma's rate on an H100, which the count cannot settle)."""
     from jax_bridge import AttentionConfigs, AttentionKernelConfig
 
     forward = AttentionConfigs(forward=AttentionKernelConfig(128, 32, 8, 2))
     dq = AttentionConfigs(backward_dq=AttentionKernelConfig(64, 32, 8, 2))
-    dkdv = AttentionConfigs(backward_dkdv=AttentionKernelConfig(64, 32, 8, 2))
+    dkdv = {
+        "dkdv 16x64 key-major": AttentionKernelConfig(16, 64, 8, 3),
+        "dkdv 16x64 head-major 2 stages": AttentionKernelConfig(16, 64, 8, 2, head_major=True),
+        "dkdv 64x32 mma.sync": AttentionKernelConfig(64, 32, 8, 2),
+    }
     return (
         varlen_impl(spec, forward, "forward 128x32", passes="forward"),
         varlen_impl(spec, dq, "dq 64x32", passes="fwd+bwd"),
-        varlen_impl(spec, dkdv, "dkdv 64x32 mma.sync", passes="fwd+bwd"),
+        *(
+            varlen_impl(spec, AttentionConfigs(backward_dkdv=config), name, passes="fwd+bwd")
+            for name, config in dkdv.items()
+        ),
     )
 
 

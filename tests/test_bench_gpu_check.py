@@ -149,7 +149,9 @@ def test_the_issue_rows_are_declared():
     assert wide.shape == "4x4096 d256 causal h8 d256 bf16"
     assert wide.forward_flops == 4 * 256 * 8 * 4 * 4096 * 4097 / 2
     assert {"ours triton varlen forward 128x32", "ours triton varlen dq 64x32",
-            "ours triton varlen dkdv 64x32 mma.sync"} <= {a.name for a in wide.anchors}  # fmt: skip
+            "ours triton varlen dkdv 64x32 mma.sync", "ours triton varlen dkdv 16x64 key-major",
+            "ours triton varlen dkdv 16x64 head-major 2 stages",
+            } <= {a.name for a in wide.anchors}  # fmt: skip
     assert keys[-1] == wide.key
     matmul = next(c for c in gpu_rows.cases(sizes) if c.key == "m8192 G64")
     assert matmul.flops("fwd+bwd") == 3 * 2 * 8192 * 2048 * 1408
@@ -256,7 +258,7 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
     # per SM, on the first two the warp-specialized forward and dK/dV (the forward also
     # without a bound) and each kernel with TMA by the programs' descriptors and by the
     # launch's; on the wide-head row the forward and dQ at their former d=256 tiles and
-    # dK/dV by mma.sync.
+    # dK/dV key-major (its former tile, and by mma.sync) and head-major at two stages.
     assert {r["baseline"] for r in found} == {
         "jax xla attention", "ours triton varlen dkdv 32x128 by pointers",
         "ours triton varlen three stages", "ours triton varlen dkdv 64x128 3 stages",
@@ -276,6 +278,8 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         "ours triton varlen dq tma host descriptors", "ours triton varlen dkdv tma",
         "ours triton varlen dkdv tma host descriptors", "ours triton varlen forward 128x32",
         "ours triton varlen dq 64x32", "ours triton varlen dkdv 64x32 mma.sync",
+        "ours triton varlen dkdv 16x64 key-major",
+        "ours triton varlen dkdv 16x64 head-major 2 stages",
     }  # fmt: skip
     _passes_of(found, (
         ("forward tma", "forward"), ("forward overlapped", "forward"),
@@ -283,6 +287,7 @@ def test_dry_run_checks_the_varlen_rows_against_their_anchors(tmp_path: Path, ca
         ("dkdv 64x128 3 stages", "fwd+bwd"), ("forward 128x128 3 stages", "forward"),
         ("dq by tma reduction", "fwd+bwd"), ("dq tma", "fwd+bwd"), ("dkdv tma", "fwd+bwd"),
         ("forward 128x32", "forward"), ("dq 64x32", "fwd+bwd"), ("dkdv 64x32", "fwd+bwd"),
+        ("dkdv 16x64", "fwd+bwd"),
         ("forward 64x128 4 warps", "forward"), ("dq 64x128 4 warps", "fwd+bwd"),
     ))  # fmt: skip
     out = capsys.readouterr().out

@@ -178,14 +178,16 @@ def _loading_tags(config: Any) -> tuple[str, str]:
     """(name suffix, description suffix) of a config's loading and scheduling options:
     "_tma" / " tma" for tensor descriptors, "_ws" / " warp-specialized" for a
     warp-specialized loop, "_overlap" / " overlapped softmax" for `overlap_softmax` (the
-    forward's or dK/dV's), "_persistent" / " persistent" for gmm's persistent walk, "_host"
-    / " host descriptors" for descriptors encoded by the launch (gmm's, the streamed
-    arrays of attention's kernels)."""
+    forward's or dK/dV's), "_head_major" / " head-major" for dK/dV's `head_major`,
+    "_persistent" / " persistent" for gmm's persistent walk, "_host" / " host
+    descriptors" for descriptors encoded by the launch (gmm's, the streamed arrays of
+    attention's kernels)."""
     tags = [
         ("tma", "_tma", " tma"),
         ("host_descriptors", "_host", " host descriptors"),
         ("warp_specialize", "_ws", " warp-specialized"),
         ("overlap_softmax", "_overlap", " overlapped softmax"),
+        ("head_major", "_head_major", " head-major"),
         ("persistent", "_persistent", " persistent"),
     ]
     on = [(name, words) for field, name, words in tags if getattr(config, field, False)]

@@ -113,10 +113,10 @@ def block_sparse_attention(
         `AttentionKernelConfig`; None fields: the default) or one `AttentionKernelConfig`
         for all three kernels. A kernel's tile given by both `block_sizes` and `config`
         must agree. `overlap_softmax` overlaps the forward's full tiles and every dK/dV
-        tile (`AttentionKernelConfig`); `tma`, `warp_specialize`, `host_descriptors` and
-        `dq_atomic` are the varlen kernels' and refused on every backend; XLA ignores the
-        rest (tiles, warps, stages: its blocks are `block_sizes`'); Pallas refuses a
-        config (`block_sizes`).
+        tile, `head_major` accumulates dK^T and dV^T (`AttentionKernelConfig`); `tma`,
+        `warp_specialize`, `host_descriptors` and `dq_atomic` are the varlen kernels' and
+        refused on every backend; XLA ignores the rest (tiles, warps, stages: its blocks
+        are `block_sizes`'); Pallas refuses a config (`block_sizes`).
       precision: float32 matmul precision (`jax_bridge.core.precision`; None: HIGHEST).
         The Pallas kernels use the TPU's default dot precision.
       implementation: "auto" (Triton on GPUs, Pallas on TPU, XLA elsewhere), "xla",

@@ -173,7 +173,8 @@ def check_config(
     `varlen_attention`'s XLA path does); Pallas takes `block_sizes` instead. The
     block-sparse kernels read no tensor descriptors, run no warp-specialized loop and
     keep their own dQ kernel, so those options are refused on every backend (the
-    softmax overlap they take: the forward's full tiles, every dK/dV tile); a Triton
+    softmax overlap they take, the forward's full tiles and every dK/dV tile, and
+    head-major dK/dV); a Triton
     kernel whose tile both `config` and `block_sizes` give must get the same one (XLA's
     block_sizes are its own blocks)."""
     if config is None:

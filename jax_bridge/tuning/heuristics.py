@@ -21,6 +21,8 @@ from jax_bridge.tuning.device import device_compute_capability
 from jax_bridge.tuning.params import BwdParams, FwdParams
 from triton_kernels.config import check_block, multiplies_by_mma_sync
 from triton_kernels.flash_attention.config import (
+    HEAD_MAJOR_DKDV_TILE,
+    HEAD_MAJOR_DQ_ATOMIC_TILE,
     KINDS,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
@@ -326,7 +328,9 @@ def attention_candidates(
     `OVERLAPPED_DKDV_TILE`) and, with `descriptors` and a head_dim that is a power of
     two, the warp-specialized forward and dK/dV (`WARP_SPECIALIZED_FORWARD_TILE`,
     `WARP_SPECIALIZED_DKDV_TILE`) and dK/dV and dQ at one warpgroup a CTA
-    (`TWO_CTA_BACKWARD_TILE`, with `tma`).
+    (`TWO_CTA_BACKWARD_TILE`, with `tma`); on sm_90, past head_dim 128, head-major dK/dV
+    (`AttentionKernelConfig.head_major`) at `HEAD_MAJOR_DKDV_TILE` and
+    `HEAD_MAJOR_DQ_ATOMIC_TILE`.
     """
     check_kind(kind)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
@@ -405,7 +409,8 @@ def _hopper_options(
     take one; on mma.sync GPUs one stage keeps no copy in flight and two CTAs do not fit
     99 KiB; a persistent walk's dQ at that tile spills in its loop on sm_90 under Triton
     3.9); where descriptors launch (`tma_here`) also the warp-specialized forward and
-    dK/dV and the backward's kernels at one warpgroup a CTA, two CTAs an SM. Each at the
+    dK/dV and the backward's kernels at one warpgroup a CTA, two CTAs an SM; head-major
+    dK/dV past head_dim 128 on Hopper's wgmma (sm_90-99). Each at the
     tile the kernels' config module names for it (the kernels' options last); the static
     report prunes the ones that spill at other head dims."""
     if (compute_capability or 0) < 90 or dtype_name == "float32":
@@ -426,6 +431,9 @@ def _hopper_options(
     options = [AttentionKernelConfig(*overlapped, overlap_softmax=True)]
     if tma_here:
         options.append(AttentionKernelConfig(*specialized, tma=True, warp_specialize=True))
+    if kind == "backward_dkdv" and block_d(head_dim) > 128 and compute_capability < 100:
+        tiles = (HEAD_MAJOR_DKDV_TILE, HEAD_MAJOR_DQ_ATOMIC_TILE)
+        options += [AttentionKernelConfig(*tile, head_major=True) for tile in tiles]
     return (two_ctas if kind == "backward_dkdv" else one_stage) + options
 
 

@@ -29,7 +29,7 @@ __all__ = ["BOOL_FIELDS", "BwdParams", "FwdParams", "attention_configs", "attent
 
 BOOL_FIELDS = frozenset(
     {"tma", "dq_tma", "warp_specialize", "overlap_softmax", "persistent", "host_descriptors",
-     "dq_host_descriptors"}
+     "dq_host_descriptors", "head_major"}
 )  # fmt: skip
 """The params' bool fields, by name (every other field is an int): what `_check_field`
 and the tuning cache's entry check (`jax_bridge.tuning.cache`) test against."""
@@ -39,15 +39,17 @@ _ATTENTION_FIELDS = ("q_blocksize", "kv_blocksize", "overlap_softmax")
 _MATMUL_FIELDS = ("blocksize_m", "blocksize_k", "blocksize_n", "persistent")
 
 # Each kernel config's fields and the params fields that hold them (config -> params):
-# the one table every conversion below reads, both ways. The forward (`FwdParams`) and
-# dK/dV (`BwdParams`' unprefixed fields) hold every field of `AttentionKernelConfig`
-# under the same names; dQ holds no option but `tma` and `host_descriptors`.
+# the one table every conversion below reads, both ways. dK/dV (`BwdParams`' unprefixed
+# fields) holds every field of `AttentionKernelConfig` under the same names, the forward
+# (`FwdParams`) every one but dK/dV's `head_major`; dQ no option but `tma` and
+# `host_descriptors`.
 _LAUNCH = {"num_warps": "num_warps", "num_stages": "num_stages", "tma": "tma"}
 _ATTENTION_KERNEL = {
     "block_m": "q_blocksize", "block_n": "kv_blocksize", **_LAUNCH,
     "warp_specialize": "warp_specialize", "overlap_softmax": "overlap_softmax",
     "host_descriptors": "host_descriptors",
 }  # fmt: skip
+_DKDV = {**_ATTENTION_KERNEL, "head_major": "head_major"}
 _MATMUL = {"block_m": "blocksize_m", "block_k": "blocksize_k", "block_n": "blocksize_n",
            **_LAUNCH, "warp_specialize": "warp_specialize", "persistent": "persistent",
            "host_descriptors": "host_descriptors"}  # fmt: skip
@@ -137,10 +139,12 @@ class _Params:
             raise ValueError(f"{type(self).__name__}: {stray} do not apply to {target}.")
 
 
-def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str) -> None:
+def _check_held(
+    config: AttentionKernelConfig, held: Collection[str], where: str, params: str = "BwdParams"
+) -> None:
     """ValueError naming `where` if `config` turns on an option (a bool field) that the
-    params have no field for (`held`: the config fields they hold; dQ lacks some):
-    converting it would drop the option silently."""
+    params have no field for (`held`: the config fields they hold; dQ and the forward
+    lack some): converting it would drop the option silently."""
     dropped = [
         f.name
         for f in dataclasses.fields(config)
@@ -148,7 +152,7 @@ def _check_held(config: AttentionKernelConfig, held: Collection[str], where: str
     ]
     if dropped:
         raise ValueError(
-            f"{where}: BwdParams has no field for {dropped} of this kernel's config "
+            f"{where}: {params} has no field for {dropped} of this kernel's config "
             f"(AttentionConfigs refuses them there), got {config}."
         )
 
@@ -195,7 +199,9 @@ class FwdParams(_Params):
 
     @classmethod
     def from_attention_config(cls, config: AttentionKernelConfig) -> FwdParams:
-        """Every field of the forward kernel's `config` as params."""
+        """Every field of the forward kernel's `config` as params; ValueError if it turns
+        on dK/dV's `head_major`, which they cannot hold."""
+        _check_held(config, _ATTENTION_KERNEL, "FwdParams.from_attention_config", "FwdParams")
         return cls._from_config(config, _ATTENTION_KERNEL)
 
     @classmethod
@@ -238,6 +244,8 @@ class BwdParams(_Params):
       overlap_softmax: the dK/dV kernel issues each query tile's dP before P's exp2s
         (`AttentionKernelConfig.overlap_softmax`). The dQ kernel has neither option (it
         refuses both).
+      head_major: the dK/dV kernel accumulates dK^T and dV^T, head-dim major
+        (`AttentionKernelConfig.head_major`; dK/dV's alone).
     """
 
     q_blocksize: int | None = None
@@ -254,6 +262,7 @@ class BwdParams(_Params):
     dq_host_descriptors: bool | None = None
     warp_specialize: bool | None = None
     overlap_softmax: bool | None = None
+    head_major: bool | None = None
 
     @classmethod
     def from_fwd_params(cls, fwd: FwdParams) -> BwdParams:
@@ -289,8 +298,8 @@ class BwdParams(_Params):
     def from_dkdv_config(cls, config: AttentionKernelConfig) -> BwdParams:
         """The dK/dV kernel's `config` as params that set its fields only (every field
         of `AttentionKernelConfig` has one)."""
-        _check_held(config, _ATTENTION_KERNEL, "BwdParams.from_dkdv_config")
-        return cls._from_config(config, _ATTENTION_KERNEL)
+        _check_held(config, _DKDV, "BwdParams.from_dkdv_config")
+        return cls._from_config(config, _DKDV)
 
     @classmethod
     def from_dq_config(cls, config: AttentionKernelConfig) -> BwdParams:
@@ -310,7 +319,7 @@ class BwdParams(_Params):
     def to_dkdv_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dK/dV kernel's config: the set fields, the rest from `default` (the
         config's own ValueError where they do not go together)."""
-        return self._to_config(default, _ATTENTION_KERNEL)
+        return self._to_config(default, _DKDV)
 
     def to_dq_config(self, default: AttentionKernelConfig) -> AttentionKernelConfig:
         """The dQ kernel's config: the set `dq_*` fields, the rest from `default`."""

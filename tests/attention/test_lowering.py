@@ -269,14 +269,15 @@ def attention_kernel_report(kind, head_dim, compute_capability, dtype_name="bflo
 )  # fmt: skip
 def test_static_report_at_default_configs(compute_capability, head_dim, kind, features, persistent):
     """Every feature set's default tiles, in both launch modes: no spills at head_dim
-    <= 128 (and dQ at 256; every kernel at 256 on the 99 KiB GPUs, sm_86 and sm_120),
-    tensor cores, and on sm_90 wgmma that ptxas does not serialize."""
+    <= 128 (and at 256 dQ, sm_90's head-major dK/dV and every kernel on the 99 KiB GPUs,
+    sm_86 and sm_120), tensor cores, and on sm_90 wgmma that ptxas does not serialize."""
     report = attention_kernel_report(
         kind, head_dim, compute_capability, features=features, persistent=persistent
     )
     print(report.summary())
     assert report.uses_mma
-    if head_dim <= 128 or kind == "backward_dq" or compute_capability in (86, 120):
+    head_major = (compute_capability, kind) == (90, "backward_dkdv")
+    if head_dim <= 128 or kind == "backward_dq" or compute_capability in (86, 120) or head_major:
         key = (compute_capability, head_dim, kind, features, None)
         assert_spills_expected(report, key, persistent)
     if 90 <= compute_capability < 120:
@@ -324,6 +325,34 @@ def test_static_report_of_the_dq_at_head_dim_256():
     assert default.mma_redundancy == 1.0
     assert former.mma_redundancy == pytest.approx(5 / 3)
     assert default.instructions_per_mflop < 0.5 * former.instructions_per_mflop
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: f.describe())
+def test_static_report_of_the_hopper_dkdv_at_head_dim_256(features, persistent):
+    """Hopper's dK/dV default at d=256 is head-major (`HEAD_MAJOR_DKDV_TILE`: the
+    products' rows are the head dim, 128 a warpgroup): each of its four products runs once
+    a query step, where key-major 16x64 ran K Q^T and V dO^T in both warpgroups (1.5x the
+    work); no spill in its loop (GQA, every feature set, both launches), at most 8 B
+    outside it, and fewer than half the former tile's instructions per MFLOP of the
+    tile's work."""
+    from triton_kernels.flash_attention.config import AttentionKernelConfig
+
+    report = attention_kernel_report(
+        "backward_dkdv", 256, 90, features=features, persistent=persistent
+    )
+    former = attention_kernel_report(
+        "backward_dkdv", 256, 90, features=features, persistent=persistent,
+        config=AttentionKernelConfig(16, 64, 8, 3),
+    )  # fmt: skip
+    print(report.summary(), report.instructions_per_mflop)
+    print(former.summary(), former.instructions_per_mflop)
+    variant = attention_variant("backward_dkdv", 256, 90, features=features, persistent=persistent)
+    assert variant.constexprs["HEAD_MAJOR"] and variant.name.endswith("_head_major")
+    assert report.mma_redundancy == 1.0 and former.mma_redundancy == pytest.approx(1.5)
+    assert not (report.loop_spills or report.serialized_wgmma), report.summary()
+    assert max(report.spill_store_bytes, report.spill_load_bytes) <= 8, report.summary()
+    assert report.instructions_per_mflop < 0.5 * former.instructions_per_mflop
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["row-a-program", "persistent"])
@@ -388,8 +417,7 @@ def test_static_report_of_the_dq_atomic_dkdv(compute_capability, head_dim, featu
     """The dK/dV kernel that accumulates dQ (`AttentionConfigs.dq_atomic`) at its default
     tile: its atomic adds are there (RED/REDG, or ATOM whose result goes unused), no spill in
     its loop (dK/dV's allowance outside it), and on sm_90 wgmma not serialized (at d=256
-    for dQ's product alone: 64x32 steps 64 query rows, m64, past 32 keys, m16 a warp by
-    mma.sync; each product computed once)."""
+    head-major, every product on wgmma, each computed once)."""
     report = attention_kernel_report(
         "backward_dkdv", head_dim, compute_capability, features=features,
         persistent=persistent, dq_atomic=True,
@@ -458,6 +486,22 @@ _ESTIMATED_TILES = {
     "backward_dq": ((64, 16, 8), (128, 64, 8), (32, 32, 4)),
 }
 _ESTIMATED_TILES_FLOAT32 = ((16, 32, 8), (32, 16, 8))
+
+
+def test_head_major_shared_memory_estimate_is_an_upper_bound():
+    """Head-major dK/dV (sm_90, d=256, bf16, causal) at the tiles the tuner searches: the
+    estimate is never below the compiled kernel's shared memory, nor 20 KiB above it."""
+    from triton_kernels.flash_attention.config import (
+        HEAD_MAJOR_DKDV_TILE,
+        HEAD_MAJOR_DQ_ATOMIC_TILE,
+        AttentionKernelConfig,
+    )
+
+    for tile in (HEAD_MAJOR_DKDV_TILE, HEAD_MAJOR_DQ_ATOMIC_TILE):
+        config = AttentionKernelConfig(*tile, head_major=True)
+        report = attention_kernel_report("backward_dkdv", 256, 90, config=config)
+        estimate = config.shared_memory_bytes("backward_dkdv", 256, 2, 90)
+        assert 0 <= estimate - report.shared_memory_bytes <= 20 * 1024, (estimate, report.summary())
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION_KERNELS))

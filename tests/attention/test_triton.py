@@ -48,8 +48,11 @@ from tests.attention.helpers import (
 from tests.attention.test_conformance import CASES, check_case
 from tests.devices import needs_tensor_descriptors, skip_unless_host_descriptors_launch
 from tests.launches import record_launches
+from triton_kernels.block_sparse.config import block_sparse_config
 from triton_kernels.flash_attention.config import (
     _HEAVY_LIGHT,
+    HEAD_MAJOR_DKDV_TILE,
+    HEAD_MAJOR_DQ_ATOMIC_TILE,
     KINDS,
     ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
@@ -305,6 +308,16 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
             ValueError,
             r"host_descriptors=True .*excludes warp_specialize=True",
         ),
+        (
+            dict(block_m=16, block_n=16, head_major=1),
+            TypeError,
+            "AttentionKernelConfig.head_major must be a bool",
+        ),
+        (
+            dict(block_m=16, block_n=16, tma=True, warp_specialize=True, head_major=True),
+            ValueError,
+            "head_major and warp_specialize exclude each other",
+        ),
     ],
     ids=[
         "not_pow2",
@@ -322,6 +335,8 @@ def test_small_shared_memory_gpus_take_their_light_tiles():
         "overlap_and_ws",
         "host_no_tma",
         "host_and_ws",
+        "head_major_bool",
+        "head_major_and_ws",
     ],
 )
 def test_kernel_config_validation(kwargs, error, message):
@@ -355,9 +370,20 @@ _SPECIALIZED = AttentionKernelConfig(64, 128, tma=True, warp_specialize=True)
             dict(backward_dkdv=_SPECIALIZED.replace(block_m=128)),
             r"warp_specialize=True in the backward_dkdv .*needs block_m <= 64.*got block_m=128",
         ),
+        (
+            dict(forward=AttentionKernelConfig(16, 16, head_major=True)),
+            r"head_major=True is for the backward_dkdv kernel's config only.*forward",
+        ),
+        (
+            dict(backward_dq=AttentionKernelConfig(16, 16, head_major=True)),
+            r"head_major=True is for the backward_dkdv kernel's config only.*backward_dq",
+        ),
     ],
-    ids=["ws-dq", "overlap-dq", "ws-dkdv-dq-atomic", "ws-dkdv-128-queries"],
-)
+    ids=[
+        "ws-dq", "overlap-dq", "ws-dkdv-dq-atomic", "ws-dkdv-128-queries", "head-major-forward",
+        "head-major-dq",
+    ],
+)  # fmt: skip
 def test_configs_refuse_options_their_kernels_cannot_run(kwargs, message):
     """Where the configs are built, not when a gradient is first traced; each of those
     options on the kernel that can run it is taken."""
@@ -365,6 +391,7 @@ def test_configs_refuse_options_their_kernels_cannot_run(kwargs, message):
         AttentionConfigs(**kwargs)
     AttentionConfigs(forward=_SPECIALIZED, backward_dkdv=_SPECIALIZED.replace(block_m=32))
     AttentionConfigs(backward_dkdv=AttentionKernelConfig(16, 16, overlap_softmax=True))
+    AttentionConfigs(backward_dkdv=AttentionKernelConfig(16, 16, head_major=True), dq_atomic=True)
 
 
 def test_a_forward_call_refuses_a_tma_config_its_head_dim_cannot_take():
@@ -635,6 +662,103 @@ def test_two_cta_backward_at_its_tile_gives_the_float64_gradients():
     _assert_device_float64_numbers(jnp.bfloat16, True, config)
 
 
+# --- head-major dK/dV (AttentionKernelConfig.head_major) --------------------------------
+
+
+def test_hopper_dkdv_is_head_major_past_head_dim_128():
+    """On sm_90 dK/dV at head dims 129-256 accumulates dK^T and dV^T (each product once in
+    both warpgroups, spill-free with every option: the static report), whatever the
+    call's options and launch; with dQ by atomics at a tile of its own. Nowhere else: not
+    at d <= 128, on mma.sync GPUs, Blackwell, float32, the forward or dQ. The
+    block-sparse dK/dV takes it too."""
+    default = AttentionKernelConfig(*HEAD_MAJOR_DKDV_TILE, head_major=True)
+    atomic = AttentionKernelConfig(*HEAD_MAJOR_DQ_ATOMIC_TILE, head_major=True)
+    for head_dim, dtype_name, features, persistent, descriptors in itertools.product(
+        (136, 192, 256), ("bfloat16", "float16"), FEATURE_SETS, (False, True), (False, True)
+    ):
+        args = (head_dim, dtype_name, 90, "backward_dkdv")
+        launch = dict(features=features, persistent=persistent, descriptors=descriptors)
+        assert default_attention_config(*args, **launch) == default, (args, launch)
+        assert default_attention_config(*args, **launch, dq_atomic=True) == atomic
+    for change in [
+        dict(head_dim=128), dict(dtype_name="float32"), dict(compute_capability=80),
+        dict(compute_capability=86), dict(compute_capability=100),
+        dict(compute_capability=120), dict(kind="forward"), dict(kind="backward_dq"),
+    ]:  # fmt: skip
+        args = dict(head_dim=256, dtype_name="bfloat16", compute_capability=90,
+                    kind="backward_dkdv") | change  # fmt: skip
+        assert not default_attention_config(**args).head_major, change
+        assert not default_attention_config(**args, dq_atomic=True).head_major, change
+    for soft_cap, alibi in itertools.product((False, True), (False, True)):
+        config = block_sparse_config(256, "bfloat16", 90, "backward_dkdv", soft_cap=soft_cap,
+                                     alibi=alibi)  # fmt: skip
+        assert config == default
+        assert not block_sparse_config(256, "bfloat16", 80, "backward_dkdv").head_major
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(causal=True, tma=True),
+        dict(causal=False, logits_soft_cap=7.0, sliding_window=(19, 31), dq_atomic=True),
+        dict(causal=True, alibi=True, overlap_softmax=True),
+        dict(causal=True, sliding_window=(24, None), dq_atomic=True, tma=True),
+    ],
+    ids=["causal-tma", "soft-cap-window-dq-atomic", "alibi-overlap", "left-window-atomic-tma"],
+)
+def test_head_major_dkdv_gives_the_float64_gradients(options):
+    """dK/dV head-major (dK^T = Q^T dS, dV^T = dO^T P; its tile's scores and masks as the
+    forward's) over documents with as many keys as queries and more, empty and of one
+    token, GQA groups of 2, a head_dim padded to its tile (40 of 64): the float64 oracle's
+    numbers, and the key-major kernel's at the same tile, with dQ by atomics too."""
+    lengths = [(83, 83), (1, 1), (0, 0), (21, 40), (33, 70), (16, 16)]
+    inputs = make_inputs(46, lengths, 4, 2, 40)
+    q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
+    dq_atomic, tma = options.pop("dq_atomic", False), options.pop("tma", False)
+    overlap, alibi = options.pop("overlap_softmax", False), options.pop("alibi", False)
+    slopes = jnp.asarray([0.5, 0.25, 0.125, 0.0625], jnp.float32) if alibi else None
+    options |= dict(return_lse=True, alibi_slopes=slopes)
+    if tma:
+        inputs = make_inputs(46, lengths, 4, 2, 64)  # descriptors: a power-of-two head dim
+        q, k, v = (inputs[n] for n in "qkv")
+
+    def run(head_major):
+        dkdv = AttentionKernelConfig(16, 32, tma=tma, overlap_softmax=overlap,
+                                     head_major=head_major)  # fmt: skip
+        configs = AttentionConfigs(backward_dkdv=dkdv, dq_atomic=dq_atomic)
+
+        def fn(q, k, v, s):
+            return varlen_attention(q, k, v, cu_q, cu_k, implementation="triton",
+                                    config=configs, **options)  # fmt: skip
+
+        return value_and_grads(fn, q, k, v, None, inputs["d_out"], inputs["d_lse"])
+
+    def reference(q, k, v, s):
+        return attention_reference(q, k, v, cu_q, cu_k, **options)
+
+    head_major, key_major = run(True), run(False)
+    expected = oracle_value_and_grads(reference, q, k, v, None, inputs["d_out"], inputs["d_lse"])
+    tol = attention_tolerance(q, k, cu_q=cu_q, cu_k=cu_k)
+    flat = lambda r: (r[0], r[1], *r[2])
+    for name, got, other, ref in zip(("out", "lse", "dq", "dk", "dv"), flat(head_major),
+                                     flat(key_major), flat(expected), strict=True):  # fmt: skip
+        assert_close(got, ref, tol, name)
+        assert_close(got, other, 2 * tol, f"{name} vs the key-major kernel")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dq_atomic", [False, True], ids=["dq-kernel", "dq-atomic"])
+def test_head_major_dkdv_at_its_hopper_tiles_gives_the_float64_gradients(dq_atomic):
+    """Hopper's d=256 dK/dV defaults (`HEAD_MAJOR_DKDV_TILE`, and with dQ by atomics
+    `HEAD_MAJOR_DQ_ATOMIC_TILE`; bf16, causal, GQA groups of 4; in the interpreter here,
+    on a Hopper GPU by its defaults), against the float64 oracle."""
+    tile = HEAD_MAJOR_DQ_ATOMIC_TILE if dq_atomic else HEAD_MAJOR_DKDV_TILE
+    dkdv = AttentionKernelConfig(*tile, head_major=True)
+    lengths = [(150, 150), (1, 1), (0, 0), (97, 97)]
+    inputs = make_inputs(47, lengths, 8, 2, 256, dtype=jnp.bfloat16)
+    _assert_float64_numbers(inputs, True, AttentionConfigs(backward_dkdv=dkdv, dq_atomic=dq_atomic))
+
+
 # --- dQ accumulated by the dK/dV kernel (AttentionConfigs.dq_atomic) ----------------------
 
 DQ_ATOMIC = AttentionConfigs(dq_atomic=True)
@@ -900,9 +1024,9 @@ def test_dq_atomic_under_vmap_and_jit():
 def test_dq_atomic_takes_the_base_tile_by_pointers():
     """With dQ's product and atomic adds in it, dK/dV keeps the base tables' tile where
     light calls would take the larger ones (the TMA tile on sm_90: it spills with them),
-    but where its own tables say otherwise (64 query rows: sm_90 at d=256 and sm_80 at
-    d=64 without the register-heavy options, sm_80 at d=128); the other kernels keep
-    theirs."""
+    but where its own tables say otherwise (64 query rows: sm_80 at d=64 without the
+    register-heavy options, sm_80 at d=128; sm_90 at d=256 head-major at 16x64); the
+    other kernels keep theirs."""
     causal = AttentionFeatures(causal=True)
 
     def config(head_dim, kind, dq_atomic, capability=90, features=causal):
@@ -914,11 +1038,10 @@ def test_dq_atomic_takes_the_base_tile_by_pointers():
     assert config(128, "backward_dkdv", False).tma
     assert config(128, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 2)
     assert config(64, "backward_dkdv", True) == AttentionKernelConfig(32, 128, 8, 3)
-    assert config(256, "backward_dkdv", True) == AttentionKernelConfig(64, 32, 8, 2)
+    head_major = AttentionKernelConfig(16, 64, 8, 2, head_major=True)
+    assert config(256, "backward_dkdv", True) == head_major
     capped = AttentionFeatures(causal=True, soft_cap=True)
-    assert config(256, "backward_dkdv", True, features=capped) == AttentionKernelConfig(
-        16, 32, 8, 3
-    )
+    assert config(256, "backward_dkdv", True, features=capped) == head_major
     assert config(128, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 8, 3)
     assert config(64, "backward_dkdv", True, capability=80) == AttentionKernelConfig(64, 64, 4, 3)
     assert config(64, "backward_dkdv", True, capability=80, features=capped) == (
@@ -1089,18 +1212,22 @@ def test_persistent_programs_walk_the_tile_list(monkeypatch, spare, tma, dq_atom
 
 
 @pytest.mark.parametrize(
-    "constexpr, config, dkdv",
+    "constexpr, config, forward, dkdv",
     [
-        ("WARP_SPECIALIZE", AttentionKernelConfig(16, 16, tma=True, warp_specialize=True), False),
-        ("OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True), True),
+        ("WARP_SPECIALIZE", AttentionKernelConfig(16, 16, tma=True, warp_specialize=True),
+         True, False),
+        ("OVERLAP_SOFTMAX", AttentionKernelConfig(16, 16, overlap_softmax=True), True, True),
+        ("HEAD_MAJOR", AttentionKernelConfig(16, 16, head_major=True), False, True),
     ],
-    ids=["warp_specialize", "overlap_softmax"],
+    ids=["warp_specialize", "overlap_softmax", "head_major"],
 )  # fmt: skip
-def test_kernel_options_reach_only_the_kernels_that_take_them(monkeypatch, constexpr, config, dkdv):
+def test_kernel_options_reach_only_the_kernels_that_take_them(
+    monkeypatch, constexpr, config, forward, dkdv
+):
     """One config for every kernel gives warp specialization to the forward alone, the
-    softmax overlap to the forward and dK/dV (the gradient runs, its other kernels
-    without it; the dQ kernel's own config with either is refused where it is built,
-    `test_configs_refuse_options_their_kernels_cannot_run`)."""
+    softmax overlap to the forward and dK/dV, `head_major` to dK/dV alone (the gradient
+    runs, its other kernels without it; the other kernels' own configs with them are
+    refused where they are built, `test_configs_refuse_options_their_kernels_cannot_run`)."""
     inputs = make_inputs(43, [(20, 20)], 2, 1, 32)
     q, k, v, cu_q, cu_k = (inputs[n] for n in ("q", "k", "v", "cu_q", "cu_k"))
 
@@ -1117,7 +1244,7 @@ def test_kernel_options_reach_only_the_kernels_that_take_them(monkeypatch, const
         if launch.kernel.__name__ != "attention_schedule_kernel"
     }
     assert specialized == {
-        "attention_forward_kernel": True,
+        "attention_forward_kernel": forward,
         "attention_backward_dq_kernel": False,
         "attention_backward_dkdv_kernel": dkdv,
     }

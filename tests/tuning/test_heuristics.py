@@ -3,6 +3,7 @@ every supported head_dim, dtype, GPU and feature set, and come from the kernels'
 
 import dataclasses
 import functools
+import itertools
 
 import jax.numpy as jnp
 import pytest
@@ -25,6 +26,8 @@ from jax_bridge.tuning.heuristics import (
 )
 from jax_bridge.tuning.params import BwdParams, FwdParams, attention_kernel_config
 from triton_kernels.flash_attention.config import (
+    HEAD_MAJOR_DKDV_TILE,
+    HEAD_MAJOR_DQ_ATOMIC_TILE,
     KINDS,
     ONE_STAGE_TWO_CTA_TILE,
     OVERLAPPED_DKDV_TILE,
@@ -55,7 +58,7 @@ _FIELDS = {
     },
     "backward_dkdv": {
         "q_blocksize", "kv_blocksize", "num_warps", "num_stages", "tma", "warp_specialize",
-        "overlap_softmax", "host_descriptors",
+        "overlap_softmax", "host_descriptors", "head_major",
     },
     "backward_dq": {
         "dq_q_blocksize", "dq_kv_blocksize", "dq_num_warps", "dq_num_stages", "dq_tma",
@@ -477,6 +480,25 @@ def test_hopper_candidates_hold_the_overlap_and_warp_specialization(capability, 
         )
         configs = [attention_kernel_config(kind, c, default) for c in candidates]
         assert one_stage not in configs and one_stage_tma not in configs
+
+
+def test_head_major_dkdv_candidates_past_head_dim_128_on_hopper():
+    """dK/dV head-major (`HEAD_MAJOR_DKDV_TILE`, `HEAD_MAJOR_DQ_ATOMIC_TILE`) is searched
+    where Hopper's wgmma runs it past head_dim 128 (sm_90, 16-bit; the default there is
+    one of them): not at d=128, on Blackwell, mma.sync GPUs or float32, nor for other
+    kernels."""
+    tiles = {HEAD_MAJOR_DKDV_TILE, HEAD_MAJOR_DQ_ATOMIC_TILE}
+    for kind, head_dim, capability, dtype in itertools.product(
+        KINDS, (128, 192, 256), (80, 90, 100), ("bfloat16", "float32")
+    ):
+        args = dict(head_dim=head_dim, dtype=dtype, compute_capability=capability)
+        default = default_attention_config(head_dim, dtype, capability, kind)
+        configs = [
+            attention_kernel_config(kind, c, default) for c in attention_candidates(kind, **args)
+        ]
+        found = {(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in configs if c.head_major}
+        searched = (kind, capability, dtype) == ("backward_dkdv", 90, "bfloat16") and head_dim > 128
+        assert found == (tiles if searched else set()), (kind, head_dim, capability, dtype)
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward_dq"])

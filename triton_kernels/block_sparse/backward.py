@@ -43,7 +43,7 @@ from triton_kernels.flash_attention.forward import (
     _tile_ptrs,
     _tile_scores,
 )
-from triton_kernels.flash_attention.steps import _dkdv_step, _dq_step
+from triton_kernels.flash_attention.steps import _dkdv_accumulators, _dkdv_step, _dq_step
 
 
 @triton.jit
@@ -348,18 +348,24 @@ def _dkdv_tile_step(
     SCORE_MOD_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DP_FIRST: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):
     """dv += P^T dO and dk += dS^T Q (unscaled) over one query tile; the tile is
     transposed: rows are keys, columns queries (positions `cols`). DP_FIRST: dP's product
-    issued before P's exp2s (`steps._dkdv_products`)."""
-    qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
+    issued before P's exp2s (`steps._dkdv_products`). HEAD_MAJOR: dv^T += dO^T P and dk^T
+    += Q^T dS, the tile (and `allowed`) as the forward's: rows are queries."""
+    if HEAD_MAJOR:
+        qk_t = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+    else:
+        qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
     s2_t, t_t = _tile_scores(qk_t, qk_scale_log2, scale_over_cap, cap_log2, HAS_SOFT_CAP)
     s2_t, g_t = _modified_scores(
-        s2_t, batch, head, cols, keys, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, True, True
-    )
+        s2_t, batch, head, cols, keys, slope_log2, HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD,
+        not HEAD_MAJOR, True,
+    )  # fmt: skip
     return _dkdv_step(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed, PARTIAL, HAS_SOFT_CAP,
-        SCORE_MOD_GRAD is not None, INPUT_PRECISION, DP_FIRST,
+        SCORE_MOD_GRAD is not None, INPUT_PRECISION, DP_FIRST, HEAD_MAJOR,
     )  # fmt: skip
 
 
@@ -406,7 +412,7 @@ def _dkdv_full_tiles(
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr, ROWS_ALIGNED: tl.constexpr, HAS_SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     """(dk, dv) (dk unscaled) over the full query tiles 0..full of query head `head`'s
     list at `base` (hook_head: its number for the score hook), operands as given."""
@@ -422,7 +428,7 @@ def _dkdv_full_tiles(
         dk, dv = _dkdv_tile_step(
             dk, dv, k, v, q, do, lse2, delta, True, cols, keys, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, False, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST, HEAD_MAJOR,
         )  # fmt: skip
     return dk, dv
 
@@ -438,10 +444,11 @@ def _dkdv_partial_tiles(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_PREFIX: tl.constexpr,
     PREDICATE: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    CAREFUL: tl.constexpr, DP_FIRST: tl.constexpr,
+    CAREFUL: tl.constexpr, DP_FIRST: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     """(dk, dv, any_bad) over the partial query tiles full..total of query head `head`'s
-    list at `base`, masked by the element rule (transposed: rows are keys). CAREFUL: q's
+    list at `base`, masked by the element rule (transposed: rows are keys; with
+    HEAD_MAJOR as the forward's). CAREFUL: q's
     and dO's non-finite rows (`_query_row_flags`) read as zeros, and any_bad notes that a
     tile held one (`_keys_seeing_bad_rows` finds the key rows that see it, after the
     loops); otherwise q and dO as given (exact where they are finite)."""
@@ -472,12 +479,13 @@ def _dkdv_partial_tiles(
         allowed = _allowed(
             cols, keys, offs_m, offs_n, code, table_ptr, q_doc_ptr, kv_doc_ptr,
             q_pos_ptr, kv_pos_ptr, q_len, kv_len, window_left, window_right, prefix,
-            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N, True,
+            MASK_MODE, HAS_LEFT, HAS_RIGHT, HAS_PREFIX, PREDICATE, BLOCK_M, BLOCK_N,
+            not HEAD_MAJOR,
         )  # fmt: skip
         dk, dv = _dkdv_tile_step(
             dk, dv, k, v, q, do, lse2, delta, allowed, cols, keys, batch, hook_head,
             qk_scale_log2, scale_over_cap, cap_log2, slope_log2, True, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, DP_FIRST, HEAD_MAJOR,
         )  # fmt: skip
     return dk, dv, any_bad
 
@@ -573,6 +581,7 @@ def block_sparse_dkdv_kernel(
     SCORE_MOD_GRAD: tl.constexpr,
     CAREFUL: tl.constexpr = False,
     OVERLAP_SOFTMAX: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
     """dK, dV of one [BLOCK_N]-row key tile of one kv head of one batch entry.
 
@@ -587,7 +596,8 @@ def block_sparse_dkdv_kernel(
     Two launches, redo_in_ptr and redo_ptr as the forward's (dk_in_ptr, dv_in_ptr: what a
     CAREFUL launch's dk, dv alias): partial tiles read q and dO as given in the first,
     and the flagged rows as zeros in the second. OVERLAP_SOFTMAX: every tile issues its
-    dP before P's exp2s (`steps._dkdv_products`).
+    dP before P's exp2s (`steps._dkdv_products`). HEAD_MAJOR: dK and dV accumulate as
+    [BLOCK_D, BLOCK_N] tiles, dK^T = Q^T dS and dV^T = dO^T P (`steps._dkdv_step`).
     """
     if _program_redo(redo_in_ptr, CAREFUL):
         return
@@ -612,8 +622,7 @@ def block_sparse_dkdv_kernel(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
     )
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk, dv = _dkdv_accumulators(BLOCK_N, BLOCK_D, HEAD_MAJOR)
     any_bad = kv_tile < 0  # False, as a scalar the loops can carry
     for g in range(0, GQA):
         head = kv_head * GQA + g
@@ -625,7 +634,7 @@ def block_sparse_dkdv_kernel(
             dk, dv, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, tiles_ptr, base, full,
             keys, batch, head, hook_head, q_len, qk_scale_log2, scale_over_cap, cap_log2,
             slope_log2, NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, HAS_SOFT_CAP,
-            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, OVERLAP_SOFTMAX,
+            HAS_ALIBI, SCORE_MOD, SCORE_MOD_GRAD, INPUT_PRECISION, OVERLAP_SOFTMAX, HEAD_MAJOR,
         )  # fmt: skip
         dk, dv, any_bad = _dkdv_partial_tiles(
             dk, dv, any_bad, k, v, q_ptr, d_out_ptr, lse_log2_ptr, delta_ptr, row_flags_ptr,
@@ -634,16 +643,19 @@ def block_sparse_dkdv_kernel(
             window_right, prefix, qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
             NUM_Q_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, ROWS_ALIGNED, MASK_MODE, HAS_LEFT,
             HAS_RIGHT, HAS_PREFIX, PREDICATE, HAS_SOFT_CAP, HAS_ALIBI, SCORE_MOD,
-            SCORE_MOD_GRAD, INPUT_PRECISION, CAREFUL, OVERLAP_SOFTMAX,
+            SCORE_MOD_GRAD, INPUT_PRECISION, CAREFUL, OVERLAP_SOFTMAX, HEAD_MAJOR,
         )  # fmt: skip
     if not CAREFUL:  # the sum is non-finite where either is (or, harmlessly, overflows)
         _flag_redo(redo_ptr, dk + dv)
-    dk *= softmax_scale
+    dk = (dk * softmax_scale).to(dk_ptr.dtype.element_ty)
+    dv = dv.to(dv_ptr.dtype.element_ty)
+    if HEAD_MAJOR:
+        dk, dv = tl.trans(dk), tl.trans(dv)
     out_mask = key_ok[:, None] & d_ok[None, :]
     dk_ptrs = _tile_ptrs(dk_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     dv_ptrs = _tile_ptrs(dv_ptr + kv_base, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(dk_ptrs, dk, mask=out_mask)
+    tl.store(dv_ptrs, dv, mask=out_mask)
     if CAREFUL and any_bad:  # find the key rows that see them and overwrite them with NaN
         dk_bad, dv_bad = _keys_seeing_bad_rows(
             row_flags_ptr, head_group_ptr, counts_ptr, tiles_ptr, codes_ptr, kv_head, kv_tile,

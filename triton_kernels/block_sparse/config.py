@@ -52,6 +52,11 @@ _OVERRIDES = {
     # keeps 32-key steps (no spill with either).
     (90, "bfloat16", "forward", 256, False): (128, 32, 8, 2),
     (90, "bfloat16", "forward", 256, True): (128, 32, 8, 2),
+    # (dK/dV at d=256 takes the varlen kernel's head-major 32x64 at one stage
+    # (`AttentionKernelConfig.head_major`): no spill under Triton 3.6 and 3.9, in either
+    # launch, with a soft cap and ALiBi, one query head a kv head or four; full-tile loop
+    # 1747 -> 669 / 2419 -> 689 warp-instructions per MFLOP of the tile's work under 3.6 /
+    # 3.9 against the key-major 16x64's, whose warpgroups both ran K Q^T and V dO^T.)
     # (dQ at d=256 takes the varlen 128x32: none spilled in its loops, 24-68 B outside
     # them under Triton 3.6, once a program; its full-tile loop 1071 -> 343 / 1628 -> 528
     # warp-instructions per MFLOP of the tile's work under 3.6 / 3.9, against 64x32's.)

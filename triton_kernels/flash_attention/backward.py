@@ -47,7 +47,12 @@ from triton_kernels.flash_attention.forward import (
     _sequence_rows,
     _tile_ptrs,
 )
-from triton_kernels.flash_attention.steps import _dkdv_dq_step, _dkdv_step, _dq_step
+from triton_kernels.flash_attention.steps import (
+    _dkdv_accumulators,
+    _dkdv_dq_step,
+    _dkdv_step,
+    _dq_step,
+)
 
 
 @triton.jit
@@ -136,8 +141,10 @@ def _dkdv_query_tiles(
     DQ_ATOMIC: tl.constexpr = False,
     OVERLAP_SOFTMAX: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
-    """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled) over query tiles [start, end)
+    """Accumulates dk, dv ([BLOCK_N, BLOCK_D], float32, unscaled; with HEAD_MAJOR
+    [BLOCK_D, BLOCK_N], `steps._dkdv_step`) over query tiles [start, end)
     (and, with TWO_RANGES, then [start2, end2)) of the GROUP query heads first_head,
     first_head + 1, ... that share this kv head.
 
@@ -159,7 +166,8 @@ def _dkdv_query_tiles(
     the window's right bound is the lower one and `shift` is minus the query-side one
     (`len_q - len_k` without a given shift). WARP_SPECIALIZE (with TMA): Triton splits
     the loop into a producer warpgroup (the Q and dO copies) and consumer warpgroups (the
-    rest, each over its share of the keys).
+    rest, each over its share of the keys). HEAD_MAJOR: the tile's scores as the
+    forward's (rows are queries, the window's bounds and shift as the forward's).
     """
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -224,18 +232,26 @@ def _dkdv_query_tiles(
             APPLY_MASK,
         )
         slope_log2 = _alibi_slope_log2(alibi_slopes_ptr, first_head + g, HAS_ALIBI)
-        qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
-        s2_t, t_t = _scores_log2(
-            qk_t, keys, cols, shift, len_q, window_right, window_left,
-            qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
-            APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
-        )  # fmt: skip
-        if DQ_ATOMIC and APPLY_MASK:  # keys past len_k (see `_dkdv_tile`)
-            s2_t = tl.where((keys < len_k)[:, None], s2_t, float("-inf"))
+        if HEAD_MAJOR:  # masked tiles mask keys past len_k too (DQ_ATOMIC's need)
+            qk = tl.dot(q, tl.trans(k), None, input_precision=INPUT_PRECISION)
+            s2_t, t_t = _scores_log2(
+                qk, cols, keys, -shift, len_k, window_left, window_right,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                APPLY_MASK, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
+            )  # fmt: skip
+        else:
+            qk_t = tl.dot(k, tl.trans(q), None, input_precision=INPUT_PRECISION)
+            s2_t, t_t = _scores_log2(
+                qk_t, keys, cols, shift, len_q, window_right, window_left,
+                qk_scale_log2, scale_over_cap, cap_log2, slope_log2,
+                APPLY_MASK, HAS_WINDOW_RIGHT, HAS_WINDOW_LEFT, HAS_SOFT_CAP, HAS_ALIBI,
+            )  # fmt: skip
+            if DQ_ATOMIC and APPLY_MASK:  # keys past len_k (see `_dkdv_tile`)
+                s2_t = tl.where((keys < len_k)[:, None], s2_t, float("-inf"))
         if DQ_ATOMIC:
             dk, dv, dq = _dkdv_dq_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, k, v, lse2, delta, True, False, HAS_SOFT_CAP,
-                False, INPUT_PRECISION, OVERLAP_SOFTMAX,
+                False, INPUT_PRECISION, OVERLAP_SOFTMAX, HEAD_MAJOR,
             )  # fmt: skip
             # Every other sequence's rows, and the next head's dims, stay untouched: a
             # non-finite dS there (Inf in this sequence's V) must not reach them (the
@@ -249,7 +265,7 @@ def _dkdv_query_tiles(
         else:
             dk, dv = _dkdv_step(
                 dk, dv, s2_t, t_t, 1.0, q, do, v, lse2, delta, True, False, HAS_SOFT_CAP,
-                False, INPUT_PRECISION, OVERLAP_SOFTMAX,
+                False, INPUT_PRECISION, OVERLAP_SOFTMAX, HEAD_MAJOR,
             )  # fmt: skip
         if not STEP_BY_MASK:
             g += 1
@@ -355,6 +371,7 @@ def _dkdv_tile(
     OVERLAP_SOFTMAX: tl.constexpr = False,
     live=True,
     WARP_SPECIALIZE: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
     """dk, dv of tile-list row `chunk` (sequence `seq`), for kv head `kv_head`; a program
     that is not `live` (WARP_SPECIALIZE's surplus programs, seq 0) visits no query tile
@@ -381,8 +398,7 @@ def _dkdv_tile(
         k_ptr, v_ptr, k_start, len_k, n0, kv_head, offs_n, offs_d, key_ok, d_ok,
         KV_STRIDE, HEAD_DIM, BLOCK_N, BLOCK_D, ROWS_ALIGNED, WARP_SPECIALIZE,
     )  # fmt: skip
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk, dv = _dkdv_accumulators(BLOCK_N, BLOCK_D, HEAD_MAJOR)
 
     qk_scale_log2, scale_over_cap, cap_log2 = _score_constants(
         softmax_scale, logits_soft_cap, HAS_SOFT_CAP
@@ -429,7 +445,7 @@ def _dkdv_tile(
         Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, ROWS_ALIGNED, True,
         HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION,
         HAS_WINDOW_RIGHT and not WARP_SPECIALIZE, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
-        WARP_SPECIALIZE,
+        WARP_SPECIALIZE, HEAD_MAJOR,
     )  # fmt: skip
     if not WARP_SPECIALIZE:
         dk, dv = _dkdv_query_tiles(
@@ -438,16 +454,20 @@ def _dkdv_tile(
             keys, shift, len_q, len_k, window_left, window_right, qk_scale_log2,
             scale_over_cap, cap_log2, Q_STRIDE, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D,
             ROWS_ALIGNED, False, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI,
-            INPUT_PRECISION, False, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX,
+            INPUT_PRECISION, False, TMA, DQ_ATOMIC, OVERLAP_SOFTMAX, False, HEAD_MAJOR,
         )  # fmt: skip
 
+    dk = (dk * softmax_scale).to(dk_ptr.dtype.element_ty)
+    dv = dv.to(dv_ptr.dtype.element_ty)
+    if HEAD_MAJOR:
+        dk, dv = tl.trans(dk), tl.trans(dv)
     # Keys past len_k and padded dims are never stored.
     mask = key_ok[:, None] & d_ok[None, :]
     kv_tile = (k_start + n0).to(tl.int64) * KV_STRIDE + kv_head * HEAD_DIM
     dk_ptrs = _tile_ptrs(dk_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
     dv_ptrs = _tile_ptrs(dv_ptr + kv_tile, offs_n, offs_d, KV_STRIDE, ROWS_ALIGNED)
-    tl.store(dk_ptrs, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    tl.store(dk_ptrs, dk, mask=mask)
+    tl.store(dv_ptrs, dv, mask=mask)
 
 
 @triton.jit
@@ -488,6 +508,7 @@ def attention_backward_dkdv_kernel(
     DQ_ATOMIC: tl.constexpr = False,
     OVERLAP_SOFTMAX: tl.constexpr = False,
     WARP_SPECIALIZE: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
     """dk, dv of one [BLOCK_N]-row key tile of one sequence, for one kv head.
 
@@ -509,7 +530,9 @@ def attention_backward_dkdv_kernel(
     that copies Q and dO and consumer warpgroups of BLOCK_N / 2 keys each (on Hopper,
     launched with 4 warps: 12; the launch passes the count), FlashAttention-3's split, in
     one loop whose every tile is masked; its surplus programs run an empty loop instead of
-    returning. Other arguments (shift_ptr included) as the forward kernel.
+    returning. HEAD_MAJOR: dK and dV accumulate as [BLOCK_D, BLOCK_N] tiles, dK^T = Q^T
+    dS and dV^T = dO^T P (`steps._dkdv_step`). Other arguments (shift_ptr included) as
+    the forward kernel.
     """
     tl.static_assert(not (TMA == HOST_TMA and WARP_SPECIALIZE),
                      "the launch's descriptors are not warp-specialized")  # fmt: skip
@@ -526,7 +549,7 @@ def attention_backward_dkdv_kernel(
                 logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
                 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
                 HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC,
-                chunk, seq, kv_head, OVERLAP_SOFTMAX,
+                chunk, seq, kv_head, OVERLAP_SOFTMAX, True, False, HEAD_MAJOR,
             )  # fmt: skip
             chunk += tl.num_programs(0)
             seq = _sequence_of(chunk_indices_ptr, chunk, num_chunks)
@@ -544,7 +567,7 @@ def attention_backward_dkdv_kernel(
             logits_soft_cap, window_left, window_right, shift_ptr, dk_ptr, dv_ptr, dq_accum_ptr,
             NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, HAS_WINDOW_LEFT,
             HAS_WINDOW_RIGHT, HAS_SOFT_CAP, HAS_ALIBI, INPUT_PRECISION, TMA, DQ_ATOMIC, chunk,
-            seq, kv_head, OVERLAP_SOFTMAX, live, WARP_SPECIALIZE,
+            seq, kv_head, OVERLAP_SOFTMAX, live, WARP_SPECIALIZE, HEAD_MAJOR,
         )  # fmt: skip
 
 

@@ -127,6 +127,16 @@ class AttentionKernelConfig(KernelConfig):
         descriptor work away. Off by default: not yet run on a GPU (the A/B rows of
         `gpu-check --host-descriptors`). Excludes `warp_specialize` (whose loop masks
         every tile).
+      head_major: dK/dV only: the kernel accumulates dK^T = Q^T dS and dV^T = dO^T P,
+        `[head_dim, block_n]` tiles, where it would accumulate dS^T Q and P^T dO
+        (FlashAttention-3's swapped dK/dV products; `steps._dkdv_step`). The products'
+        rows are then the head dim, which a CTA's warpgroups split without repeating
+        one (Triton's layouts repeat a product whose 64 rows one warpgroup covers in
+        every warpgroup: 1.5x the tile's work at 64 keys and 8 warps), at the cost of
+        P and dS staged through shared memory as the MMAs' second operands. The Hopper
+        default at head dims 129-256 (`HEAD_MAJOR_DKDV_TILE`), the block-sparse dK/dV's
+        too; elsewhere it loses (sm_80's mma.sync tiles repeat more). Refused in the
+        forward's and dQ's configs; excludes `warp_specialize`.
 
     Validated by `KernelConfig` (blocks: powers of two >= 16).
     """
@@ -139,9 +149,15 @@ class AttentionKernelConfig(KernelConfig):
     warp_specialize: bool = False
     overlap_softmax: bool = False
     host_descriptors: bool = False
+    head_major: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.head_major and self.warp_specialize:
+            raise ValueError(
+                "AttentionKernelConfig: head_major and warp_specialize exclude each other "
+                "(the head-major dK/dV loop is not partitioned)."
+            )
         if self.overlap_softmax and self.warp_specialize:
             raise ValueError(
                 "AttentionKernelConfig: overlap_softmax and warp_specialize exclude each "
@@ -181,7 +197,9 @@ class AttentionKernelConfig(KernelConfig):
         products run on CUDA cores, which keep one fewer. At 1 stage dK/dV on mma.sync
         allocates more than the estimate: up to 7 KiB at d=128, 23 KiB at d=256.
         Descriptors, warp specialization and `dq_atomic` add barriers and staging that
-        this leaves out."""
+        this leaves out. `head_major` dK/dV: an upper bound (d=256, sm_90: 9 KiB above
+        the report at `HEAD_MAJOR_DKDV_TILE`, 19 KiB at 16x64 and two stages, where
+        Triton shares buffers this counts apart)."""
         check_kind(kind)
         d = block_d(head_dim)
         streamed = getattr(self, STREAMED_TILES[kind].rows)
@@ -192,7 +210,11 @@ class AttentionKernelConfig(KernelConfig):
         fixed = (1 if kind == "forward" else 2) * stationary * d * element_bytes
         fixed += _REDUCTION_AND_BARRIER_BYTES
         # The stationary rows are the products' M: below 64, mma.sync on sm_90-119 too.
-        if multiplies_by_mma_sync(compute_capability, stationary) and stationary < d:
+        if self.head_major and kind == "backward_dkdv":
+            # P and dS staged as the MMAs' second operands; at one stage Q and dO are
+            # stored in both orientations.
+            fixed += 2 * stationary * streamed * element_bytes + (self.num_stages == 1) * stage
+        elif multiplies_by_mma_sync(compute_capability, stationary) and stationary < d:
             fixed += stationary * streamed * element_bytes
         buffers = pipeline_buffers(self.num_stages, compute_capability, stationary)
         return fixed + buffers * stage
@@ -270,6 +292,22 @@ TWO_CTA_BACKWARD_TILE = (64, 64, 4, 2)
 # forward 471 against 492 under 3.6; under 3.9 its dQ spills in the loop, so the tuning
 # grid leaves persistent launches out. Each reads K and V twice as often as the default.
 ONE_STAGE_TWO_CTA_TILE = (64, 128, 4, 1)
+# dK/dV at head dims 129-256 on Hopper (`head_major`, by pointers): 32 query rows into
+# 64-key tiles at 8 warps and one stage (128 KiB). Key-major, every wgmma tile there
+# either repeats K Q^T and V dO^T in both warpgroups (16x64, the default until
+# 2026-12-08: 1.5x the tile's work, 1690 / 2361 warp-instructions per MFLOP of it under
+# Triton 3.6 / 3.9, causal) or spills in its loop; head-major, each product runs once,
+# and no loop spills under 3.6 or 3.9: causal 629 / 645, not causal 633 / 645, a soft cap
+# 881 / 938, ALiBi 732 / 761, a left window 633 / 645, all three 984 / 1059 (GQA 4; MHA
+# 612 / 628 causal), persistent 648 / 666; 0 B outside the loops but 8 B with all three
+# options and MHA under 3.6. (sm_90, bf16, `python -m bench report`'s compile.) Two
+# stages spill at 32 rows (304 B); 16x64 at two stages holds (908 / 957 causal), and
+# so does the old tile's mma.sync rival, 64x32 key-major (788 / 797): the d=256 row's
+# A/B anchors. One stage loads each step's Q and dO unprefetched, which the count cannot
+# price.
+HEAD_MAJOR_DKDV_TILE = (32, 64, 8, 1)
+# ... and with `AttentionConfigs.dq_atomic` (`_HOPPER_HEAD_MAJOR_DKDV`), two stages.
+HEAD_MAJOR_DQ_ATOMIC_TILE = (16, 64, 8, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,8 +373,9 @@ class AttentionConfigs:
 
     Refused here, where the configs are built rather than when a gradient is first traced:
     `warp_specialize` and `overlap_softmax` in `backward_dq` (its exp2s already run beside
-    its dP) and a warp-specialized `backward_dkdv` with `dq_atomic` (Triton cannot
-    partition the atomic adds) or with a `block_m` over `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
+    its dP), `head_major` in `forward` and `backward_dq` (a dK/dV option), and a
+    warp-specialized `backward_dkdv` with `dq_atomic` (Triton cannot partition the atomic
+    adds) or with a `block_m` over `MAX_WARP_SPECIALIZED_DKDV_ROWS`.
     """
 
     forward: AttentionKernelConfig | None = None
@@ -363,15 +402,16 @@ class AttentionConfigs:
         """One config for all three kernels, each taking the options it runs: warp
         specialization is the forward's alone (and dK/dV's at a tile of its own), the
         softmax overlap the forward's and dK/dV's (the dQ kernel's exp2s already run
-        beside its dP)."""
+        beside its dP), `head_major` dK/dV's alone."""
         if not isinstance(config, AttentionKernelConfig):
             raise TypeError(
                 "AttentionConfigs.for_every_kernel takes an AttentionKernelConfig, got "
                 f"{type(config).__name__}."
             )
+        forward = config.replace(head_major=False)
         dkdv = config.replace(warp_specialize=False)
-        dq = config.replace(warp_specialize=False, overlap_softmax=False)
-        return cls(config, dkdv, dq)
+        dq = config.replace(warp_specialize=False, overlap_softmax=False, head_major=False)
+        return cls(forward, dkdv, dq)
 
     def _check_options(self) -> None:
         """ValueError naming the kernel for an option its kernel cannot run (class doc)."""
@@ -381,6 +421,13 @@ class AttentionConfigs:
                 raise ValueError(
                     f"AttentionConfigs: {option}=True is for the forward and dK/dV kernels' "
                     f"configs only, got it in the backward_dq kernel's"
+                )
+        for kind in ("forward", "backward_dq"):
+            config = getattr(self, kind)
+            if config is not None and config.head_major:
+                raise ValueError(
+                    f"AttentionConfigs: head_major=True is for the backward_dkdv kernel's "
+                    f"config only, got it in the {kind} kernel's"
                 )
         if dkdv is None or not dkdv.warp_specialize:
             return
@@ -435,8 +482,9 @@ def row_stats_config(head_dim: int, compute_capability: int | None) -> Attention
 # 3.9 (causal or not, a soft cap, a window; GQA 1, 3, 4; either launch; with ALiBi under
 # 3.9 16-24 B, 4 accesses in the loop), at 788 / 797 warp-instructions per MFLOP of the
 # tile's work against 1690 / 2361 (causal); since mma.sync peaks at about half
-# wgmma's rate on an H100, which the count cannot price, it is gpu-check's A/B, not yet
-# the default.
+# wgmma's rate on an H100, which the count cannot price, it is gpu-check's A/B. On sm_90
+# the d=256 dK/dV default is head-major (`HEAD_MAJOR_DKDV_TILE`, 629 / 645): this
+# table's 16x64 is sm_100's.
 # dQ: the mirror image (Q, dO, dQ stationary, key tiles streamed). At 8 warps a Hopper
 # kernel's stationary tile wants 128 rows, m64 for each of its two warpgroups: dQ at d=256
 # took 64x32 until 2026-12-06, whose two warpgroups each computed all of QK^T and dO V^T
@@ -632,23 +680,24 @@ _BLACKWELL_OVERRIDES: _Table = {
 # product, dS K, and its atomic adds: it keeps the base tables' tile, by pointers (with
 # it the light and TMA tiles spill 80-430 B at sm_90, d=128), spill-free at d <= 128 on
 # sm_80 and sm_90 without the register-heavy options (Triton 3.6 and 3.9; with a soft
-# cap, ALiBi and a left window all on, 4-60 B outside the loop at sm_90, d=128); at d=256
-# on sm_90, where 16x64 spills in the loop (56-160 B), 16x32 (none; mma.sync, too small
-# for wgmma: every wgmma tile tried there spills, 20-3000 B), whose warps compute its
-# key-row products over again (2.2x the tile's work, `KernelReport.mma_redundancy`). Its
-# loop is mma.sync's, which keeps one buffer fewer than the stages on sm_90 too: at two
-# every Q / dO copy was awaited before the MMAs that read it (TTGIR: `async_wait` of 0
-# copies left in flight), one CTA an SM. At three (80 KiB) some stay in flight, none
-# spilled with any option, GQA 1 or 4, either launch, under 3.6 and 3.9; 3-5% more
-# warp-instructions per MFLOP (soft cap 2899 -> 3015 / 2972 -> 3052).
-_HOPPER_DQ_ATOMIC_DKDV: dict[int, tuple[int, int, int, int]] = {256: (16, 32, 8, 3)}
-# ... but calls without the register-heavy options step 64 query rows at a time: dQ's
-# product, [64, 256], takes wgmma, the key-row ones mma.sync, each computed once; no
-# spill in any loop under Triton 3.6 and 3.9 (causal or not, GQA 1, 3 or 4, a program a
-# tile or persistent; none outside them), 177 KiB; 2277 -> 1010 / 2301 -> 1015
-# warp-instructions per MFLOP of the tile's work (3.6 / 3.9, causal). With a soft cap,
-# ALiBi or a left window its loop reaches local memory under 3.9 (2-13 accesses).
-_HOPPER_DQ_ATOMIC_DKDV_LIGHT: dict[int, tuple[int, int, int, int]] = {256: (64, 32, 8, 2)}
+# cap, ALiBi and a left window all on, 4-60 B outside the loop at sm_90, d=128). At d=256
+# on sm_90, key-major, 16x64 spilled in the loop (56-160 B) and every wgmma tile tried
+# spilled (20-3000 B): it took 16x32 (mma.sync, whose warps computed the key-row
+# products 2.2 times; three stages, 80 KiB, since at two every Q / dO copy was awaited
+# before the MMAs that read it), and light calls 64x32 (dQ's [64, 256] product on wgmma,
+# the key-row ones on mma.sync, each once; with a soft cap, ALiBi or a left window its
+# loop reached local memory under 3.9), until 2026-12-08. Both gave way to head-major
+# dK/dV (`AttentionKernelConfig.head_major`) at `HEAD_MAJOR_DQ_ATOMIC_TILE`: every
+# product on wgmma, each once, no spill in any loop under Triton 3.6 or 3.9 with any
+# option (128 KiB); warp-instructions per MFLOP of the tile's work, 3.6 / 3.9, causal:
+# 1007 / 1044 (16x32's 2380 / 2332, 64x32's 1010 / 1025), a soft cap 1175 / 1227 (16x32's
+# 3015 / 3052), ALiBi 1138 / 1184, all three options 1312 / 1367. The call's default
+# tile, `HEAD_MAJOR_DKDV_TILE` at one stage, reaches local memory in its loop under 3.9
+# with dQ's product. Keyed by `dq_atomic`:
+_HOPPER_HEAD_MAJOR_DKDV = {
+    False: AttentionKernelConfig(*HEAD_MAJOR_DKDV_TILE, head_major=True),
+    True: AttentionKernelConfig(*HEAD_MAJOR_DQ_ATOMIC_TILE, head_major=True),
+}
 # sm_80 at d=256: the base table's 32x32 at 4 warps spills in that kernel's loop (16 B,
 # Triton 3.9, causal): it keeps the former 16x64 at 8 warps. At d=128 the base table's
 # 64x64 holds it, where 32x64 computed part of its products over again (1.4x the tile's
@@ -827,7 +876,11 @@ def default_attention_config(
         may be chosen (Hopper's dK/dV, `_HOPPER_DKDV_TMA`).
       dq_atomic: the dK/dV kernel also accumulates dQ (`AttentionConfigs.dq_atomic`):
         it holds a third tile product, so it keeps the base tables' tile, by pointers
-        (`_HOPPER_DQ_ATOMIC_DKDV`).
+        (sm_80's `_AMPERE_DQ_ATOMIC_DKDV`).
+
+    On Hopper's wgmma GPUs (sm_90-99) the dK/dV kernel at head dims 129-256 is head-major
+    (`AttentionKernelConfig.head_major`) whatever the call's options, at a tile of its
+    own with `dq_atomic` (`_HOPPER_HEAD_MAJOR_DKDV`).
     """
     check_kind(kind)
     if dtype_name not in ("float16", "bfloat16", "float32"):
@@ -842,6 +895,8 @@ def default_attention_config(
     # sm_90 and sm_100 (datacenter, 227 KiB of shared memory) take the Hopper tables; sm_120
     # (consumer Blackwell: mma.sync and 99 KiB, like sm_86/89) the Ampere ones.
     hopper = 90 <= compute_capability < 120
+    if hopper and compute_capability < 100 and kind == "backward_dkdv" and tile_d == 256:
+        return _HOPPER_HEAD_MAJOR_DKDV[dq_atomic]
     arch = _table_arch(compute_capability)
     small_shared_memory = arch in (86, 120)  # 99 KiB a block: sm_86/89, sm_120 and later
     config = (_HOPPER_16BIT if hopper else _AMPERE_16BIT)[kind][tile_d]
@@ -849,12 +904,11 @@ def default_attention_config(
         config = _SMALL_SHARED_MEMORY_OVERRIDES.get(kind, {}).get(tile_d, config)
     elif compute_capability >= 100:
         config = _BLACKWELL_OVERRIDES.get(kind, {}).get(tile_d, config)
-    if dq_atomic and kind == "backward_dkdv":  # its own tables on sm_80 and sm_90 only
-        if compute_capability < 100 and not small_shared_memory:
-            atomic_table = _HOPPER_DQ_ATOMIC_DKDV if hopper else _AMPERE_DQ_ATOMIC_DKDV
+    if dq_atomic and kind == "backward_dkdv":  # its own tables on sm_80 only
+        if not (hopper or small_shared_memory):
+            atomic_table = _AMPERE_DQ_ATOMIC_DKDV
             if not features.register_heavy:  # light calls: their own tiles where listed
-                light = _HOPPER_DQ_ATOMIC_DKDV_LIGHT if hopper else _AMPERE_DQ_ATOMIC_DKDV_LIGHT
-                atomic_table = {**atomic_table, **light}
+                atomic_table = {**atomic_table, **_AMPERE_DQ_ATOMIC_DKDV_LIGHT}
             config = atomic_table.get(tile_d, config)
     elif _takes_light_tile(features, arch, kind, tile_d, persistent):
         if not (persistent or features.register_heavy) and _takes_hopper_dkdv_tma(

@@ -108,6 +108,7 @@ def attention_constexprs(
     else:
         constexprs["DQ_ATOMIC"] = dq_atomic
         constexprs["OVERLAP_SOFTMAX"] = config.overlap_softmax
+        constexprs["HEAD_MAJOR"] = config.head_major
     if kind != "backward_dq":
         # the persistent walk is a loop around the tile loop: not partitioned
         constexprs["WARP_SPECIALIZE"] = config.warp_specialize and not persistent
@@ -164,6 +165,7 @@ def block_sparse_constexprs(
     if kind != "forward":
         constexprs["SCORE_MOD_GRAD"] = score_mod_grad
     if kind == "backward_dkdv":  # its flags come from dQ or XLA (see above)
+        constexprs["HEAD_MAJOR"] = config.head_major
         return constexprs
     constexprs |= dict(GROUP_WIDTH=group_width, FIND_BAD_ROWS=find_bad_rows)
     if kind == "backward_dq":

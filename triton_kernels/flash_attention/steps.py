@@ -7,7 +7,11 @@ element mask); given one tile's scores, they do the same arithmetic, written onc
 * `_online_softmax_step`: the forward's update of (acc, m, l) with one key tile;
 * `_dq_step`: dq += dS K with one key tile (dQ kernels: a query tile is stationary);
 * `_dkdv_step`: dv += P^T dO and dk += dS^T Q with one query tile (dK/dV kernels: a key
-  tile is stationary; its tiles are transposed, rows are keys and columns queries);
+  tile is stationary; its tiles are transposed, rows are keys and columns queries), or
+  with HEAD_MAJOR dv^T += dO^T P and dk^T += Q^T dS (tiles as the forward's, rows are
+  queries; dk, dv [head dim, keys]: FlashAttention-3's swapped dK/dV products, whose
+  MMAs' rows are the head dim, which 8 warps split without repeating a product where
+  the key tile alone is too short for two warpgroups);
   `_dkdv_dq_step` also returns the query tile's dQ share, dS K, for a dK/dV kernel that
   accumulates dQ itself (FlashAttention-2's backward, by atomic adds).
 
@@ -136,29 +140,58 @@ def _dq_step(
 
 
 @triton.jit
+def _dkdv_accumulators(BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+    """(dk, dv) of a dK/dV kernel's key tile, zeros: float32 [BLOCK_N, BLOCK_D], or
+    [BLOCK_D, BLOCK_N] with HEAD_MAJOR (`_dkdv_step`)."""
+    if HEAD_MAJOR:
+        dk = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    else:
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_products(
     dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
     PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):  # fmt: skip
-    """(dk, dv, dS^T in q's dtype): the body of `_dkdv_step` (read its docstring). dV's
-    product is issued before dP's, which it does not need; DP_FIRST: dP's before P's
-    exp2s, which it does not need either, so that its wgmma runs beside them (costs dP's
-    tile in registers while P is computed)."""
-    if DP_FIRST:
-        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-    p_t = _probabilities(s2_t, lse2, True)
-    p_dv = p_t
-    if PARTIAL:
-        p_dv = tl.where(allowed, p_t, 0.0)
-    dv = tl.dot(p_dv.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-    if not DP_FIRST:
-        dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
-    ds_t = _score_gradient(
-        p_t, dp_t, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, True
-    ).to(q.dtype)
-    dk = tl.dot(ds_t, q, dk, input_precision=INPUT_PRECISION)
-    return dk, dv, ds_t
+    """(dk, dv, dS^T in q's dtype, or with HEAD_MAJOR dS): the body of `_dkdv_step` (read
+    its docstring). dV's product is issued before dP's, which it does not need;
+    DP_FIRST: dP's before P's exp2s, which it does not need either, so that its wgmma
+    runs beside them (costs dP's tile in registers while P is computed)."""
+    if HEAD_MAJOR:  # [M, N] tiles; dk, dv: [BLOCK_D, N]
+        if DP_FIRST:
+            dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
+        p = _probabilities(s2_t, lse2, False)
+        p_dv = p
+        if PARTIAL:
+            p_dv = tl.where(allowed, p, 0.0)
+        dv = tl.dot(tl.trans(do), p_dv.to(do.dtype), dv, input_precision=INPUT_PRECISION)
+        if not DP_FIRST:
+            dp = tl.dot(do, tl.trans(v), None, input_precision=INPUT_PRECISION)
+        ds = _score_gradient(
+            p, dp, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, False
+        ).to(q.dtype)
+        dk = tl.dot(tl.trans(q), ds, dk, input_precision=INPUT_PRECISION)
+    else:
+        if DP_FIRST:
+            dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+        p_t = _probabilities(s2_t, lse2, True)
+        p_dv = p_t
+        if PARTIAL:
+            p_dv = tl.where(allowed, p_t, 0.0)
+        dv = tl.dot(p_dv.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        if not DP_FIRST:
+            dp_t = tl.dot(v, tl.trans(do), None, input_precision=INPUT_PRECISION)
+        ds = _score_gradient(
+            p_t, dp_t, delta, t_t, g_t, allowed, PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, True
+        ).to(q.dtype)
+        dk = tl.dot(ds, q, dk, input_precision=INPUT_PRECISION)
+    return dk, dv, ds
 
 
 @triton.jit
@@ -179,14 +212,17 @@ def _dkdv_step(
     HAS_HOOK_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DP_FIRST: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):
     """(dk, dv) ([N, BLOCK_D] float32) += (dS^T Q, P^T dO) with one query tile q, dO
     [M, BLOCK_D], from the transposed tile's log2 scores s2_t and tanh t_t [N, M] (rows:
     this program's keys, v [N, BLOCK_D]), the hook's derivative g_t and the queries'
-    lse_log2 and delta [M]. DP_FIRST: see `_dkdv_products`."""
+    lse_log2 and delta [M]. DP_FIRST: see `_dkdv_products`. HEAD_MAJOR: (dk, dv)
+    ([BLOCK_D, N]) += (Q^T dS, dO^T P), from the tile's scores and tanh as the forward's
+    ([M, N]: rows are the queries)."""
     dk, dv, _ = _dkdv_products(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
-        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST, HEAD_MAJOR,
     )  # fmt: skip
     return dk, dv
 
@@ -196,12 +232,15 @@ def _dkdv_dq_step(
     dk, dv, s2_t, t_t, g_t, q, do, k, v, lse2, delta, allowed,
     PARTIAL: tl.constexpr, HAS_SOFT_CAP: tl.constexpr, HAS_HOOK_GRAD: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, DP_FIRST: tl.constexpr = False,
+    HEAD_MAJOR: tl.constexpr = False,
 ):  # fmt: skip
     """`_dkdv_step`'s (dk, dv), and the query tile's share of dQ, dS K ([M, BLOCK_D]
     float32, unscaled; over this program's keys k [N, BLOCK_D] only), from the same dS."""
-    dk, dv, ds_t = _dkdv_products(
+    dk, dv, ds = _dkdv_products(
         dk, dv, s2_t, t_t, g_t, q, do, v, lse2, delta, allowed,
-        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST,
+        PARTIAL, HAS_SOFT_CAP, HAS_HOOK_GRAD, INPUT_PRECISION, DP_FIRST, HEAD_MAJOR,
     )  # fmt: skip
-    dq = tl.dot(tl.trans(ds_t), k, None, input_precision=INPUT_PRECISION)
+    if not HEAD_MAJOR:
+        ds = tl.trans(ds)
+    dq = tl.dot(ds, k, None, input_precision=INPUT_PRECISION)
     return dk, dv, dq
