@@ -63,8 +63,9 @@ def test_varlen_attention(on_a_gpu, capability):
 @CAPABILITIES
 def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
     """bf16, causal, GQA 4q/2kv, d=256 (Gemma's): the tiles a GPU takes there (sm_90: the
-    forward's 64-key steps, dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps) over
-    a document past one 128-row tile, empty and length-1 documents, rows past the last."""
+    forward's 64-key steps, dQ's 128 query rows, dK/dV head-major; sm_80: dK/dV's 32 keys
+    at 4 warps) over a document past one 128-row tile, empty and length-1 documents, rows
+    past the last."""
     lengths = ((150, 150), (0, 3), (1, 1), (33, 40), (0, 0))
     c = case({"causal": True}, heads=(4, 2), head_dim=256, dtype=jnp.bfloat16,
              lengths=lengths, pad=(6, 2))  # fmt: skip
@@ -73,6 +74,7 @@ def test_varlen_attention_at_head_dim_256(on_a_gpu, capability):
     if capability == 90:
         assert tiles["attention_forward_kernel_poisoned"] == (128, 64, 8)
         assert tiles["attention_backward_dq_kernel_poisoned"] == (128, 32, 8)
+        assert tiles["attention_backward_dkdv_kernel_poisoned"] == (32, 64, 8)
     else:
         assert tiles["attention_backward_dkdv_kernel_poisoned"] == (32, 32, 4)
 
@@ -106,14 +108,14 @@ def test_varlen_attention_on_small_shared_memory_gpus(on_a_gpu, capability, head
 
 @pytest.mark.parametrize(
     "capability, head_dim, tile",
-    [(90, 256, (64, 32, 8)), (80, 128, (64, 64, 8)), (80, 64, (64, 64, 4))],
+    [(90, 256, (16, 64, 8)), (80, 128, (64, 64, 8)), (80, 64, (64, 64, 4))],
     ids=["sm_90-d256", "sm_80-d128", "sm_80-d64"],
 )  # fmt: skip
 def test_varlen_attention_with_dq_by_atomics(on_a_gpu, capability, head_dim, tile):
     """`AttentionConfigs(dq_atomic=True)`, causal with sinks, GQA 4q/2kv, where the dK/dV
-    kernel that adds dQ steps 64 query rows (sm_90, d=256: dQ's product by wgmma, the
-    others by mma.sync; sm_80, d=128, and d=64 at 4 warps): its atomic dQ against the
-    float64 oracle."""
+    kernel that adds dQ takes its own tiles (sm_90, d=256: head-major, 16x64; sm_80, 64
+    query rows at d=128, and at d=64 at 4 warps): its atomic dQ against the float64
+    oracle."""
     from jax_bridge import AttentionConfigs
 
     lengths = ((150, 150), (0, 3), (1, 1), (70, 40), (0, 0))
@@ -139,11 +141,13 @@ def test_block_sparse_attention(on_a_gpu, capability, mask):
 @CAPABILITIES
 def test_block_sparse_attention_at_head_dim_256(on_a_gpu, capability):
     """As `test_block_sparse_attention`, causal over 2 x 200 tokens at d=256, where a GPU
-    takes its own tiles (sm_90: dQ's 128 query rows; sm_80: dK/dV's 32 keys at 4 warps)."""
+    takes its own tiles (sm_90: dQ's 128 query rows, dK/dV head-major; sm_80: dK/dV's 32
+    keys at 4 warps)."""
     _check_block_sparse(capability, "causal", head_dim=256, length=200)
     tiles = on_a_gpu.tiles
     if capability == 90:
         assert tiles["block_sparse_dq_kernel_poisoned"] == (128, 32, 8)
+        assert tiles["block_sparse_dkdv_kernel_poisoned"] == (32, 64, 8)
     else:
         assert tiles["block_sparse_dkdv_kernel_poisoned"] == (32, 32, 4)
 
