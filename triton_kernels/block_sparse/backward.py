@@ -448,10 +448,10 @@ def _dkdv_partial_tiles(
 ):  # fmt: skip
     """(dk, dv, any_bad) over the partial query tiles full..total of query head `head`'s
     list at `base`, masked by the element rule (transposed: rows are keys; with
-    HEAD_MAJOR as the forward's). CAREFUL: q's
-    and dO's non-finite rows (`_query_row_flags`) read as zeros, and any_bad notes that a
-    tile held one (`_keys_seeing_bad_rows` finds the key rows that see it, after the
-    loops); otherwise q and dO as given (exact where they are finite)."""
+    HEAD_MAJOR as the forward's). CAREFUL: q's and dO's non-finite rows
+    (`_query_row_flags`) read as zeros, and any_bad notes that a tile held one
+    (`_keys_seeing_bad_rows` finds the key rows that see it, after the loops); otherwise
+    q and dO as given (exact where they are finite)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
