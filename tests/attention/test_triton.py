@@ -666,10 +666,10 @@ def test_two_cta_backward_at_its_tile_gives_the_float64_gradients():
 
 
 def test_hopper_dkdv_is_head_major_past_head_dim_128():
-    """On sm_90 dK/dV at head dims 129-256 accumulates dK^T and dV^T (each product once in
-    both warpgroups, spill-free with every option: the static report), whatever the
-    call's options and launch; with dQ by atomics at a tile of its own. Nowhere else: not
-    at d <= 128, on mma.sync GPUs, Blackwell, float32, the forward or dQ. The
+    """On sm_90 dK/dV at head dims 129-256 accumulates dK^T and dV^T (its two warpgroups
+    compute each product once, spill-free with every option: the static report), whatever
+    the call's options and launch; with dQ by atomics at a tile of its own. Nowhere else:
+    not at d <= 128, on mma.sync GPUs, Blackwell, float32, the forward or dQ. The
     block-sparse dK/dV takes it too."""
     default = AttentionKernelConfig(*HEAD_MAJOR_DKDV_TILE, head_major=True)
     atomic = AttentionKernelConfig(*HEAD_MAJOR_DQ_ATOMIC_TILE, head_major=True)
@@ -693,7 +693,7 @@ def test_hopper_dkdv_is_head_major_past_head_dim_128():
         config = block_sparse_config(256, "bfloat16", 90, "backward_dkdv", soft_cap=soft_cap,
                                      alibi=alibi)  # fmt: skip
         assert config == default
-        assert not block_sparse_config(256, "bfloat16", 80, "backward_dkdv").head_major
+    assert not block_sparse_config(256, "bfloat16", 80, "backward_dkdv").head_major
 
 
 @pytest.mark.parametrize(

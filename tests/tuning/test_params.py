@@ -285,8 +285,9 @@ def test_forward_options_round_trip(config):
     [
         AttentionKernelConfig(*OVERLAPPED_DKDV_TILE, overlap_softmax=True),
         AttentionKernelConfig(*WARP_SPECIALIZED_DKDV_TILE, tma=True, warp_specialize=True),
+        AttentionKernelConfig(32, 64, 8, 1, head_major=True),
     ],
-    ids=["overlapped", "warp_specialized"],
+    ids=["overlapped", "warp_specialized", "head_major"],
 )
 def test_backward_options_round_trip(dkdv):
     dq = AttentionKernelConfig(128, 64, num_warps=8, num_stages=2, tma=True)
@@ -294,6 +295,7 @@ def test_backward_options_round_trip(dkdv):
     assert params.dq_tma is True and params.tma is dkdv.tma
     assert params.overlap_softmax is dkdv.overlap_softmax
     assert params.warp_specialize is dkdv.warp_specialize
+    assert params.head_major is dkdv.head_major
     again = BwdParams.from_dict(params.to_dict())
     assert again == params
     assert again.to_dkdv_config(_PLAIN_ATTENTION) == dkdv
@@ -413,6 +415,16 @@ def test_backward_configs_with_options_their_params_cannot_hold_are_refused(
     with pytest.raises(ValueError, match=re.escape(f"BwdParams.{where}: BwdParams has no field "
                                                    f"for {dropped}")):  # fmt: skip
         BwdParams.from_attention_configs(dkdv, dq)
+
+
+def test_forward_params_refuse_dkdv_s_head_major():
+    """`head_major` is dK/dV's alone: `FwdParams` has no field for it, so a forward config
+    with it (which `AttentionConfigs` refuses) is not converted with it silently dropped."""
+    config = AttentionKernelConfig(32, 64, head_major=True)
+    message = "FwdParams.from_attention_config: FwdParams has no field for ['head_major']"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        FwdParams.from_attention_config(config)
+    assert "head_major" not in {f.name for f in dataclasses.fields(FwdParams)}
 
 
 def test_from_fwd_params_carries_the_overlap_to_dkdv_only():
