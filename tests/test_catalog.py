@@ -124,3 +124,17 @@ def test_every_catalog_kernel_owes_its_loop_a_known_tile(compute_capability):
         "gmm_kernel", "tgmm_kernel",
     }  # fmt: skip
     assert launched_loop_work(attention_backward_row_stats_kernel.__name__, {}) is None
+
+
+def test_head_major_dkdv_is_listed_without_descriptor_twins():
+    """At d=256 on sm_90 the report lists dK/dV's head-major default (and persistent, and
+    with dQ by atomics) but no twin of it by descriptors, which spills in its loop at
+    every tile tried (a flagged row would fail `bench report --head-dim 256`); at d=128
+    the descriptor twins stay."""
+    names = [v.name for v in default_variants(90, head_dims=(256,))]
+    assert {"attention_backward_dkdv_head_major", "attention_backward_dkdv_persistent_head_major",
+            "attention_backward_dkdv_head_major_dq_atomic"} <= set(names)  # fmt: skip
+    assert not any(name.startswith("attention_backward_dkdv_tma") for name in names)
+    assert "attention_backward_dq_tma" in names
+    names = [v.name for v in default_variants(90, head_dims=(128,))]
+    assert {"attention_backward_dkdv_tma", "attention_backward_dkdv_tma_host"} <= set(names)

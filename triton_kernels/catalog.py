@@ -450,12 +450,13 @@ def default_variants(
         for kind in ATTENTION_KERNELS:  # the launch of many sequences (segment ids)
             variants.append(attention_variant(kind, head_dim, compute_capability, persistent=True))
         if compute_capability >= 90:  # streamed tiles by tensor descriptors (TMA), to compare
-            variants += [
-                tma_variant(kind, head_dim, compute_capability) for kind in ATTENTION_KERNELS
-            ]
+            # (not head-major dK/dV's: by descriptors it spills in its loop at every tile
+            # tried, 124-1264 B at d=256 under Triton 3.6 and 3.9)
+            kinds = [kind for kind in ATTENTION_KERNELS if not _head_major_default(
+                kind, head_dim, compute_capability)]  # fmt: skip
+            variants += [tma_variant(kind, head_dim, compute_capability) for kind in kinds]
             variants += [  # and through the launch's descriptors
-                tma_variant(kind, head_dim, compute_capability, host=True)
-                for kind in ATTENTION_KERNELS
+                tma_variant(kind, head_dim, compute_capability, host=True) for kind in kinds
             ]
         if compute_capability == 90 and head_dim == 128:  # the softmax overlap
             for kind, tile in (("forward", OVERLAPPED_FORWARD_TILE),
@@ -523,6 +524,13 @@ def default_variants(
             config = warp_specialized_gmm_config(*GMM_PROBLEM, tiling)
             variants.append(grouped_matmul_variant(name, compute_capability, config=config))
     return variants
+
+
+def _head_major_default(kind: str, head_dim: int, compute_capability: int) -> bool:
+    """Whether kernel `kind`'s default (bf16, causal) is head-major dK/dV."""
+    config = default_attention_config(head_dim, "bfloat16", compute_capability, kind,
+                                      features=CAUSAL)  # fmt: skip
+    return config.head_major
 
 
 def persistent_gmm_variant(compute_capability: int, tma: bool, host: bool = False) -> KernelVariant:
