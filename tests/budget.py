@@ -263,6 +263,13 @@ SLOW: tuple[tuple[str, str], ...] = (
     ),
     ("tests/block_sparse/test_triton.py::test_static_report_of_the_dq_*[False-False]", "1 kept"),
     ("tests/test_shard_map.py::test_pallas_block_sparse_*_a_shard[full]", "causal's lax.map kept"),
+    # --- head-major dK/dV (2026-12-08): interpreted twice each (head-major, key-major)
+    ("tests/attention/test_triton.py::test_head_major_dkdv_gives_the_float64_*[*", "QUICK: 2"),
+    (
+        "tests/block_sparse/test_triton.py::test_head_major_dkdv_gives_the_float64_*[*",
+        "QUICK keeps the documents with a NaN; the window and ALiBi cases, 9-11 s each",
+    ),
+    ("tests/block_sparse/test_triton.py::test_static_report_of_the_head_major_*[*", "QUICK: 1"),
 )
 
 # Exceptions to SLOW: the cases `make test` keeps of each slow family.
@@ -378,6 +385,11 @@ QUICK: tuple[str, ...] = (
     "tests/attention/test_triton.py::test_dq_atomic_by_tma_reduction_*[rows_past_the_last_*",
     "tests/attention/test_triton.py::test_dq_atomic_keeps_a_poisoned_*[k-inf]",
     "tests/attention/test_triton.py::test_dq_atomic_keeps_a_poisoned_*[v-inf-causal-tma-*",
+    "tests/attention/test_triton.py::test_head_major_dkdv_gives_the_float64_*[causal-tma]",
+    "tests/attention/test_triton.py::test_head_major_dkdv_gives_the_float64_*[soft-cap-window-*",
+    "tests/block_sparse/test_triton.py::test_head_major_dkdv_gives_the_float64_*[documents-nan]",
+    "tests/block_sparse/test_triton.py::test_static_report_of_the_head_major_*[False-False-mha-careful]",
+    "tests/attention/test_lowering.py::test_static_report_of_the_hopper_dkdv_*[causal-row-a-program]",
 )
 
 
